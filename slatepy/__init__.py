@@ -1,0 +1,34 @@
+"""slatepy: a SlateDB-style LSM key-value store on object storage."""
+
+from slatepy.config import Settings
+from slatepy.engine import Db, WriteBatch
+from slatepy.errors import (
+    AlreadyExists,
+    ClosedError,
+    CorruptionError,
+    FencedError,
+    InvalidArgument,
+    ManifestConflictError,
+    NotFound,
+    PreconditionFailed,
+    SlatepyError,
+    StoreError,
+    StoreUnavailable,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "ClosedError",
+    "CorruptionError",
+    "Db",
+    "FencedError",
+    "InvalidArgument",
+    "ManifestConflictError",
+    "NotFound",
+    "PreconditionFailed",
+    "Settings",
+    "SlatepyError",
+    "StoreError",
+    "StoreUnavailable",
+    "WriteBatch",
+]

@@ -1,0 +1,104 @@
+"""Settings for a database, a reader or a store.
+
+``Settings`` is a frozen ``msgspec.Struct``: every option has a documented default and is
+validated once, when the settings are built, so a bad value fails before anything is written.
+Settings come from keyword arguments, a dict, a TOML file or ``SLATEPY_*`` environment
+variables (``SLATEPY_FLUSH_INTERVAL=0.05``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Self
+
+import msgspec
+
+from slatepy.errors import InvalidArgument
+
+MAX_KEY_SIZE = 65_535
+"""Largest key in bytes (the on-disk key length is a u16)."""
+
+MAX_VALUE_SIZE = 16 * 1024 * 1024
+"""Largest value in bytes; larger values belong in their own objects."""
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Tunables of a database and of its object store connection.
+
+    Attributes:
+        flush_interval: Seconds between WAL flushes of writes not awaited for durability.
+        flush_bytes: Buffered WAL bytes that trigger a flush before the interval ends.
+        block_size: Target size in bytes of an SST data block.
+        bloom_bits_per_key: Bloom filter bits per key (10 gives about 1% false positives).
+        manifest_update_attempts: Compare-and-swap attempts before a manifest update gives up.
+        writer_snapshot_ttl: Seconds the writer's start-up snapshot protects the WAL.
+        wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
+        store_timeout: Seconds before one object-store request times out.
+        store_retries: Retries obstore makes on transient failures of one request.
+        s3_endpoint: S3 endpoint URL (MinIO, moto); ``AWS_ENDPOINT_URL`` when unset.
+        s3_region: S3 region; ``AWS_REGION``/``AWS_DEFAULT_REGION`` when unset.
+        s3_access_key_id: Access key; ``AWS_ACCESS_KEY_ID`` when unset.
+        s3_secret_access_key: Secret key; ``AWS_SECRET_ACCESS_KEY`` when unset.
+        s3_session_token: Session token; ``AWS_SESSION_TOKEN`` when unset.
+        s3_allow_http: Allow plain-HTTP endpoints; inferred from the endpoint when unset.
+    """
+
+    flush_interval: float = 0.1
+    flush_bytes: int = 4 * 1024 * 1024
+    block_size: int = 4096
+    bloom_bits_per_key: int = 10
+    manifest_update_attempts: int = 64
+    writer_snapshot_ttl: float = 300.0
+    wal_write_attempts: int = 8
+    store_timeout: float = 30.0
+    store_retries: int = 3
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    s3_session_token: str | None = None
+    s3_allow_http: bool | None = None
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[bool, str]] = [
+            (self.flush_interval > 0, "flush_interval must be > 0 seconds"),
+            (self.flush_bytes >= 1024, "flush_bytes must be >= 1024"),
+            (512 <= self.block_size <= 1 << 24, "block_size must be in [512, 16 MiB]"),
+            (1 <= self.bloom_bits_per_key <= 64, "bloom_bits_per_key must be in [1, 64]"),
+            (self.manifest_update_attempts >= 1, "manifest_update_attempts must be >= 1"),
+            (self.writer_snapshot_ttl > 0, "writer_snapshot_ttl must be > 0"),
+            (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
+            (self.store_timeout > 0, "store_timeout must be > 0"),
+            (self.store_retries >= 0, "store_retries must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidArgument(message)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Build settings from a mapping, converting strings such as ``"0.05"``."""
+        try:
+            return msgspec.convert(data, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise InvalidArgument(f"invalid settings: {exc}") from exc
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Self:
+        """Build settings from a TOML file whose top-level keys are option names."""
+        with open(path, "rb") as f:
+            return cls.from_dict(tomllib.load(f))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Self:
+        """Build settings from ``SLATEPY_<OPTION>`` variables, then apply ``overrides``."""
+        env = os.environ if environ is None else environ
+        data: dict[str, Any] = {}
+        for name in cls.__struct_fields__:
+            value = env.get(f"SLATEPY_{name.upper()}")
+            if value is not None:
+                data[name] = value
+        data.update(overrides)
+        return cls.from_dict(data)

@@ -1,0 +1,56 @@
+"""The in-memory table of writes not yet in compacted SSTs.
+
+A dict gives O(1) point lookups; an ordered key list is maintained lazily for scans: new
+keys collect in an unsorted tail and are merged into the sorted list when a scan needs order
+(sorting two sorted runs is a linear merge in timsort). Callers serialise access.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from slatepy.format.block import Entry
+
+Version = tuple[int, bytes | None]
+"""``(seq, value)``; ``value`` None is a tombstone."""
+
+
+class Memtable:
+    """Latest version per key, with ordered range reads."""
+
+    __slots__ = ("_data", "_new_keys", "_sorted", "size_bytes")
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, Version] = {}
+        self._sorted: list[bytes] = []
+        self._new_keys: list[bytes] = []
+        self.size_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def put(self, key: bytes, seq: int, value: bytes | None) -> None:
+        """Record a version; a newer sequence number replaces an older one."""
+        old = self._data.get(key)
+        if old is None:
+            self._new_keys.append(key)
+            self.size_bytes += len(key) + 64
+        else:
+            self.size_bytes -= len(old[1] or b"")
+        self._data[key] = (seq, value)
+        self.size_bytes += len(value or b"")
+
+    def get(self, key: bytes) -> Version | None:
+        return self._data.get(key)
+
+    def range(self, start: bytes, end: bytes | None) -> list[Entry]:
+        """Entries with ``start <= key < end`` (``end`` None = unbounded), tombstones included."""
+        if self._new_keys:
+            self._new_keys.sort()
+            self._sorted = sorted(self._sorted + self._new_keys)
+            self._new_keys = []
+        keys = self._sorted
+        lo = bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect_left(keys, end, lo)
+        data = self._data
+        return [(k, *data[k]) for k in keys[lo:hi]]

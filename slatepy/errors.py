@@ -1,0 +1,70 @@
+"""The slatepy error hierarchy.
+
+Every error raised on purpose by slatepy derives from :class:`SlatepyError`. Store
+failures carry ``definite``: ``True`` when the operation certainly had no effect (safe to
+retry blindly), ``False`` when it may have taken effect (the caller must re-check state
+before retrying a non-idempotent write).
+"""
+
+from __future__ import annotations
+
+
+class SlatepyError(Exception):
+    """Root of every error slatepy raises on purpose."""
+
+
+class InvalidArgument(SlatepyError, ValueError):
+    """The caller passed something slatepy cannot accept; nothing was written."""
+
+
+class ClosedError(SlatepyError):
+    """The database (or reader) was closed; open it again to continue."""
+
+
+class CorruptionError(SlatepyError):
+    """Bytes read from the store failed a checksum, magic or version check."""
+
+
+class FencedError(SlatepyError):
+    """A newer writer (or compactor) took over; this instance must stop.
+
+    Writes after this error are refused; open the database again to become the writer.
+    """
+
+
+class ManifestConflictError(SlatepyError):
+    """A manifest update kept losing the compare-and-swap race and gave up."""
+
+
+class StoreError(SlatepyError):
+    """An object-store operation failed.
+
+    Attributes:
+        definite: True when the operation certainly had no effect.
+        path: The object path involved, when there is one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, definite: bool = True) -> None:
+        super().__init__(message)
+        self.path = path
+        self.definite = definite
+
+
+class NotFound(StoreError):
+    """The object (or the bucket/container) does not exist."""
+
+
+class AlreadyExists(StoreError):
+    """A create-if-absent write found an object already at the path."""
+
+
+class PreconditionFailed(StoreError):
+    """An if-match write found a different version at the path."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached or refused the request (network, auth, 5xx)."""
+
+
+class UnsupportedStore(InvalidArgument):
+    """The URL names no store slatepy supports, or the store lacks a needed feature."""

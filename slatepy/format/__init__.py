@@ -1,0 +1,1 @@
+"""Bytes only: blocks, SSTs, bloom filters, checksummed envelopes. No I/O here."""

@@ -1,0 +1,96 @@
+"""The manifest record and the pure transitions on it.
+
+A manifest is immutable once written; every change is a function ``Manifest -> Manifest``
+applied to the latest manifest and written to the next id (see ``store.py``).
+Encoding: msgpack (msgspec) inside a checksummed envelope with magic ``SLPM``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from slatepy.errors import CorruptionError
+from slatepy.format.envelope import seal, unseal
+
+MANIFEST_MAGIC = b"SLPM"
+MANIFEST_FORMAT_VERSION = 1
+
+
+class SstHandle(msgspec.Struct, frozen=True):
+    """A compacted SST the manifest references (under ``compacted/``)."""
+
+    id: str
+    object_size: int
+    first_key: bytes
+    last_key: bytes
+    entry_count: int
+
+
+class SortedRun(msgspec.Struct, frozen=True):
+    """Key-range-partitioned SSTs forming one sorted run."""
+
+    id: int
+    ssts: tuple[SstHandle, ...]
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """A reference that keeps the manifest ``manifest_id`` (and what it reaches) alive.
+
+    ``expire_time_s`` is UTC epoch seconds; 0 means the snapshot never expires.
+    """
+
+    id: str
+    manifest_id: int
+    expire_time_s: int
+
+    def expired(self, now_s: float) -> bool:
+        return self.expire_time_s != 0 and self.expire_time_s < now_s
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """The durable state of a database (fields as in the manifest seed).
+
+    Invariants:
+        * ``wal_id_last_compacted <= wal_id_last_seen``.
+        * WAL SSTs with id > ``wal_id_last_compacted`` are not yet in ``l0``/``sorted_runs``.
+        * ``writer_epoch`` and ``compactor_epoch`` only grow.
+    """
+
+    format_version: int = MANIFEST_FORMAT_VERSION
+    writer_epoch: int = 0
+    compactor_epoch: int = 0
+    wal_id_last_compacted: int = 0
+    wal_id_last_seen: int = 0
+    max_parallel_writes: int = 1
+    l0: tuple[SstHandle, ...] = ()
+    sorted_runs: tuple[SortedRun, ...] = ()
+    snapshots: tuple[Snapshot, ...] = ()
+
+    def encode(self) -> bytes:
+        return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))
+
+    @staticmethod
+    def decode(data: bytes) -> Manifest:
+        """Decode and verify a manifest. Raises ``CorruptionError``."""
+        _, payload = unseal(data, MANIFEST_MAGIC, (MANIFEST_FORMAT_VERSION,), "manifest")
+        try:
+            manifest = msgspec.msgpack.decode(payload, type=Manifest)
+        except msgspec.DecodeError as exc:
+            raise CorruptionError(f"manifest: cannot decode: {exc}") from exc
+        if manifest.wal_id_last_compacted > manifest.wal_id_last_seen:
+            raise CorruptionError("manifest: wal_id_last_compacted > wal_id_last_seen")
+        return manifest
+
+    def with_snapshot(self, snapshot: Snapshot) -> Manifest:
+        return msgspec.structs.replace(self, snapshots=(*self.snapshots, snapshot))
+
+    def without_snapshot(self, snapshot_id: str) -> Manifest:
+        kept = tuple(s for s in self.snapshots if s.id != snapshot_id)
+        return msgspec.structs.replace(self, snapshots=kept)
+
+    def without_expired_snapshots(self, now_s: float) -> Manifest:
+        kept = tuple(s for s in self.snapshots if not s.expired(now_s))
+        return msgspec.structs.replace(self, snapshots=kept)
+
+    def with_writer_epoch(self, epoch: int) -> Manifest:
+        return msgspec.structs.replace(self, writer_epoch=epoch)

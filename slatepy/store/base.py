@@ -1,0 +1,88 @@
+"""The object-store interface every layer above talks to.
+
+An ``ObjectStore`` is a flat namespace of immutable-or-overwritable objects addressed by
+``/``-separated paths relative to the store's root. Implementations translate their
+backend's failures into :mod:`slatepy.errors` (``NotFound``, ``AlreadyExists``,
+``PreconditionFailed``, ``StoreUnavailable`` with ``definite``); nothing above this layer
+ever sees an ``obstore`` exception.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal, TypeAlias
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What a listing or a HEAD says about one object."""
+
+    path: str
+    size: int
+    last_modified: datetime
+    e_tag: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class IfMatch:
+    """Put mode: replace the object only if its current ETag is ``e_tag``."""
+
+    e_tag: str
+
+
+PutMode: TypeAlias = Literal["overwrite", "create"] | IfMatch
+"""``overwrite`` always writes; ``create`` fails with ``AlreadyExists`` if the path is taken;
+``IfMatch`` fails with ``PreconditionFailed`` unless the current ETag matches."""
+
+
+class ObjectStore(abc.ABC):
+    """Abstract object store; see the module docstring for the error contract."""
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """A URL naming this store (credentials never included)."""
+
+    @property
+    def supports_if_match(self) -> bool:
+        """Whether ``put(mode=IfMatch(...))`` is atomic on this backend."""
+        return True
+
+    @abc.abstractmethod
+    def get(self, path: str) -> bytes:
+        """Return the whole object. Raises ``NotFound``."""
+
+    @abc.abstractmethod
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Return bytes ``[start, end)``; shorter if the object ends first."""
+
+    @abc.abstractmethod
+    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Return several ``[start, end)`` ranges of one object (coalesced where useful)."""
+
+    @abc.abstractmethod
+    def get_suffix(self, path: str, length: int) -> bytes:
+        """Return the last ``length`` bytes (the whole object if it is shorter)."""
+
+    @abc.abstractmethod
+    def head(self, path: str) -> ObjectMeta:
+        """Return the object's metadata. Raises ``NotFound``."""
+
+    @abc.abstractmethod
+    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        """Write ``data`` atomically at ``path``; return the new ETag if the store gives one."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Delete ``path``; deleting a missing object succeeds (idempotent)."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        """List objects under ``prefix`` (paths > ``offset`` if given), sorted by path."""
+
+    @abc.abstractmethod
+    def copy(self, source: str, destination: str) -> None:
+        """Copy ``source`` to ``destination``, overwriting it."""

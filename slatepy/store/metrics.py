@@ -1,0 +1,123 @@
+"""A wrapping store that counts requests and bytes per operation kind.
+
+Benchmarks, the demo and the closing notes quote these counts; they are what an object
+store bills for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from slatepy.store.base import ObjectMeta, ObjectStore, PutMode
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class OpStats:
+    """Counters for one operation kind."""
+
+    requests: int = 0
+    errors: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(slots=True)
+class StoreMetrics:
+    """Per-kind counters, safe to update from several threads."""
+
+    ops: dict[str, OpStats] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, kind: str, *, sent: int = 0, received: int = 0, error: bool = False) -> None:
+        with self._lock:
+            stats = self.ops.setdefault(kind, OpStats())
+            stats.requests += 1
+            stats.errors += int(error)
+            stats.bytes_out += sent
+            stats.bytes_in += received
+
+    def snapshot(self) -> dict[str, OpStats]:
+        """A copy of the counters at this moment."""
+        with self._lock:
+            return {k: OpStats(v.requests, v.errors, v.bytes_in, v.bytes_out) for k, v in self.ops.items()}
+
+    def reset(self) -> None:
+        with self._lock:
+            self.ops.clear()
+
+    def requests(self, kind: str) -> int:
+        with self._lock:
+            stats = self.ops.get(kind)
+            return stats.requests if stats else 0
+
+    def format_table(self) -> str:
+        """A small fixed-width table of the counters, for CLI output."""
+        rows = [f"{'operation':<12}{'requests':>10}{'errors':>8}{'bytes out':>14}{'bytes in':>14}"]
+        for kind, s in sorted(self.snapshot().items()):
+            rows.append(f"{kind:<12}{s.requests:>10}{s.errors:>8}{s.bytes_out:>14}{s.bytes_in:>14}")
+        return "\n".join(rows)
+
+
+class MetricsStore(ObjectStore):
+    """Counts every request made through it; ``get_ranges`` counts as one request."""
+
+    def __init__(self, inner: ObjectStore, metrics: StoreMetrics | None = None) -> None:
+        self.inner = inner
+        self.metrics = metrics or StoreMetrics()
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def supports_if_match(self) -> bool:
+        return self.inner.supports_if_match
+
+    def _count(self, kind: str, fn: Callable[[], T], *, sent: int = 0) -> T:
+        try:
+            result = fn()
+        except Exception:
+            self.metrics.record(kind, sent=sent, error=True)
+            raise
+        self.metrics.record(kind, sent=sent, received=_received(result))
+        return result
+
+    def get(self, path: str) -> bytes:
+        return self._count("get", lambda: self.inner.get(path))
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        return self._count("get_range", lambda: self.inner.get_range(path, start, end))
+
+    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return self._count("get_ranges", lambda: self.inner.get_ranges(path, ranges))
+
+    def get_suffix(self, path: str, length: int) -> bytes:
+        return self._count("get_range", lambda: self.inner.get_suffix(path, length))
+
+    def head(self, path: str) -> ObjectMeta:
+        return self._count("head", lambda: self.inner.head(path))
+
+    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        return self._count("put", lambda: self.inner.put(path, data, mode=mode), sent=len(data))
+
+    def delete(self, path: str) -> None:
+        self._count("delete", lambda: self.inner.delete(path))
+
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        return self._count("list", lambda: self.inner.list(prefix, offset=offset))
+
+    def copy(self, source: str, destination: str) -> None:
+        self._count("copy", lambda: self.inner.copy(source, destination))
+
+
+def _received(result: object) -> int:
+    if isinstance(result, bytes):
+        return len(result)
+    if isinstance(result, list) and result and isinstance(result[0], bytes):
+        return sum(len(p) for p in result)
+    return 0

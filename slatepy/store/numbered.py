@@ -1,0 +1,58 @@
+"""Contiguous numbered objects: ``{directory}/{id:020}{suffix}``.
+
+Manifests and WAL SSTs are both sequences of write-once objects with u64 ids formatted as
+20 zero-padded digits, so lexicographic order is numeric order and a listing from an offset
+finds everything newer than what a caller already knows.
+"""
+
+from __future__ import annotations
+
+from slatepy.store.base import ObjectMeta, ObjectStore
+from slatepy.store.cas import create_if_absent
+
+ID_DIGITS = 20
+
+
+class NumberedObjects:
+    """One numbered sequence in a store (e.g. ``wal/…sst`` or ``manifest/…manifest``)."""
+
+    def __init__(self, store: ObjectStore, directory: str, suffix: str) -> None:
+        self.store = store
+        self.directory = directory
+        self.suffix = suffix
+
+    def path(self, object_id: int) -> str:
+        return f"{self.directory}/{object_id:0{ID_DIGITS}d}{self.suffix}"
+
+    def parse(self, path: str) -> int | None:
+        """The id in ``path``, or None for anything else (temporaries, strays)."""
+        name = path.rsplit("/", 1)[-1]
+        digits = name[: -len(self.suffix)] if name.endswith(self.suffix) else ""
+        if len(digits) != ID_DIGITS or not digits.isdigit():
+            return None
+        return int(digits)
+
+    def list(self, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
+        """``(id, meta)`` of every object in the sequence with id > ``after``, ascending."""
+        offset = self.path(after) if after is not None else None
+        found = []
+        for meta in self.store.list(self.directory + "/", offset=offset):
+            object_id = self.parse(meta.path)
+            if object_id is not None and (after is None or object_id > after):
+                found.append((object_id, meta))
+        found.sort(key=lambda item: item[0])
+        return found
+
+    def ids(self, *, after: int | None = None) -> list[int]:
+        return [object_id for object_id, _ in self.list(after=after)]
+
+    def latest(self, *, after: int | None = None) -> int | None:
+        found = self.ids(after=after)
+        return found[-1] if found else None
+
+    def read(self, object_id: int) -> bytes:
+        return self.store.get(self.path(object_id))
+
+    def create(self, object_id: int, data: bytes, *, attempts: int = 5) -> bytes | None:
+        """Create-if-absent; see :func:`slatepy.store.cas.create_if_absent`."""
+        return create_if_absent(self.store, self.path(object_id), data, attempts=attempts)

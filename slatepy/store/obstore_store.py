@@ -1,0 +1,150 @@
+"""``ObjectStore`` over ``obstore``: one implementation for memory, file, S3, GCS and Azure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import obstore
+from obstore import exceptions as obx
+from obstore.store import LocalStore, ObjectStore as RawStore
+
+from slatepy.errors import (
+    AlreadyExists,
+    NotFound,
+    PreconditionFailed,
+    StoreError,
+    StoreUnavailable,
+    UnsupportedStore,
+)
+from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutMode
+
+T = TypeVar("T")
+
+_MISSING_BUCKET_MARKERS = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not")
+
+
+class ObstoreStore(ObjectStore):
+    """An ``ObjectStore`` backed by an ``obstore`` store instance.
+
+    Args:
+        raw: The obstore store (already rooted at the database prefix).
+        url: The URL to report (without credentials).
+    """
+
+    def __init__(self, raw: RawStore, url: str) -> None:
+        self._raw = raw
+        self._url = url
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def supports_if_match(self) -> bool:
+        # LocalStore implements If-Match writes non-atomically (measured; see DESIGN §2).
+        return not isinstance(self._raw, LocalStore)
+
+    def get(self, path: str) -> bytes:
+        return self._call(path, False, lambda: obstore.get(self._raw, path).bytes().to_bytes())
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        return self._call(
+            path, False, lambda: obstore.get_range(self._raw, path, start=start, end=end).to_bytes()
+        )
+
+    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        if not ranges:
+            return []
+        starts = [s for s, _ in ranges]
+        ends = [max(s, e) for s, e in ranges]
+        parts = self._call(
+            path, False, lambda: obstore.get_ranges(self._raw, path, starts=starts, ends=ends)
+        )
+        return [p.to_bytes() for p in parts]
+
+    def get_suffix(self, path: str, length: int) -> bytes:
+        def run() -> bytes:
+            result = obstore.get(self._raw, path, options={"range": {"suffix": length}})
+            return result.bytes().to_bytes()
+
+        return self._call(path, False, run)
+
+    def head(self, path: str) -> ObjectMeta:
+        return _meta(self._call(path, False, lambda: obstore.head(self._raw, path)))
+
+    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        raw_mode: Any = {"e_tag": mode.e_tag} if isinstance(mode, IfMatch) else mode
+        result = self._call(
+            path,
+            True,
+            lambda: obstore.put(self._raw, path, data, mode=raw_mode, use_multipart=False),
+        )
+        return result.get("e_tag")
+
+    def delete(self, path: str) -> None:
+        try:
+            self._call(path, True, lambda: obstore.delete(self._raw, path))
+        except NotFound:
+            pass
+
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        def run() -> list[Any]:
+            if offset is None:
+                return obstore.list(self._raw, prefix).collect()
+            return obstore.list(self._raw, prefix, offset=offset).collect()
+
+        return sorted((_meta(m) for m in self._call(prefix, False, run)), key=lambda m: m.path)
+
+    def copy(self, source: str, destination: str) -> None:
+        self._call(source, True, lambda: obstore.copy(self._raw, source, destination))
+
+    def _call(self, path: str, mutating: bool, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except FileNotFoundError as exc:
+            _raise_not_found(path, exc)
+        except obx.AlreadyExistsError as exc:
+            raise AlreadyExists(f"object already exists: {path}", path=path) from exc
+        except obx.PreconditionError as exc:
+            raise PreconditionFailed(f"precondition failed for {path}", path=path) from exc
+        except obx.NotSupportedError as exc:
+            raise UnsupportedStore(f"{self._url} does not support this operation: {exc}") from exc
+        except (obx.PermissionDeniedError, obx.UnauthenticatedError) as exc:
+            raise StoreUnavailable(
+                f"access to {self._url} denied for {path}: {_first_line(exc)}",
+                path=path,
+                definite=True,
+            ) from exc
+        except (obx.BaseError, OSError) as exc:
+            if any(marker in str(exc) for marker in _MISSING_BUCKET_MARKERS):
+                _raise_not_found(path, exc)
+            raise StoreUnavailable(
+                f"store request for {path} on {self._url} failed: {_first_line(exc)}",
+                path=path,
+                definite=not mutating,
+            ) from exc
+
+
+def _raise_not_found(path: str, exc: BaseException) -> NoReturn:
+    if any(marker in str(exc) for marker in _MISSING_BUCKET_MARKERS):
+        raise NotFound(f"the bucket or container does not exist ({path})", path=path) from exc
+    raise NotFound(f"object not found: {path}", path=path) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _meta(raw: Any) -> ObjectMeta:
+    return ObjectMeta(
+        path=raw["path"],
+        size=raw["size"],
+        last_modified=raw["last_modified"],
+        e_tag=raw.get("e_tag"),
+    )
+
+
+__all__ = ["ObstoreStore", "StoreError"]

@@ -1,0 +1,115 @@
+"""Build an ``ObjectStore`` from a URL and ``Settings``.
+
+Supported: ``memory://``, ``file:///abs/path``, ``s3://bucket[/prefix]`` (S3, MinIO and other
+S3-compatible stores), ``gs://bucket[/prefix]``, ``az://container[/prefix]``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
+
+from slatepy.config import Settings
+from slatepy.errors import InvalidArgument, UnsupportedStore
+from slatepy.store.base import ObjectStore
+from slatepy.store.obstore_store import ObstoreStore
+
+SUPPORTED_SCHEMES = ("memory", "file", "s3", "gs", "az")
+
+
+def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
+    """Return the store a URL names, rooted at the URL's path.
+
+    Raises:
+        UnsupportedStore: the scheme is not one of ``SUPPORTED_SCHEMES``.
+        InvalidArgument: the URL is malformed (relative file path, missing bucket).
+    """
+    if not isinstance(url, str):
+        raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
+    settings = settings or Settings()
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    client: dict[str, Any] = {"timeout": timedelta(seconds=settings.store_timeout)}
+    retry: dict[str, Any] = {
+        "max_retries": settings.store_retries,
+        "retry_timeout": timedelta(seconds=max(settings.store_timeout, 1.0)),
+    }
+    if scheme == "memory":
+        return ObstoreStore(MemoryStore(), "memory://")
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise InvalidArgument(f"file URLs need an absolute path (file:///abs/path): {url!r}")
+        path = parts.path.rstrip("/") or "/"
+        try:
+            raw = LocalStore(path, mkdir=True)
+        except Exception as exc:
+            raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
+        return ObstoreStore(raw, f"file://{path}")
+    bucket, prefix = parts.netloc, parts.path.strip("/") or None
+    if scheme in ("gs", "az", "s3") and not bucket:
+        raise InvalidArgument(f"{scheme}:// URLs need a bucket or container name: {url!r}")
+    try:
+        if scheme == "s3":
+            return ObstoreStore(_s3(bucket, prefix, settings, client, retry), _strip(url))
+        if scheme == "gs":
+            gcs = GCSStore(bucket, prefix=prefix, client_options=client, retry_config=retry)
+            return ObstoreStore(gcs, _strip(url))
+        if scheme == "az":
+            az = AzureStore(bucket, prefix=prefix, client_options=client, retry_config=retry)
+            return ObstoreStore(az, _strip(url))
+    except InvalidArgument:
+        raise
+    except Exception as exc:
+        raise InvalidArgument(f"cannot configure a store for {_strip(url)}: {exc}") from exc
+    raise UnsupportedStore(
+        f"unsupported store URL {url!r}: use one of "
+        + ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
+    )
+
+
+def _s3(
+    bucket: str,
+    prefix: str | None,
+    settings: Settings,
+    client: dict[str, Any],
+    retry: dict[str, Any],
+) -> S3Store:
+    env = os.environ
+    endpoint = settings.s3_endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    config: dict[str, Any] = {
+        "region": settings.s3_region
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+        or "us-east-1",
+    }
+    if endpoint:
+        config["endpoint"] = endpoint
+    key_id = settings.s3_access_key_id or env.get("AWS_ACCESS_KEY_ID")
+    secret = settings.s3_secret_access_key or env.get("AWS_SECRET_ACCESS_KEY")
+    if key_id and secret:
+        config["access_key_id"] = key_id
+        config["secret_access_key"] = secret
+        token = settings.s3_session_token or env.get("AWS_SESSION_TOKEN")
+        if token:
+            config["session_token"] = token
+    allow_http = settings.s3_allow_http
+    if allow_http is None:
+        allow_http = bool(endpoint and endpoint.startswith("http://"))
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        config=config,
+        client_options={**client, "allow_http": allow_http},
+        retry_config=retry,
+    )
+
+
+def _strip(url: str) -> str:
+    """Drop any user-info from a URL before it goes into messages or logs."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{parts.path}"
