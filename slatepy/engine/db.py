@@ -12,7 +12,7 @@ from slatepy.engine.batch import WriteBatch, check_key, check_value
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.startup import start_writer
 from slatepy.engine.wal import WalWriter
-from slatepy.errors import ClosedError, InvalidArgument
+from slatepy.errors import ClosedError, InvalidArgument, SlatepyError
 from slatepy.format.block import Entry
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -107,7 +107,7 @@ class Db:
             seq = self._seq
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             # One WAL generation holds the whole batch, so it lands in one SST (atomic).
-            generation = self._wal.append(entries)
+            generation = self._wal.append(entries, awaited=await_durable)
             for key, _, value in entries:
                 self._memtable.put(key, seq, value)
         if await_durable:
@@ -135,15 +135,24 @@ class Db:
         return iter([(key, value) for key, _, value in entries if value is not None])
 
     def flush(self) -> None:
-        """Make every write made so far durable."""
+        """Make every write made so far durable.
+
+        Raises the writer's fatal error (``FencedError``, ``StoreUnavailable``) if any write
+        so far could not be made durable; that report covers unawaited writes too.
+        """
         self._check_open()
-        self._wal.flush()
+        try:
+            self._wal.flush()
+        except SlatepyError:
+            self._wal.lost_unawaited = False
+            raise
 
     def close(self) -> None:
         """Flush outstanding writes and stop background work; idempotent.
 
         Raises the flush error if writes made with ``await_durable=False`` could not be made
-        durable (they are lost).
+        durable: they are lost and nobody else was told. Failures already raised to the
+        writers that awaited them are not raised again.
         """
         with self._lock:
             if self._closed:
@@ -151,6 +160,9 @@ class Db:
             self._closed = True
         try:
             self._wal.flush()
+        except SlatepyError:
+            if self._wal.lost_unawaited:
+                raise
         finally:
             self._wal.close()
 

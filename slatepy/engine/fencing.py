@@ -65,7 +65,11 @@ def write_wal_sst(
         meta, _ = decode_sst(existing)
         outcome = resolve_conflict(epoch, meta.props.writer_epoch)
         if outcome is Conflict.TRY_NEXT and skip_older:
-            wal_id += 1
+            # The seed says "try the next id". An older writer that is still writing fills
+            # the next ids as fast as we probe them one by one, so jump to the current tail:
+            # every id in between is already taken by older epochs, so none is skipped.
+            tail = wal.latest(after=wal_id)
+            wal_id = (tail if tail is not None else wal_id) + 1
             continue
         raise FencedError(
             f"WAL slot {wal.path(wal_id)} holds epoch {meta.props.writer_epoch}, "

@@ -50,6 +50,8 @@ class WalWriter:
         self._generation = 0
         self._durable_generation = -1
         self._error: SlatepyError | None = None
+        self._buffer_unawaited = False
+        self.lost_unawaited = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.ssts_written = 0
@@ -73,10 +75,15 @@ class WalWriter:
         if self._error is not None:
             raise self._error
 
-    def append(self, entries: Iterable[Entry]) -> int:
-        """Add entries to the current generation (atomically) and return that generation."""
+    def append(self, entries: Iterable[Entry], *, awaited: bool) -> int:
+        """Add entries to the current generation (atomically) and return that generation.
+
+        ``awaited`` says whether the caller will flush and so hear about a failure; losing
+        writes nobody awaited is recorded in ``lost_unawaited``.
+        """
         with self._lock:
             self.check()
+            self._buffer_unawaited |= not awaited
             added = 0
             for key, seq, value in entries:
                 self._buffer[key] = (seq, value)
@@ -97,10 +104,15 @@ class WalWriter:
             self.check()
             with self._lock:
                 buffer, flushing = self._buffer, self._generation
-                self._buffer, self._buffer_bytes = {}, 0
+                unawaited = self._buffer_unawaited
+                self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, False
                 self._generation += 1
             if buffer:
-                self._write(buffer)
+                try:
+                    self._write(buffer)
+                except SlatepyError:
+                    self.lost_unawaited |= unawaited
+                    raise
             self._durable_generation = flushing
 
     def _write(self, buffer: dict[bytes, tuple[int, bytes | None]]) -> None:

@@ -50,6 +50,9 @@ class Snapshot(msgspec.Struct, frozen=True):
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The durable state of a database (fields as in the manifest seed).
 
+    ``update_id`` is a random token stamped on every write, so that two updaters producing
+    otherwise identical manifests can still tell whose create landed.
+
     Invariants:
         * ``wal_id_last_compacted <= wal_id_last_seen``.
         * WAL SSTs with id > ``wal_id_last_compacted`` are not yet in ``l0``/``sorted_runs``.
@@ -57,6 +60,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     format_version: int = MANIFEST_FORMAT_VERSION
+    update_id: str = ""
     writer_epoch: int = 0
     compactor_epoch: int = 0
     wal_id_last_compacted: int = 0

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import msgspec
 
 from slatepy.errors import CorruptionError, ManifestConflictError, NotFound
 from slatepy.manifest.record import Manifest
@@ -90,6 +93,7 @@ class ManifestStore:
                 if current is None:
                     return StoredManifest(0, base)
                 return current
+            new = msgspec.structs.replace(new, update_id=uuid.uuid4().hex)
             existing = self.objects.create(next_id, new.encode())
             if existing is None:
                 self._known = next_id

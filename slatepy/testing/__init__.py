@@ -1,0 +1,1 @@
+"""Helpers shipped for tests of slatepy and of applications embedding it."""

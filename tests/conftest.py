@@ -1,0 +1,118 @@
+"""Shared fixtures: backends (memory, file, S3 over HTTP via moto, MinIO when configured)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from slatepy.config import Settings
+from slatepy.store import ObjectStore, open_store
+from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
+
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=60
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+TEST_BUCKET = "slatepy-test"
+
+
+@dataclass
+class Backend:
+    """One store location for a test; ``store()`` returns a store on the same objects."""
+
+    name: str
+    url: str
+    settings: Settings
+    _shared: ObjectStore | None = None
+
+    def store(self) -> ObjectStore:
+        if self._shared is not None:
+            return self._shared
+        return open_store(self.url, self.settings)
+
+    def target(self) -> str | ObjectStore:
+        """What to pass to ``Db.open``: the URL, or the shared instance for memory."""
+        return self._shared if self._shared is not None else self.url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    with moto_server() as endpoint:
+        create_bucket(endpoint, TEST_BUCKET)
+        yield endpoint
+
+
+def _minio_endpoint() -> S3Endpoint | None:
+    url = os.environ.get("SLATEPY_TEST_S3_ENDPOINT")
+    if not url:
+        return None
+    return S3Endpoint(
+        url,
+        access_key_id=os.environ.get("SLATEPY_TEST_S3_ACCESS_KEY", "minioadmin"),
+        secret_access_key=os.environ.get("SLATEPY_TEST_S3_SECRET_KEY", "minioadmin"),
+    )
+
+
+def _ensure_minio_bucket(endpoint: S3Endpoint, bucket: str) -> None:
+    from urllib.parse import urlsplit
+
+    from minio import Minio
+
+    parts = urlsplit(endpoint.url)
+    client = Minio(
+        parts.netloc,
+        access_key=endpoint.access_key_id,
+        secret_key=endpoint.secret_access_key,
+        secure=parts.scheme == "https",
+    )
+    if not client.bucket_exists(bucket):
+        client.make_bucket(bucket)
+
+
+def s3_settings(endpoint: S3Endpoint, **overrides: object) -> Settings:
+    return Settings.from_dict(
+        {
+            "s3_endpoint": endpoint.url,
+            "s3_region": endpoint.region,
+            "s3_access_key_id": endpoint.access_key_id,
+            "s3_secret_access_key": endpoint.secret_access_key,
+            "s3_allow_http": endpoint.url.startswith("http://"),
+            **overrides,
+        }
+    )
+
+
+BACKENDS = ["memory", "file", pytest.param("s3", marks=pytest.mark.s3)]
+if os.environ.get("SLATEPY_TEST_S3_ENDPOINT"):
+    BACKENDS.append(pytest.param("minio", marks=pytest.mark.s3))
+
+
+def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    fast = Settings(flush_interval=0.02)
+    if name == "memory":
+        return Backend(name, "memory://", fast, open_store("memory://"))
+    if name == "file":
+        return Backend(name, f"file://{tmp_path}/db", fast)
+    prefix = f"t-{uuid.uuid4().hex[:12]}"
+    if name == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+    else:
+        endpoint = _minio_endpoint()
+        assert endpoint is not None
+        _ensure_minio_bucket(endpoint, TEST_BUCKET)
+    return Backend(
+        name, f"s3://{TEST_BUCKET}/{prefix}", s3_settings(endpoint, flush_interval=0.02)
+    )
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """A fresh, empty database location on each backend."""
+    return make_backend(request.param, request, tmp_path)

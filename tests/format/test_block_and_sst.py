@@ -1,0 +1,122 @@
+"""Blocks, SSTs and bloom filters: round trips, properties, corrupt bytes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slatepy.errors import CorruptionError, InvalidArgument
+from slatepy.format.block import BlockBuilder, decode_block
+from slatepy.format.bloom import BloomFilter, build_filter
+from slatepy.format.sst import FOOTER_SIZE, SstBuilder, decode_footer, decode_meta, decode_sst
+
+keys = st.binary(min_size=1, max_size=40)
+values = st.none() | st.binary(max_size=300)
+tables = st.dictionaries(keys, st.tuples(st.integers(0, 2**63), values), max_size=300)
+
+
+def build(table: dict[bytes, tuple[int, bytes | None]], *, block_size: int = 512) -> bytes:
+    builder = SstBuilder(writer_epoch=7, block_size=block_size)
+    for key in sorted(table):
+        builder.add(key, *table[key])
+    return builder.finish().data
+
+
+@given(tables)
+def test_sst_round_trip(table: dict[bytes, tuple[int, bytes | None]]) -> None:
+    data = build(table)
+    meta, entries = decode_sst(data)
+    assert [(k, s, v) for k, s, v in entries] == [(k, *table[k]) for k in sorted(table)]
+    assert meta.props.entry_count == len(table)
+    assert meta.props.writer_epoch == 7
+    assert meta.props.tombstone_count == sum(v is None for _, v in table.values())
+    for key in table:  # every key routes to the block holding it, and the filter agrees
+        assert meta.may_contain(key)
+        index = meta.block_for(key)
+        assert index is not None
+        handle = meta.blocks[index]
+        block = decode_block(data[handle.offset : handle.offset + handle.length])
+        assert block.get(key) == table[key]
+
+
+@given(st.lists(keys, min_size=1, max_size=60, unique=True))
+def test_block_round_trip(block_keys: list[bytes]) -> None:
+    builder = BlockBuilder()
+    for i, key in enumerate(sorted(block_keys)):
+        builder.add(key, i, key * 2 if i % 3 else None)
+    block = decode_block(builder.finish())
+    assert block.keys == sorted(block_keys)
+    assert block.get(b"\xff" * 41) is None
+
+
+def test_meta_is_read_from_a_suffix_alone() -> None:
+    table = {b"k%05d" % i: (i, b"v" * 50) for i in range(2000)}
+    data = build(table, block_size=4096)
+    footer = decode_footer(data[-FOOTER_SIZE:])
+    assert footer.object_size == len(data)
+    meta = decode_meta(footer, data[footer.meta_offset : len(data) - FOOTER_SIZE])
+    assert meta.props.block_count == len(meta.blocks) > 10
+    assert meta.props.first_key == b"k00000" and meta.props.last_key == b"k01999"
+
+
+def test_empty_sst_is_a_valid_fencing_sst() -> None:
+    meta, entries = decode_sst(SstBuilder(writer_epoch=3).finish().data)
+    assert list(entries) == []
+    assert meta.props.writer_epoch == 3
+    assert not meta.may_contain(b"anything")
+
+
+def test_keys_must_increase() -> None:
+    builder = SstBuilder(writer_epoch=1)
+    builder.add(b"b", 1, b"x")
+    with pytest.raises(InvalidArgument):
+        builder.add(b"a", 2, b"y")
+
+
+def test_bloom_filter_has_no_false_negatives_and_few_false_positives() -> None:
+    present = [b"key-%d" % i for i in range(5000)]
+    bloom = BloomFilter(build_filter(present, len(present), 10))
+    assert all(bloom.may_contain(k) for k in present)
+    false_positives = sum(bloom.may_contain(b"absent-%d" % i) for i in range(5000))
+    assert false_positives / 5000 < 0.03
+
+
+def test_bloom_bit_layout_is_stable() -> None:
+    """The filter layout is part of the format: these bytes must never change."""
+    encoded = build_filter([b"a", b"b", b"c"], 3, 10)
+    assert encoded[0] == 7 and len(encoded) == 1 + 8
+    assert encoded.hex() == GOLDEN_BLOOM
+
+
+GOLDEN_BLOOM = "07000218a8218718e2"  # computed once when the format was fixed
+
+
+def _decode_everything(data: bytes) -> list[tuple[bytes, int, bytes | None]]:
+    _, entries = decode_sst(data)
+    return list(entries)
+
+
+def test_flipping_any_byte_of_an_sst_is_detected() -> None:
+    table = {b"key%04d" % i: (i, b"value%04d" % i) for i in range(120)}
+    table[b"key0005"] = (5, None)
+    data = build(table, block_size=256)
+    expected = _decode_everything(data)
+    rng = random.Random(1)
+    for position in range(len(data)):
+        corrupt = bytearray(data)
+        corrupt[position] ^= 1 << rng.randrange(8)
+        try:
+            result = _decode_everything(bytes(corrupt))
+        except CorruptionError:
+            continue
+        assert result == expected, f"flipping byte {position} changed the data undetected"
+        pytest.fail(f"flipping byte {position} went undetected")
+
+
+@given(st.binary(max_size=400))
+def test_random_bytes_never_decode_as_an_sst(data: bytes) -> None:
+    with pytest.raises(CorruptionError):
+        _decode_everything(data)

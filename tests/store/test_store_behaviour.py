@@ -1,0 +1,142 @@
+"""The ObjectStore contract, run against every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from slatepy.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    StoreUnavailable,
+    UnsupportedStore,
+)
+from slatepy.store import IfMatch, MetricsStore, ObjectMeta, ObjectStore, open_store
+from slatepy.store.cas import create_if_absent
+from slatepy.testing.intercept import InterceptStore
+from tests.conftest import Backend
+
+
+def test_put_get_and_ranges(backend: Backend) -> None:
+    store = backend.store()
+    store.put("a/obj", b"0123456789")
+    assert store.get("a/obj") == b"0123456789"
+    assert store.get_range("a/obj", 2, 5) == b"234"
+    assert store.get_ranges("a/obj", [(0, 2), (8, 10)]) == [b"01", b"89"]
+    assert store.get_suffix("a/obj", 3) == b"789"
+    assert store.get_suffix("a/obj", 100) == b"0123456789"
+    assert store.head("a/obj").size == 10
+
+
+def test_create_mode_refuses_existing_objects(backend: Backend) -> None:
+    store = backend.store()
+    store.put("x", b"first", mode="create")
+    with pytest.raises(AlreadyExists):
+        store.put("x", b"second", mode="create")
+    assert store.get("x") == b"first"
+    store.put("x", b"third")  # overwrite is unconditional
+    assert store.get("x") == b"third"
+
+
+def test_if_match_updates(backend: Backend) -> None:
+    store = backend.store()
+    if not store.supports_if_match:
+        pytest.skip("this backend has no atomic If-Match writes")
+    etag = store.put("m", b"v1")
+    assert etag
+    store.put("m", b"v2", mode=IfMatch(etag))
+    with pytest.raises(PreconditionFailed):
+        store.put("m", b"v3", mode=IfMatch(etag))
+    assert store.get("m") == b"v2"
+
+
+def test_missing_objects_raise_not_found(backend: Backend) -> None:
+    store = backend.store()
+    with pytest.raises(NotFound):
+        store.get("missing")
+    with pytest.raises(NotFound):
+        store.head("missing")
+    store.delete("missing")  # idempotent
+
+
+def test_list_is_sorted_and_respects_prefix_and_offset(backend: Backend) -> None:
+    store = backend.store()
+    for name in ["d/3", "d/1", "d/2", "e/1"]:
+        store.put(name, name.encode())
+    assert [m.path for m in store.list("d/")] == ["d/1", "d/2", "d/3"]
+    assert [m.path for m in store.list("d/", offset="d/1")] == ["d/2", "d/3"]
+    assert store.list("nothing/") == []
+    store.delete("d/2")
+    assert [m.path for m in store.list("d/")] == ["d/1", "d/3"]
+    assert all(isinstance(m, ObjectMeta) and m.size == 3 for m in store.list("d/"))
+
+
+def test_copy(backend: Backend) -> None:
+    store = backend.store()
+    store.put("src", b"payload")
+    store.copy("src", "dst")
+    assert store.get("dst") == b"payload"
+
+
+def test_metrics_count_requests_and_bytes(backend: Backend) -> None:
+    store = MetricsStore(backend.store())
+    store.put("k", b"12345")
+    store.get("k")
+    store.get_range("k", 0, 2)
+    with pytest.raises(NotFound):
+        store.get("nope")
+    ops = store.metrics.snapshot()
+    assert ops["put"].requests == 1 and ops["put"].bytes_out == 5
+    assert ops["get"].requests == 2 and ops["get"].errors == 1 and ops["get"].bytes_in == 5
+    assert ops["get_range"].bytes_in == 2
+
+
+class _LandThenFail(InterceptStore):
+    """Performs the first create, then reports an indefinite failure (a lost response)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.calls = 0
+
+    def put(self, path: str, data: bytes, *, mode: object = "overwrite") -> str | None:
+        self.calls += 1
+        etag = self.inner.put(path, data, mode=mode)  # type: ignore[arg-type]
+        if self.calls == 1:
+            raise StoreUnavailable("response lost", path=path, definite=False)
+        return etag
+
+
+def test_create_if_absent_resolves_a_lost_response_as_success(backend: Backend) -> None:
+    store = _LandThenFail(backend.store())
+    assert create_if_absent(store, "slot", b"mine", backoff=0) is None
+    assert store.calls == 2
+    assert backend.store().get("slot") == b"mine"
+
+
+def test_create_if_absent_returns_the_winners_bytes(backend: Backend) -> None:
+    store = backend.store()
+    store.put("slot", b"theirs", mode="create")
+    assert create_if_absent(store, "slot", b"mine") == b"theirs"
+
+
+def test_bad_urls_are_typed_errors(tmp_path: object) -> None:
+    with pytest.raises(UnsupportedStore):
+        open_store("ftp://host/x")
+    with pytest.raises(InvalidArgument):
+        open_store("file://relative/path")
+    with pytest.raises(InvalidArgument):
+        open_store("s3:///no-bucket")
+    with pytest.raises(InvalidArgument):
+        open_store(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.s3
+def test_missing_bucket_is_not_found(s3_endpoint: object) -> None:
+    from tests.conftest import s3_settings
+
+    store = open_store("s3://no-such-bucket/db", s3_settings(s3_endpoint))  # type: ignore[arg-type]
+    with pytest.raises(NotFound, match="bucket"):
+        store.list("manifest/")
+    with pytest.raises(NotFound, match="bucket"):
+        store.put("x", b"1")
