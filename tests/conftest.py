@@ -107,9 +107,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
         endpoint = _minio_endpoint()
         assert endpoint is not None
         _ensure_minio_bucket(endpoint, TEST_BUCKET)
-    return Backend(
-        name, f"s3://{TEST_BUCKET}/{prefix}", s3_settings(endpoint, flush_interval=0.02)
-    )
+    return Backend(name, f"s3://{TEST_BUCKET}/{prefix}", s3_settings(endpoint, flush_interval=0.02))
 
 
 @pytest.fixture(params=BACKENDS)

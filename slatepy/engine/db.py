@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -29,9 +30,7 @@ class Db:
     durable or not. Use :meth:`open`; the constructor is internal.
     """
 
-    def __init__(
-        self, store: MetricsStore, settings: Settings, manifests: ManifestStore
-    ) -> None:
+    def __init__(self, store: MetricsStore, settings: Settings, manifests: ManifestStore) -> None:
         self._store = store
         self._settings = settings
         self._lock = threading.Lock()
@@ -64,7 +63,9 @@ class Db:
         settings = settings or Settings()
         inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
         store = MetricsStore(inner)
-        return cls(store, settings, ManifestStore(store, attempts=settings.manifest_update_attempts))
+        return cls(
+            store, settings, ManifestStore(store, attempts=settings.manifest_update_attempts)
+        )
 
     @property
     def url(self) -> str:
@@ -182,7 +183,5 @@ class Db:
         if exc is None:
             self.close()
             return
-        try:
+        with contextlib.suppress(Exception):  # the exception propagating says what went wrong
             self.close()
-        except Exception:
-            pass  # the exception already propagating says what went wrong

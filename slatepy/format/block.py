@@ -89,8 +89,10 @@ class Block:
     @property
     def size_in_memory(self) -> int:
         """Rough memory footprint, for cache accounting."""
-        return sum(len(k) for k in self.keys) + sum(len(v or b"") for v in self.values) + 120 * len(
-            self.keys
+        return (
+            sum(len(k) for k in self.keys)
+            + sum(len(v or b"") for v in self.values)
+            + 120 * len(self.keys)
         )
 
 

@@ -255,7 +255,9 @@ def decode_meta(footer: Footer, meta: bytes | memoryview) -> SstMeta:
     index = raw[: footer.index_len]
     bloom = raw[footer.index_len : footer.index_len + footer.filter_len]
     try:
-        props = msgspec.msgpack.decode(raw[footer.index_len + footer.filter_len :], type=SstProperties)
+        props = msgspec.msgpack.decode(
+            raw[footer.index_len + footer.filter_len :], type=SstProperties
+        )
     except msgspec.DecodeError as exc:
         raise CorruptionError(f"SST: bad properties: {exc}") from exc
     handles = _decode_index(index, footer.meta_offset)

@@ -44,7 +44,10 @@ class StoreMetrics:
     def snapshot(self) -> dict[str, OpStats]:
         """A copy of the counters at this moment."""
         with self._lock:
-            return {k: OpStats(v.requests, v.errors, v.bytes_in, v.bytes_out) for k, v in self.ops.items()}
+            return {
+                k: OpStats(v.requests, v.errors, v.bytes_in, v.bytes_out)
+                for k, v in self.ops.items()
+            }
 
     def reset(self) -> None:
         with self._lock:

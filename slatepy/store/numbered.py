@@ -32,7 +32,7 @@ class NumberedObjects:
             return None
         return int(digits)
 
-    def list(self, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
+    def entries(self, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
         """``(id, meta)`` of every object in the sequence with id > ``after``, ascending."""
         offset = self.path(after) if after is not None else None
         found = []
@@ -44,7 +44,7 @@ class NumberedObjects:
         return found
 
     def ids(self, *, after: int | None = None) -> list[int]:
-        return [object_id for object_id, _ in self.list(after=after)]
+        return [object_id for object_id, _ in self.entries(after=after)]
 
     def latest(self, *, after: int | None = None) -> int | None:
         found = self.ids(after=after)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import obstore
 from obstore import exceptions as obx
-from obstore.store import LocalStore, ObjectStore as RawStore
+from obstore.store import LocalStore
+from obstore.store import ObjectStore as RawStore
 
 from slatepy.errors import (
     AlreadyExists,
@@ -85,13 +87,11 @@ class ObstoreStore(ObjectStore):
         return result.get("e_tag")
 
     def delete(self, path: str) -> None:
-        try:
+        with contextlib.suppress(NotFound):
             self._call(path, True, lambda: obstore.delete(self._raw, path))
-        except NotFound:
-            pass
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
-        def run() -> list[Any]:
+        def run() -> Sequence[Any]:
             if offset is None:
                 return obstore.list(self._raw, prefix).collect()
             return obstore.list(self._raw, prefix, offset=offset).collect()

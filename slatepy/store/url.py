@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
@@ -17,6 +17,9 @@ from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, UnsupportedStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.obstore_store import ObstoreStore
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 SUPPORTED_SCHEMES = ("memory", "file", "s3", "gs", "az")
 
@@ -33,8 +36,8 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     settings = settings or Settings()
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    client: dict[str, Any] = {"timeout": timedelta(seconds=settings.store_timeout)}
-    retry: dict[str, Any] = {
+    client: ClientConfig = {"timeout": timedelta(seconds=settings.store_timeout)}
+    retry: RetryConfig = {
         "max_retries": settings.store_retries,
         "retry_timeout": timedelta(seconds=max(settings.store_timeout, 1.0)),
     }
@@ -75,12 +78,12 @@ def _s3(
     bucket: str,
     prefix: str | None,
     settings: Settings,
-    client: dict[str, Any],
-    retry: dict[str, Any],
+    client: ClientConfig,
+    retry: RetryConfig,
 ) -> S3Store:
     env = os.environ
     endpoint = settings.s3_endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    config: dict[str, Any] = {
+    config: S3Config = {
         "region": settings.s3_region
         or env.get("AWS_REGION")
         or env.get("AWS_DEFAULT_REGION")

@@ -148,8 +148,8 @@ def test_closed_db_refuses_everything(backend: Backend) -> None:
         lambda: db.put(b"k", b"v"),
         lambda: db.get(b"k"),
         lambda: db.delete(b"k"),
-        lambda: db.scan(),
-        lambda: db.flush(),
+        db.scan,
+        db.flush,
         lambda: db.write(WriteBatch().put(b"k", b"v")),
     ):
         with pytest.raises(ClosedError):

@@ -150,7 +150,9 @@ def test_fencing_catches_up_with_a_fast_old_writer(backend: Backend) -> None:
         for i in range(30):
             db1.put(b"old-%02d" % i, b"x")
 
-    store = MetricsStore(InterceptStore(backend.store(), once_before_wal_put(old_writer_races_ahead)))
+    store = MetricsStore(
+        InterceptStore(backend.store(), once_before_wal_put(old_writer_races_ahead))
+    )
     db2 = Db.open(store, settings=backend.settings)
     assert db2.next_wal_id - 1 == slot + 30
     assert store.metrics.requests("put") - 2 <= 2  # two manifest writes, at most two fence tries

@@ -34,7 +34,7 @@ class Child:
 
     def __init__(self, config: dict[str, object]) -> None:
         self.lines: list[str] = []
-        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.engine.child_writer", json.dumps(config)],
             cwd=ROOT,
@@ -116,7 +116,7 @@ def test_sigkill_loses_no_acknowledged_write(
                 owner, found_counter = found.decode().split(":")
                 assert owner == key
                 assert int(found_counter) >= counter, (
-                    f"round {round_no}: {key} went back from acknowledged {counter} to {found_counter}"
+                    f"round {round_no}: {key} went back from {counter} to {found_counter}"
                 )
     assert len(last_acked) >= 10
 

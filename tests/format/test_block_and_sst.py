@@ -20,8 +20,8 @@ tables = st.dictionaries(keys, st.tuples(st.integers(0, 2**63), values), max_siz
 
 def build(table: dict[bytes, tuple[int, bytes | None]], *, block_size: int = 512) -> bytes:
     builder = SstBuilder(writer_epoch=7, block_size=block_size)
-    for key in sorted(table):
-        builder.add(key, *table[key])
+    for key, (seq, value) in sorted(table.items()):
+        builder.add(key, seq, value)
     return builder.finish().data
 
 
@@ -29,17 +29,17 @@ def build(table: dict[bytes, tuple[int, bytes | None]], *, block_size: int = 512
 def test_sst_round_trip(table: dict[bytes, tuple[int, bytes | None]]) -> None:
     data = build(table)
     meta, entries = decode_sst(data)
-    assert [(k, s, v) for k, s, v in entries] == [(k, *table[k]) for k in sorted(table)]
+    assert list(entries) == [(k, s, v) for k, (s, v) in sorted(table.items())]
     assert meta.props.entry_count == len(table)
     assert meta.props.writer_epoch == 7
     assert meta.props.tombstone_count == sum(v is None for _, v in table.values())
-    for key in table:  # every key routes to the block holding it, and the filter agrees
+    for key, version in table.items():  # each key routes to the block holding it
         assert meta.may_contain(key)
         index = meta.block_for(key)
         assert index is not None
         handle = meta.blocks[index]
         block = decode_block(data[handle.offset : handle.offset + handle.length])
-        assert block.get(key) == table[key]
+        assert block.get(key) == version
 
 
 @given(st.lists(keys, min_size=1, max_size=60, unique=True))

@@ -33,8 +33,12 @@ manifests = st.builds(
     st.integers(0, 2**62),
     st.integers(0, 2**62),
     st.lists(handles, max_size=4),
-    st.lists(st.builds(SortedRun, id=u64, ssts=st.lists(handles, max_size=3).map(tuple)), max_size=3),
-    st.lists(st.builds(Snapshot, id=st.text(max_size=36), manifest_id=u64, expire_time_s=u64), max_size=4),
+    st.lists(
+        st.builds(SortedRun, id=u64, ssts=st.lists(handles, max_size=3).map(tuple)), max_size=3
+    ),
+    st.lists(
+        st.builds(Snapshot, id=st.text(max_size=36), manifest_id=u64, expire_time_s=u64), max_size=4
+    ),
 )
 
 
