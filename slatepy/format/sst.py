@@ -39,12 +39,13 @@ _INDEX_ENTRY = struct.Struct("<QIH")
 _COUNT = struct.Struct("<I")
 
 
-class SstProperties(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+class SstProperties(msgspec.Struct, frozen=True, array_like=True):
     """Facts about an SST, stored inside it.
 
     ``writer_epoch`` is the epoch of the writer that produced the SST; it is how a writer
     that loses a WAL slot learns whether it was fenced (the seed keeps it in object
-    metadata; we keep it in the object so every store can carry it).
+    metadata; we keep it in the object so every store can carry it). Encoded as a msgpack
+    array in field order; new fields are only ever appended, with defaults.
     """
 
     entry_count: int

@@ -1,0 +1,90 @@
+"""Sequential durable puts with default settings: latency and object-store requests.
+
+    python -m bench.durable_puts --count 10000 --backends memory file s3
+
+``s3`` runs against a moto server this script starts on 127.0.0.1. Besides the puts it
+measures one raw conditional PUT on the same store (the physical floor for a durable put).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from slatepy import Db, Settings
+from slatepy.store import ObjectStore, open_store
+from slatepy.testing.moto import create_bucket, moto_server
+
+
+@contextmanager
+def backend(name: str) -> Iterator[tuple[ObjectStore, Settings]]:
+    settings = Settings()
+    if name == "memory":
+        yield open_store("memory://"), settings
+    elif name == "file":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield open_store(f"file://{tmp}"), settings
+    else:
+        with moto_server() as endpoint:
+            create_bucket(endpoint, "bench")
+            settings = Settings(
+                s3_endpoint=endpoint.url,
+                s3_access_key_id=endpoint.access_key_id,
+                s3_secret_access_key=endpoint.secret_access_key,
+            )
+            yield open_store(f"s3://bench/{uuid.uuid4().hex[:8]}", settings), settings
+
+
+def raw_put_ms(store: ObjectStore, samples: int = 200) -> float:
+    times = []
+    for i in range(samples):
+        t = time.perf_counter()
+        store.put(f"floor/{i}", b"x" * 200, mode="create")
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def run(name: str, count: int) -> str:
+    with backend(name) as (store, settings):
+        floor = raw_put_ms(store)
+        with Db.open(store, settings=settings) as db:
+            db.metrics.reset()
+            latencies = []
+            start = time.perf_counter()
+            for i in range(count):
+                t = time.perf_counter()
+                db.put(b"key%013d" % i, b"v" * 100)
+                latencies.append(time.perf_counter() - t)
+            elapsed = time.perf_counter() - start
+            ops = db.metrics.snapshot()
+        p50 = statistics.median(latencies) * 1e3
+        p99 = sorted(latencies)[int(count * 0.99) - 1] * 1e3
+        requests = ", ".join(f"{k}={v.requests}" for k, v in sorted(ops.items()))
+        put_bytes = ops["put"].bytes_out if "put" in ops else 0
+        return (
+            f"| {name} | {count} | {count / elapsed:,.0f} | {p50:.3f} | {p99:.3f} | {floor:.3f} "
+            f"| {p50 / floor:.2f} | {requests} | {put_bytes / count:.0f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=10_000)
+    parser.add_argument("--backends", nargs="+", default=["memory", "file", "s3"])
+    args = parser.parse_args()
+    print(
+        "| store | puts | puts/s | p50 ms | p99 ms | raw create PUT p50 ms | p50 / PUT "
+        "| requests | PUT bytes/put |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.backends:
+        print(run(name, args.count), flush=True)
+
+
+if __name__ == "__main__":
+    main()
