@@ -52,7 +52,7 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
         return ObstoreStore(raw, f"file://{path}")
-    bucket, prefix = parts.netloc, parts.path.strip("/") or None
+    bucket, prefix = parts.hostname or "", parts.path.strip("/") or None
     if scheme in ("gs", "az", "s3") and not bucket:
         raise InvalidArgument(f"{scheme}:// URLs need a bucket or container name: {url!r}")
     try:

@@ -140,3 +140,18 @@ def test_missing_bucket_is_not_found(s3_endpoint: object) -> None:
         store.list("manifest/")
     with pytest.raises(NotFound, match="bucket"):
         store.put("x", b"1")
+
+
+def test_cloud_urls_build_stores_from_their_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert open_store("gs://bucket/prefix").url == "gs://bucket/prefix"
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
+    with pytest.raises(InvalidArgument, match="Account"):
+        open_store("az://container/prefix")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "account")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "a2V5")
+    assert open_store("az://container/prefix").url == "az://container/prefix"
+
+
+def test_urls_never_leak_credentials() -> None:
+    store = open_store("s3://user:secret@bucket/prefix")
+    assert "secret" not in store.url

@@ -1,0 +1,41 @@
+"""Settings: defaults, validation, dict/TOML/env sources."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slatepy.config import Settings
+from slatepy.errors import InvalidArgument
+
+
+def test_env_values_are_converted_and_overrides_win() -> None:
+    env = {"SLATEPY_FLUSH_INTERVAL": "0.05", "SLATEPY_S3_ALLOW_HTTP": "true", "OTHER": "x"}
+    settings = Settings.from_env(env, block_size=8192)
+    assert settings.flush_interval == 0.05
+    assert settings.s3_allow_http is True
+    assert settings.block_size == 8192
+    assert settings.flush_bytes == Settings().flush_bytes
+
+
+def test_toml(tmp_path: Path) -> None:
+    path = tmp_path / "slatepy.toml"
+    path.write_text('flush_interval = 0.2\ns3_endpoint = "http://127.0.0.1:9000"\n')
+    settings = Settings.from_toml(path)
+    assert settings.flush_interval == 0.2 and settings.s3_endpoint == "http://127.0.0.1:9000"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"flush_interval": 0},
+        {"block_size": 10},
+        {"flush_bytes": "lots"},
+        {"no_such_option": 1},
+        {"store_retries": -1},
+    ],
+)
+def test_bad_settings_are_invalid_arguments(bad: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgument):
+        Settings.from_dict(bad)
