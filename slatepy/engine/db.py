@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from bisect import bisect_right
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
@@ -11,10 +12,13 @@ from typing import Self
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_value
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import start_writer
+from slatepy.engine.table import TableReader, compacted_path
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import ClosedError, InvalidArgument, SlatepyError
 from slatepy.format.block import Entry
+from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
@@ -36,6 +40,10 @@ class Db:
         self._lock = threading.Lock()
         self._closed = False
         start = start_writer(store, manifests, settings)
+        self._manifests = manifests
+        self._tables = TableReader(store)
+        self._view = start.manifest
+        self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
         self._seq = start.last_seq
         self.replayed_ssts = start.replayed_ssts
@@ -119,7 +127,23 @@ class Db:
         key = check_key(key)
         self._check_open()
         version = self._memtable.get(key)
-        return None if version is None else version[1]
+        if version is not None:
+            return version[1]
+        # The view is read after the memtable: a concurrent refresh installs the new view
+        # before it prunes the memtable, so a pruned key is always in the view we read.
+        view = self._view
+        for handle in view.l0:
+            if handle.first_key <= key <= handle.last_key:
+                found = self._tables.get(compacted_path(handle.id), key)
+                if found is not None:
+                    return found[1]
+        for run in view.sorted_runs:
+            in_run = _run_sst_for(run, key)
+            if in_run is not None:
+                found = self._tables.get(compacted_path(in_run.id), key)
+                if found is not None:
+                    return found[1]
+        return None
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).
@@ -133,7 +157,38 @@ class Db:
         with self._lock:
             self._check_open()
             entries = self._memtable.range(start, end)
-        return iter([(key, value) for key, _, value in entries if value is not None])
+            view = self._view
+        sources: list[Iterator[Entry]] = [iter(entries)]
+        sources += [self._tables.scan(compacted_path(h.id), start, end) for h in view.l0]
+        sources += [self._scan_run(run, start, end) for run in view.sorted_runs]
+        return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+
+    def _scan_run(self, run: SortedRun, start: bytes, end: bytes | None) -> Iterator[Entry]:
+        for handle in run.ssts:
+            if handle.last_key >= start and (end is None or handle.first_key < end):
+                yield from self._tables.scan(compacted_path(handle.id), start, end)
+
+    def refresh(self) -> None:
+        """Pick up compactions published since open (and release compacted memtable data)."""
+        self._check_open()
+        stored = self._manifests.load()
+        if stored is not None:
+            self.apply_manifest(stored.manifest)
+
+    def apply_manifest(self, manifest: Manifest) -> None:
+        """Adopt ``manifest`` as the read view and prune what it has compacted."""
+        with self._lock:
+            if manifest.wal_id_last_compacted < self._view.wal_id_last_compacted:
+                return  # an older manifest than the one we have
+            self._view = manifest
+            cutoff = manifest.wal_id_last_compacted
+            known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
+            compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
+            if compacted:
+                self._memtable.prune(max(compacted))
+            for wal_id in [i for i in known if i <= cutoff]:
+                self._replayed_max_seq.pop(wal_id, None)
+                self._wal.max_seq_by_id.pop(wal_id, None)
 
     def flush(self) -> None:
         """Make every write made so far durable.
@@ -185,3 +240,11 @@ class Db:
             return
         with contextlib.suppress(Exception):  # the exception propagating says what went wrong
             self.close()
+
+
+def _run_sst_for(run: SortedRun, key: bytes) -> SstHandle | None:
+    """The only SST of a sorted run whose key range can hold ``key``."""
+    i = bisect_right([h.first_key for h in run.ssts], key) - 1
+    if i >= 0 and key <= run.ssts[i].last_key:
+        return run.ssts[i]
+    return None

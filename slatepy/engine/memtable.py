@@ -40,6 +40,20 @@ class Memtable:
         self._data[key] = (seq, value)
         self.size_bytes += len(value or b"")
 
+    def prune(self, max_seq: int) -> int:
+        """Drop versions with ``seq <= max_seq`` (they now live in compacted SSTs).
+
+        Returns how many keys were dropped.
+        """
+        kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
+        dropped = len(self._data) - len(kept)
+        if dropped:
+            self._data = kept
+            self._sorted = [k for k in self._sorted if k in kept]
+            self._new_keys = [k for k in self._new_keys if k in kept]
+            self.size_bytes = sum(len(k) + 64 + len(v[1] or b"") for k, v in kept.items())
+        return dropped
+
     def get(self, key: bytes) -> Version | None:
         return self._data.get(key)
 

@@ -38,6 +38,8 @@ class WriterStart:
     memtable: Memtable
     last_seq: int
     replayed_ssts: int
+    manifest: Manifest
+    wal_max_seq: dict[int, int]
 
 
 def empty_sst(epoch: int) -> bytes:
@@ -71,19 +73,27 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
         attempts=settings.wal_write_attempts,
         skip_older=True,
     )
-    memtable, last_seq = replay(wal, first, fence_id)
-    manifests.update(lambda m, _: m.without_snapshot(snapshot_id))
-    return WriterStart(epoch, fence_id, memtable, last_seq, fence_id - first)
+    memtable, wal_max_seq = replay(wal, first, fence_id)
+    released = manifests.update(lambda m, _: m.without_snapshot(snapshot_id))
+    return WriterStart(
+        epoch,
+        fence_id,
+        memtable,
+        max(wal_max_seq.values(), default=0),
+        fence_id - first,
+        released.manifest,
+        wal_max_seq,
+    )
 
 
-def replay(wal: NumberedObjects, first: int, end: int) -> tuple[Memtable, int]:
-    """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and the highest seq.
+def replay(wal: NumberedObjects, first: int, end: int) -> tuple[Memtable, dict[int, int]]:
+    """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and each SST's max seq.
 
     Raises:
         CorruptionError: an SST in the range is missing (the WAL must be contiguous) or corrupt.
     """
     memtable = Memtable()
-    last_seq = 0
+    max_seq: dict[int, int] = {}
 
     def fetch(wal_id: int) -> bytes:
         try:
@@ -94,9 +104,9 @@ def replay(wal: NumberedObjects, first: int, end: int) -> tuple[Memtable, int]:
             ) from exc
 
     with ThreadPoolExecutor(REPLAY_CONCURRENCY, thread_name_prefix="slatepy-replay") as pool:
-        for data in pool.map(fetch, range(first, end)):
+        for wal_id, data in zip(range(first, end), pool.map(fetch, range(first, end)), strict=True):
             meta, entries = decode_sst(data)
             for key, seq, value in entries:
                 memtable.put(key, seq, value)
-            last_seq = max(last_seq, meta.props.max_seq)
-    return memtable, last_seq
+            max_seq[wal_id] = meta.props.max_seq
+    return memtable, max_seq

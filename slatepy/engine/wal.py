@@ -55,6 +55,7 @@ class WalWriter:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.ssts_written = 0
+        self.max_seq_by_id: dict[int, int] = {}
         self._ticker = threading.Thread(target=self._tick, name="slatepy-wal-flush", daemon=True)
         self._ticker.start()
 
@@ -124,7 +125,8 @@ class WalWriter:
         for key in sorted(buffer):
             seq, value = buffer[key]
             builder.add(key, seq, value)
-        data = builder.finish().data
+        encoded = builder.finish()
+        data = encoded.data
         try:
             written = write_wal_sst(
                 self._wal,
@@ -138,6 +140,7 @@ class WalWriter:
             raise
         self._next_id = written + 1
         self.ssts_written += 1
+        self.max_seq_by_id[written] = encoded.meta.props.max_seq
 
     def _tick(self) -> None:
         interval = self._settings.flush_interval

@@ -1,0 +1,6 @@
+"""Compaction: pure planning (manifest in, plan out) and streaming execution."""
+
+from slatepy.compactor.compactor import Compactor
+from slatepy.compactor.planner import CompactionPolicy, L0ToRun, WalToL0, apply_result, plan
+
+__all__ = ["CompactionPolicy", "Compactor", "L0ToRun", "WalToL0", "apply_result", "plan"]

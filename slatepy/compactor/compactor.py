@@ -1,0 +1,84 @@
+"""The compactor: claims ``compactor_epoch``, then plans, executes and publishes.
+
+A compactor whose epoch was superseded (a zombie) loses at publish time: the pure
+``apply_result`` raises ``FencedError`` inside the manifest update, so its outputs are never
+referenced (GC collects them) and it stops.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from slatepy.compactor.executor import plan_inputs, write_outputs
+from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, apply_result, plan
+from slatepy.config import Settings
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.merge import merge_newest
+from slatepy.engine.table import TableReader
+from slatepy.manifest.store import ManifestStore, StoredManifest
+from slatepy.store.base import ObjectStore
+from slatepy.store.numbered import NumberedObjects
+
+
+def contiguous_tail(wal: NumberedObjects, after: int) -> int | None:
+    """The highest WAL id in the gap-free run of ids following ``after``."""
+    tail: int | None = None
+    expected = after + 1
+    for wal_id in wal.ids(after=after):
+        if wal_id != expected:
+            break
+        tail = wal_id
+        expected += 1
+    return tail
+
+
+class Compactor:
+    """Compacts one database. Construct it to claim the compactor epoch."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        settings: Settings | None = None,
+        policy: CompactionPolicy | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.policy = policy or CompactionPolicy()
+        self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
+        self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
+        self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+        claimed = self.manifests.update(
+            lambda m, _: msgspec.structs.replace(m, compactor_epoch=m.compactor_epoch + 1)
+        )
+        self.epoch = claimed.manifest.compactor_epoch
+        self.last_published: StoredManifest = claimed
+
+    def run_once(self) -> Plan | None:
+        """Plan and run one compaction; None when there was nothing to do."""
+        stored = self.manifests.load()
+        assert stored is not None  # the constructor wrote one
+        manifest = stored.manifest
+        todo = plan(manifest, contiguous_tail(self._wal, manifest.wal_id_last_compacted), self.policy)
+        if todo is None:
+            return None
+        is_run = isinstance(todo, L0ToRun)
+        outputs = write_outputs(
+            merge_newest(plan_inputs(todo, manifest, self.tables)),
+            self.tables,
+            self.policy,
+            drop_tombstones=is_run and todo.drop_tombstones,  # type: ignore[union-attr]
+            split=is_run,
+            block_size=self.settings.block_size,
+            bloom_bits_per_key=self.settings.bloom_bits_per_key,
+        )
+        self.last_published = self.manifests.update(
+            lambda m, _: apply_result(m, todo, tuple(outputs), self.epoch)
+        )
+        return todo
+
+    def run_until_idle(self, *, max_rounds: int = 1000) -> int:
+        """Run compactions until none is left (or ``max_rounds``); return how many ran."""
+        for done in range(max_rounds):
+            if self.run_once() is None:
+                return done
+        return max_rounds

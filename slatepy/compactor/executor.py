@@ -1,0 +1,82 @@
+"""Compaction execution: stream-merge the inputs of a plan into new SSTs.
+
+Inputs are read block by block through ``TableReader.scan`` (uncached: compaction must not
+evict the read path's hot blocks) and merged with :func:`merge_newest`; output SSTs are cut
+at ``target_sst_bytes``, so memory holds one output SST and one block per input at a time.
+Outputs are written create-if-absent under ``compacted/`` with fresh random ids; they become
+part of the database only when the manifest update publishing them succeeds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+from slatepy.compactor.planner import CompactionPolicy, Plan, WalToL0
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.merge import merge_newest
+from slatepy.engine.table import TableReader, compacted_path
+from slatepy.format.block import Entry
+from slatepy.format.sst import EncodedSst, SstBuilder
+from slatepy.manifest.record import Manifest, SstHandle
+from slatepy.store.cas import create_if_absent
+from slatepy.store.numbered import NumberedObjects
+
+def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Iterator[Entry]]:
+    """Entry streams of a plan's inputs: one per WAL SST, L0 SST or sorted run."""
+    if isinstance(plan, WalToL0):
+        wal = NumberedObjects(tables.store, WAL_DIR, WAL_SUFFIX)
+        ids = range(plan.last_wal_id, plan.first_wal_id - 1, -1)
+        return [_chain(tables, [wal.path(i)]) for i in ids]
+    sources = [[compacted_path(h.id)] for h in manifest.l0 if h.id in plan.l0_ids]
+    sources += [
+        [compacted_path(h.id) for h in run.ssts]
+        for run in manifest.sorted_runs
+        if run.id in plan.run_ids
+    ]
+    return [_chain(tables, paths) for paths in sources]
+
+
+def _chain(tables: TableReader, paths: list[str]) -> Iterator[Entry]:
+    """The entries of SSTs with disjoint, increasing key ranges, read one block at a time."""
+    for path in paths:
+        yield from tables.scan(path, b"", None, cache=False)
+
+
+def write_outputs(
+    entries: Iterator[Entry],
+    tables: TableReader,
+    policy: CompactionPolicy,
+    *,
+    drop_tombstones: bool,
+    split: bool,
+    block_size: int,
+    bloom_bits_per_key: int,
+) -> list[SstHandle]:
+    """Write the merged stream as SSTs (cut at the target size when ``split``)."""
+    handles: list[SstHandle] = []
+    builder: SstBuilder | None = None
+
+    for key, seq, value in entries:
+        if value is None and drop_tombstones:
+            continue
+        if builder is None:
+            builder = SstBuilder(
+                writer_epoch=0, block_size=block_size, bloom_bits_per_key=bloom_bits_per_key
+            )
+        builder.add(key, seq, value)
+        if split and builder.estimated_size >= policy.target_sst_bytes:
+            handles.append(_store(builder.finish(), tables))
+            builder = None
+    if builder is not None:
+        handles.append(_store(builder.finish(), tables))
+    return handles
+
+
+def _store(encoded: EncodedSst, tables: TableReader) -> SstHandle:
+    sst_id = uuid.uuid4().hex
+    props = encoded.meta.props
+    assert props.first_key is not None and props.last_key is not None
+    if create_if_absent(tables.store, compacted_path(sst_id), encoded.data) is not None:
+        raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
+    return SstHandle(sst_id, len(encoded.data), props.first_key, props.last_key, props.entry_count)

@@ -1,0 +1,115 @@
+"""Compaction planning: a pure function from a manifest (and the WAL tail) to a plan.
+
+Two kinds of work, in priority order:
+
+1. ``WalToL0``: merge the WAL SSTs after ``wal_id_last_compacted`` (up to
+   ``max_wal_ssts`` of them) into one L0 SST.
+2. ``L0ToRun``: once ``l0_trigger`` L0 SSTs exist, merge all of L0 with the newest sorted runs
+   whose size is at most ``size_ratio`` times what is being merged so far (size-tiered), into
+   one new sorted run. Tombstones are dropped only when the output includes the oldest run,
+   because only then can no older value lie underneath them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from slatepy.errors import FencedError
+from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """Tunables of the planner."""
+
+    l0_trigger: int = 4
+    size_ratio: float = 4.0
+    max_wal_ssts: int = 1000
+    target_sst_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WalToL0:
+    first_wal_id: int
+    last_wal_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class L0ToRun:
+    l0_ids: tuple[str, ...]
+    run_ids: tuple[int, ...]
+    new_run_id: int
+    drop_tombstones: bool
+
+
+Plan = WalToL0 | L0ToRun
+
+
+def run_size(run: SortedRun) -> int:
+    return sum(h.object_size for h in run.ssts)
+
+
+def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> Plan | None:
+    """The next compaction to run, or None when there is nothing worth doing.
+
+    Args:
+        manifest: The latest manifest.
+        wal_tail: The highest id of the contiguous WAL (None if the WAL is empty).
+    """
+    first = manifest.wal_id_last_compacted + 1
+    if wal_tail is not None and wal_tail >= first:
+        return WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
+    if len(manifest.l0) < policy.l0_trigger:
+        return None
+    merged = sum(h.object_size for h in manifest.l0)
+    runs: list[int] = []
+    for run in manifest.sorted_runs:  # newest first
+        size = run_size(run)
+        if size > merged * policy.size_ratio:
+            break
+        runs.append(run.id)
+        merged += size
+    return L0ToRun(
+        l0_ids=tuple(h.id for h in manifest.l0),
+        run_ids=tuple(runs),
+        new_run_id=max((r.id for r in manifest.sorted_runs), default=0) + 1,
+        drop_tombstones=len(runs) == len(manifest.sorted_runs),
+    )
+
+
+def apply_result(
+    manifest: Manifest, done: Plan, outputs: tuple[SstHandle, ...], compactor_epoch: int
+) -> Manifest:
+    """The manifest after publishing ``outputs`` of ``done`` (a pure transition).
+
+    Raises:
+        FencedError: a newer compactor took over, or the inputs are no longer current.
+    """
+    if manifest.compactor_epoch != compactor_epoch:
+        raise FencedError(
+            f"compactor epoch {compactor_epoch} was superseded by {manifest.compactor_epoch}"
+        )
+    if isinstance(done, WalToL0):
+        if manifest.wal_id_last_compacted != done.first_wal_id - 1:
+            raise FencedError("the WAL was compacted by someone else meanwhile")
+        return msgspec.structs.replace(
+            manifest,
+            l0=outputs + manifest.l0,
+            wal_id_last_compacted=done.last_wal_id,
+            wal_id_last_seen=max(manifest.wal_id_last_seen, done.last_wal_id),
+        )
+    current_l0 = {h.id for h in manifest.l0}
+    current_runs = {r.id for r in manifest.sorted_runs}
+    if not set(done.l0_ids) <= current_l0 or not set(done.run_ids) <= current_runs:
+        raise FencedError("the compaction's inputs were compacted by someone else meanwhile")
+    new_runs = (SortedRun(done.new_run_id, outputs),) if outputs else ()
+    kept_runs = tuple(r for r in manifest.sorted_runs if r.id not in done.run_ids)
+    # L0 SSTs added after planning are newer than the output, so they stay in front of it;
+    # the merged runs were the newest runs, so the output goes before the remaining ones.
+    return msgspec.structs.replace(
+        manifest,
+        l0=tuple(h for h in manifest.l0 if h.id not in done.l0_ids),
+        sorted_runs=new_runs + kept_runs,
+    )

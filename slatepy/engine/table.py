@@ -1,0 +1,97 @@
+"""Reading SSTs from the store: metas and blocks, cached.
+
+An SST's meta (index, filter, properties) costs one suffix GET (a second ranged GET only
+when the meta exceeds ``META_PREFETCH``); after that a point lookup costs at most one ranged
+GET of one block, and none when the key range or the bloom filter rules the SST out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from slatepy.engine.cache import LruCache
+from slatepy.errors import CorruptionError
+from slatepy.format.block import Block, Entry, decode_block
+from slatepy.format.sst import FOOTER_SIZE, SstMeta, decode_footer, decode_meta
+from slatepy.store.base import ObjectStore
+
+META_PREFETCH = 64 * 1024
+COMPACTED_DIR = "compacted"
+
+
+def compacted_path(sst_id: str) -> str:
+    """Where the compacted SST ``sst_id`` lives."""
+    return f"{COMPACTED_DIR}/{sst_id}.sst"
+
+
+class TableReader:
+    """Cached access to SSTs of one store (safe to share between threads)."""
+
+    def __init__(self, store: ObjectStore, *, cache_bytes: int = 64 * 1024 * 1024) -> None:
+        self.store = store
+        self._metas: LruCache[SstMeta] = LruCache(max(cache_bytes // 8, 1 << 20))
+        self._blocks: LruCache[Block] = LruCache(cache_bytes)
+
+    def meta(self, path: str) -> SstMeta:
+        cached = self._metas.get(path)
+        if cached is not None:
+            return cached
+        tail = self.store.get_suffix(path, META_PREFETCH)
+        footer = decode_footer(tail)
+        start = len(tail) - FOOTER_SIZE - footer.meta_len
+        if start >= 0:
+            meta_bytes = tail[start : len(tail) - FOOTER_SIZE]
+        else:
+            meta_bytes = self.store.get_range(
+                path, footer.meta_offset, footer.meta_offset + footer.meta_len
+            )
+        meta = decode_meta(footer, meta_bytes)
+        self._metas.put(path, meta, meta.size_in_memory)
+        return meta
+
+    def block(self, path: str, meta: SstMeta, index: int, *, cache: bool = True) -> Block:
+        key = (path, index)
+        cached = self._blocks.get(key)
+        if cached is not None:
+            return cached
+        handle = meta.blocks[index]
+        block = decode_block(
+            self.store.get_range(path, handle.offset, handle.offset + handle.length)
+        )
+        if block.keys[0] != handle.first_key:
+            raise CorruptionError(f"{path}: block {index} disagrees with the index")
+        if cache:
+            self._blocks.put(key, block, block.size_in_memory)
+        return block
+
+    def get(self, path: str, key: bytes) -> tuple[int, bytes | None] | None:
+        """``(seq, value)`` of ``key`` in the SST at ``path`` (value None = tombstone)."""
+        meta = self.meta(path)
+        if not meta.may_contain(key):
+            return None
+        index = meta.block_for(key)
+        if index is None:
+            return None
+        return self.block(path, meta, index).get(key)
+
+    def scan(
+        self, path: str, start: bytes, end: bytes | None, *, cache: bool = True
+    ) -> Iterator[Entry]:
+        """Entries with ``start <= key < end`` in key order, one block in memory at a time."""
+        meta = self.meta(path)
+        props = meta.props
+        if props.first_key is None or props.last_key is None:
+            return
+        if props.last_key < start or (end is not None and props.first_key >= end):
+            return
+        first = meta.block_for(start) or 0
+        for index in range(first, len(meta.blocks)):
+            if end is not None and meta.blocks[index].first_key >= end:
+                return
+            block = self.block(path, meta, index, cache=cache)
+            for entry in block.entries():
+                if entry[0] < start:
+                    continue
+                if end is not None and entry[0] >= end:
+                    return
+                yield entry
