@@ -58,7 +58,9 @@ class Compactor:
         stored = self.manifests.load()
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        todo = plan(manifest, contiguous_tail(self._wal, manifest.wal_id_last_compacted), self.policy)
+        todo = plan(
+            manifest, contiguous_tail(self._wal, manifest.wal_id_last_compacted), self.policy
+        )
         if todo is None:
             return None
         is_run = isinstance(todo, L0ToRun)

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 
 from slatepy.compactor.planner import CompactionPolicy, Plan, WalToL0
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader, compacted_path
 from slatepy.format.block import Entry
 from slatepy.format.sst import EncodedSst, SstBuilder
 from slatepy.manifest.record import Manifest, SstHandle
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
+
 
 def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Iterator[Entry]]:
     """Entry streams of a plan's inputs: one per WAL SST, L0 SST or sorted run."""

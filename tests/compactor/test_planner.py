@@ -1,0 +1,86 @@
+"""The pure planner and result transition."""
+
+from __future__ import annotations
+
+import pytest
+
+from slatepy.compactor import CompactionPolicy, L0ToRun, WalToL0, apply_result, plan
+from slatepy.errors import FencedError
+from slatepy.manifest import Manifest, SortedRun, SstHandle
+
+POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=10)
+
+
+def sst(name: str, size: int = 100) -> SstHandle:
+    return SstHandle(name, size, b"a", b"z", 1)
+
+
+def test_wal_comes_first_and_is_bounded() -> None:
+    manifest = Manifest(wal_id_last_compacted=4, wal_id_last_seen=4, l0=(sst("x"), sst("y")))
+    assert plan(manifest, 30, POLICY) == WalToL0(5, 14)
+    assert plan(manifest, 6, POLICY) == WalToL0(5, 6)
+
+
+def test_nothing_to_do() -> None:
+    assert plan(Manifest(wal_id_last_compacted=3, wal_id_last_seen=3), 3, POLICY) is None
+    assert plan(Manifest(l0=(sst("x"),)), None, POLICY) is None
+
+
+def test_size_tiered_selection_stops_at_a_much_larger_run() -> None:
+    manifest = Manifest(
+        l0=(sst("a"), sst("b")),
+        sorted_runs=(
+            SortedRun(3, (sst("r3", 300),)),  # <= 2 * 200: merged
+            SortedRun(2, (sst("r2", 5000),)),  # > 2 * 500: stops here
+            SortedRun(1, (sst("r1", 100),)),
+        ),
+    )
+    assert plan(manifest, None, POLICY) == L0ToRun(("a", "b"), (3,), 4, drop_tombstones=False)
+
+
+def test_tombstones_drop_only_when_the_oldest_run_is_merged() -> None:
+    manifest = Manifest(l0=(sst("a"), sst("b")), sorted_runs=(SortedRun(1, (sst("r1"),)),))
+    assert plan(manifest, None, POLICY) == L0ToRun(("a", "b"), (1,), 2, drop_tombstones=True)
+
+
+def test_apply_wal_to_l0() -> None:
+    manifest = Manifest(
+        compactor_epoch=2, wal_id_last_compacted=4, wal_id_last_seen=4, l0=(sst("old"),)
+    )
+    new = apply_result(manifest, WalToL0(5, 9), (sst("new"),), 2)
+    assert [h.id for h in new.l0] == ["new", "old"]
+    assert new.wal_id_last_compacted == 9 and new.wal_id_last_seen == 9
+
+
+def test_apply_l0_to_run_keeps_newer_l0_and_older_runs() -> None:
+    manifest = Manifest(
+        compactor_epoch=1,
+        l0=(sst("newer"), sst("a"), sst("b")),
+        sorted_runs=(SortedRun(2, (sst("r2"),)), SortedRun(1, (sst("r1"),))),
+    )
+    done = L0ToRun(("a", "b"), (2,), 3, drop_tombstones=False)
+    new = apply_result(manifest, done, (sst("o1"), sst("o2")), 1)
+    assert [h.id for h in new.l0] == ["newer"]
+    assert [(r.id, [h.id for h in r.ssts]) for r in new.sorted_runs] == [
+        (3, ["o1", "o2"]),
+        (1, ["r1"]),
+    ]
+
+
+def test_zombie_compactor_cannot_publish() -> None:
+    manifest = Manifest(compactor_epoch=3, wal_id_last_compacted=0, wal_id_last_seen=0)
+    with pytest.raises(FencedError, match="superseded"):
+        apply_result(manifest, WalToL0(1, 2), (sst("x"),), 2)
+
+
+def test_inputs_compacted_meanwhile_are_refused() -> None:
+    manifest = Manifest(compactor_epoch=1, l0=(sst("a"),))
+    with pytest.raises(FencedError):
+        apply_result(manifest, L0ToRun(("a", "gone"), (), 1, True), (), 1)
+    with pytest.raises(FencedError):
+        apply_result(
+            Manifest(compactor_epoch=1, wal_id_last_compacted=5, wal_id_last_seen=5),
+            WalToL0(3, 4),
+            (),
+            1,
+        )
