@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import msgspec
 
@@ -43,6 +43,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         s3_secret_access_key: Secret key; ``AWS_SECRET_ACCESS_KEY`` when unset.
         s3_session_token: Session token; ``AWS_SESSION_TOKEN`` when unset.
         s3_allow_http: Allow plain-HTTP endpoints; inferred from the endpoint when unset.
+        compactor: ``"in-process"`` runs a compactor thread inside the writer; ``"off"``
+            leaves compaction to ``slatepy compact`` or a separate ``Compactor``.
+        compaction_interval: Seconds between compaction passes of the in-process compactor.
     """
 
     flush_interval: float = 0.1
@@ -60,6 +63,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_secret_access_key: str | None = None
     s3_session_token: str | None = None
     s3_allow_http: bool | None = None
+    compactor: Literal["in-process", "off"] = "off"
+    compaction_interval: float = 1.0
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -72,6 +77,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),
+            (self.compaction_interval > 0, "compaction_interval must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

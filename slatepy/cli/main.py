@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
     demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))
     demo.add_argument("--orders", type=int, default=20_000)
+    compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
+    compact.add_argument("url")
     inspect = sub.add_parser("inspect", help="show the manifest, WAL and SSTs of a database")
     inspect.add_argument("url")
     inspect.add_argument("--limit", type=int, default=20, help="WAL SSTs to summarise")
@@ -35,6 +37,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.demo import run_demo
 
             run_demo(args.dir, orders=args.orders)
+        elif args.command == "compact":
+            from slatepy.compactor import Compactor
+
+            settings = Settings.from_env()
+            compactor = Compactor(open_store(args.url, settings), settings=settings)
+            rounds = compactor.run_until_idle()
+            m = compactor.last_published.manifest
+            print(
+                f"compactor epoch {compactor.epoch}: {rounds} compactions; "
+                f"wal_id_last_compacted={m.wal_id_last_compacted}, "
+                f"l0={len(m.l0)}, sorted runs={len(m.sorted_runs)}"
+            )
         elif args.command == "inspect":
             from slatepy.cli.inspect import inspect
 

@@ -1,6 +1,15 @@
 """Compaction: pure planning (manifest in, plan out) and streaming execution."""
 
+from slatepy.compactor.background import BackgroundCompactor
 from slatepy.compactor.compactor import Compactor
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, WalToL0, apply_result, plan
 
-__all__ = ["CompactionPolicy", "Compactor", "L0ToRun", "WalToL0", "apply_result", "plan"]
+__all__ = [
+    "BackgroundCompactor",
+    "CompactionPolicy",
+    "Compactor",
+    "L0ToRun",
+    "WalToL0",
+    "apply_result",
+    "plan",
+]

@@ -79,4 +79,11 @@ def _store(encoded: EncodedSst, tables: TableReader) -> SstHandle:
     assert props.first_key is not None and props.last_key is not None
     if create_if_absent(tables.store, compacted_path(sst_id), encoded.data) is not None:
         raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
-    return SstHandle(sst_id, len(encoded.data), props.first_key, props.last_key, props.entry_count)
+    return SstHandle(
+        sst_id,
+        len(encoded.data),
+        props.first_key,
+        props.last_key,
+        props.entry_count,
+        props.max_seq,
+    )

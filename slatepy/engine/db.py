@@ -7,7 +7,7 @@ import threading
 from bisect import bisect_right
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_value
@@ -24,6 +24,9 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.url import open_store
+
+if TYPE_CHECKING:
+    from slatepy.compactor import BackgroundCompactor
 
 
 class Db:
@@ -53,6 +56,17 @@ class Db:
             next_id=start.fence_id + 1,
             settings=settings,
         )
+        self._compactor: BackgroundCompactor | None = None
+        if settings.compactor == "in-process":
+            # The one upward import: the writer composes a compactor when asked to
+            # (RFC 0003). Imported lazily so the engine does not depend on it otherwise.
+            from slatepy.compactor import BackgroundCompactor, Compactor
+
+            self._compactor = BackgroundCompactor(
+                Compactor(store, settings=settings),
+                settings.compaction_interval,
+                self._adopt_published,
+            )
 
     @classmethod
     def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> Db:
@@ -175,6 +189,10 @@ class Db:
         if stored is not None:
             self.apply_manifest(stored.manifest)
 
+    def _adopt_published(self, manifest: Manifest) -> None:
+        if not self._closed:
+            self.apply_manifest(manifest)
+
     def apply_manifest(self, manifest: Manifest) -> None:
         """Adopt ``manifest`` as the read view and prune what it has compacted."""
         with self._lock:
@@ -220,6 +238,8 @@ class Db:
             if self._wal.lost_unawaited:
                 raise
         finally:
+            if self._compactor is not None:
+                self._compactor.close()
             self._wal.close()
 
     def _check_open(self) -> None:

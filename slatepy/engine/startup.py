@@ -79,7 +79,8 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
         epoch,
         fence_id,
         memtable,
-        max(wal_max_seq.values(), default=0),
+        # New writes must sort after everything already written, compacted or not.
+        max(max(wal_max_seq.values(), default=0), released.manifest.max_compacted_seq()),
         fence_id - first,
         released.manifest,
         wal_max_seq,

@@ -17,13 +17,17 @@ MANIFEST_FORMAT_VERSION = 1
 
 
 class SstHandle(msgspec.Struct, frozen=True):
-    """A compacted SST the manifest references (under ``compacted/``)."""
+    """A compacted SST the manifest references (under ``compacted/``).
+
+    ``max_seq`` lets a new writer continue sequence numbers above everything compacted.
+    """
 
     id: str
     object_size: int
     first_key: bytes
     last_key: bytes
     entry_count: int
+    max_seq: int = 0
 
 
 class SortedRun(msgspec.Struct, frozen=True):
@@ -84,6 +88,11 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         if manifest.wal_id_last_compacted > manifest.wal_id_last_seen:
             raise CorruptionError("manifest: wal_id_last_compacted > wal_id_last_seen")
         return manifest
+
+    def max_compacted_seq(self) -> int:
+        """The highest sequence number in any compacted SST."""
+        handles = [*self.l0, *(h for run in self.sorted_runs for h in run.ssts)]
+        return max((h.max_seq for h in handles), default=0)
 
     def with_snapshot(self, snapshot: Snapshot) -> Manifest:
         return msgspec.structs.replace(self, snapshots=(*self.snapshots, snapshot))

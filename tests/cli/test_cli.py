@@ -41,3 +41,15 @@ def test_inspect_of_an_empty_location(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_cli_reports_errors_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", "ftp://nowhere/x"]) == 1
     assert "UnsupportedStore" in capsys.readouterr().err
+
+
+def test_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"file://{tmp_path}/db"
+    with Db.open(url) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+    assert main(["compact", url]) == 0
+    assert "wal_id_last_compacted=6, l0=1" in capsys.readouterr().out
+    with Db.open(url) as db:
+        assert db.replayed_ssts == 0
+        assert [k for k, _ in db.scan()] == [b"k0", b"k1", b"k2", b"k3", b"k4"]
