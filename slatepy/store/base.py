@@ -86,3 +86,45 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def copy(self, source: str, destination: str) -> None:
         """Copy ``source`` to ``destination``, overwriting it."""
+
+
+class WrappingStore(ObjectStore):
+    """Forwards every operation to ``inner``; wrappers override only what they change."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def supports_if_match(self) -> bool:
+        return self.inner.supports_if_match
+
+    def get(self, path: str) -> bytes:
+        return self.inner.get(path)
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        return self.inner.get_range(path, start, end)
+
+    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return self.inner.get_ranges(path, ranges)
+
+    def get_suffix(self, path: str, length: int) -> bytes:
+        return self.inner.get_suffix(path, length)
+
+    def head(self, path: str) -> ObjectMeta:
+        return self.inner.head(path)
+
+    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        return self.inner.put(path, data, mode=mode)
+
+    def delete(self, path: str) -> None:
+        self.inner.delete(path)
+
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        return self.inner.list(prefix, offset=offset)
+
+    def copy(self, source: str, destination: str) -> None:
+        self.inner.copy(source, destination)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode
+from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
 
 T = TypeVar("T")
 
@@ -66,20 +66,12 @@ class StoreMetrics:
         return "\n".join(rows)
 
 
-class MetricsStore(ObjectStore):
+class MetricsStore(WrappingStore):
     """Counts every request made through it; ``get_ranges`` counts as one request."""
 
     def __init__(self, inner: ObjectStore, metrics: StoreMetrics | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.metrics = metrics or StoreMetrics()
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    @property
-    def supports_if_match(self) -> bool:
-        return self.inner.supports_if_match
 
     def _count(self, kind: str, fn: Callable[[], T], *, sent: int = 0) -> T:
         try:

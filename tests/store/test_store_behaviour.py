@@ -12,9 +12,9 @@ from slatepy.errors import (
     StoreUnavailable,
     UnsupportedStore,
 )
-from slatepy.store import IfMatch, MetricsStore, ObjectMeta, ObjectStore, open_store
+from slatepy.store import IfMatch, MetricsStore, ObjectMeta, ObjectStore, PutMode, open_store
+from slatepy.store.base import WrappingStore
 from slatepy.store.cas import create_if_absent
-from slatepy.testing.intercept import InterceptStore
 from tests.conftest import Backend
 
 
@@ -92,16 +92,16 @@ def test_metrics_count_requests_and_bytes(backend: Backend) -> None:
     assert ops["get_range"].bytes_in == 2
 
 
-class _LandThenFail(InterceptStore):
+class _LandThenFail(WrappingStore):
     """Performs the first create, then reports an indefinite failure (a lost response)."""
 
     def __init__(self, inner: ObjectStore) -> None:
         super().__init__(inner)
         self.calls = 0
 
-    def put(self, path: str, data: bytes, *, mode: object = "overwrite") -> str | None:
+    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
         self.calls += 1
-        etag = self.inner.put(path, data, mode=mode)  # type: ignore[arg-type]
+        etag = self.inner.put(path, data, mode=mode)
         if self.calls == 1:
             raise StoreUnavailable("response lost", path=path, definite=False)
         return etag
