@@ -187,13 +187,13 @@ class Db:
         self._check_open()
         stored = self._manifests.load()
         if stored is not None:
-            self.apply_manifest(stored.manifest)
+            self._apply_manifest(stored.manifest)
 
     def _adopt_published(self, manifest: Manifest) -> None:
         if not self._closed:
-            self.apply_manifest(manifest)
+            self._apply_manifest(manifest)
 
-    def apply_manifest(self, manifest: Manifest) -> None:
+    def _apply_manifest(self, manifest: Manifest) -> None:
         """Adopt ``manifest`` as the read view and prune what it has compacted."""
         with self._lock:
             if manifest.wal_id_last_compacted < self._view.wal_id_last_compacted:
