@@ -5,27 +5,21 @@ from __future__ import annotations
 import datetime as dt
 
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.format.sst import FOOTER_SIZE, decode_footer, decode_meta
+from slatepy.engine.table import TableReader
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 
 
-def sst_summary(store: ObjectStore, path: str) -> str:
+def sst_summary(tables: TableReader, path: str) -> str:
     """One line about an SST, read from its footer and meta only (one or two ranged GETs)."""
-    tail = store.get_suffix(path, 64 * 1024)
-    footer = decode_footer(tail)
-    meta_start = len(tail) - FOOTER_SIZE - footer.meta_len
-    if meta_start >= 0:
-        meta_bytes = tail[meta_start : len(tail) - FOOTER_SIZE]
-    else:
-        meta_bytes = store.get_range(path, footer.meta_offset, footer.meta_offset + footer.meta_len)
-    props = decode_meta(footer, meta_bytes).props
+    meta = tables.meta(path)
+    props = meta.props
     keys = f"{props.first_key!r}..{props.last_key!r}" if props.entry_count else "(empty)"
     return (
         f"epoch={props.writer_epoch} entries={props.entry_count} "
         f"tombstones={props.tombstone_count} seq={props.min_seq}..{props.max_seq} "
-        f"bytes={footer.object_size} keys={keys}"
+        f"bytes={meta.object_size} keys={keys}"
     )
 
 
@@ -64,6 +58,7 @@ def inspect(store: ObjectStore, *, limit: int = 20) -> str:
     shown = entries[-limit:] if limit else []
     if len(entries) > len(shown):
         lines.append(f"  (showing the last {len(shown)})")
+    tables = TableReader(store, cache_bytes=1 << 20)
     for wal_id, meta in shown:
-        lines.append(f"  {wal_id:>8} {sst_summary(store, meta.path)}")
+        lines.append(f"  {wal_id:>8} {sst_summary(tables, meta.path)}")
     return "\n".join(lines)

@@ -63,13 +63,12 @@ class Compactor:
         )
         if todo is None:
             return None
-        is_run = isinstance(todo, L0ToRun)
         outputs = write_outputs(
             merge_newest(plan_inputs(todo, manifest, self.tables)),
             self.tables,
             self.policy,
-            drop_tombstones=is_run and todo.drop_tombstones,  # type: ignore[union-attr]
-            split=is_run,
+            drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
+            split=isinstance(todo, L0ToRun),
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
         )

@@ -33,14 +33,16 @@ class NumberedObjects:
         return int(digits)
 
     def entries(self, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
-        """``(id, meta)`` of every object in the sequence with id > ``after``, ascending."""
+        """``(id, meta)`` of every object in the sequence with id > ``after``, ascending.
+
+        Ascending because ``ObjectStore.list`` is sorted by path and ids are zero-padded.
+        """
         offset = self.path(after) if after is not None else None
         found = []
         for meta in self.store.list(self.directory + "/", offset=offset):
             object_id = self.parse(meta.path)
             if object_id is not None and (after is None or object_id > after):
                 found.append((object_id, meta))
-        found.sort(key=lambda item: item[0])
         return found
 
     def ids(self, *, after: int | None = None) -> list[int]:
