@@ -46,6 +46,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         compactor: ``"in-process"`` runs a compactor thread inside the writer; ``"off"``
             leaves compaction to ``slatepy compact`` or a separate ``Compactor``.
         compaction_interval: Seconds between compaction passes of the in-process compactor.
+        gc_interval: Seconds between garbage-collection passes in the compactor process.
+        gc_min_age: Seconds an unreferenced compacted SST or temporary object must exist, and
+            a superseded manifest must stay superseded, before GC deletes it. Must exceed the
+            longest compaction (a compactor abandons work older than half of it) and the
+            writer's view refresh.
     """
 
     flush_interval: float = 0.1
@@ -65,6 +70,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_allow_http: bool | None = None
     compactor: Literal["in-process", "off"] = "off"
     compaction_interval: float = 1.0
+    gc_interval: float = 60.0
+    gc_min_age: float = 3600.0
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -78,6 +85,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),
             (self.compaction_interval > 0, "compaction_interval must be > 0"),
+            (self.gc_interval > 0, "gc_interval must be > 0"),
+            (self.gc_min_age >= 0, "gc_min_age must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

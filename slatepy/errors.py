@@ -32,6 +32,10 @@ class FencedError(SlatepyError):
     """
 
 
+class CompactionAbandoned(SlatepyError):
+    """A compaction ran too long to publish safely; its outputs are left to GC."""
+
+
 class ManifestConflictError(SlatepyError):
     """A manifest update kept losing the compare-and-swap race and gave up."""
 

@@ -1,20 +1,27 @@
-"""Running a compactor on an interval in a thread (in the writer or in ``slatepy compactor``)."""
+"""The compactor process's loop: compaction every interval, garbage collection every other.
+
+It runs as a thread inside the writer (``Settings(compactor="in-process")``) or alone
+(``slatepy compactor URL``); the seed puts GC in the compactor process, and so do we.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from slatepy.compactor.compactor import Compactor
 from slatepy.errors import FencedError, SlatepyError
+from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import Manifest
 
 log = logging.getLogger(__name__)
 
 
 class BackgroundCompactor:
-    """Calls ``compactor.run_until_idle`` every ``interval`` seconds until stopped.
+    """Runs ``compactor.run_until_idle`` every ``compaction_interval`` and ``gc.collect`` every
+    ``gc_interval`` (from the compactor's settings) until closed.
 
     ``on_publish`` receives each manifest the compactor published (the writer uses it to
     adopt the new view and release memtable memory). Store errors are logged and retried on
@@ -24,28 +31,44 @@ class BackgroundCompactor:
     def __init__(
         self,
         compactor: Compactor,
-        interval: float,
+        *,
+        gc: GarbageCollector | None = None,
         on_publish: Callable[[Manifest], None] | None = None,
     ) -> None:
         self.compactor = compactor
-        self._interval = interval
+        self.gc = gc
         self._on_publish = on_publish
         self._stop = threading.Event()
         self.fenced = False
+        self.passes = 0
         self._thread = threading.Thread(target=self._run, name="slatepy-compactor", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        settings = self.compactor.settings
+        next_gc = time.monotonic() + settings.gc_interval
+        while not self._stop.wait(settings.compaction_interval):
             try:
                 if self.compactor.run_until_idle(max_rounds=16) and self._on_publish:
                     self._on_publish(self.compactor.last_published.manifest)
+                if self.gc is not None and time.monotonic() >= next_gc:
+                    next_gc = time.monotonic() + settings.gc_interval
+                    self.gc.collect()
             except FencedError:
                 log.info("compactor epoch %d was superseded; stopping", self.compactor.epoch)
                 self.fenced = True
                 return
             except SlatepyError as exc:
-                log.warning("compaction pass failed, retrying next interval: %s", exc)
+                log.warning("compactor pass failed, retrying next interval: %s", exc)
+            self.passes += 1
+
+    def run_forever(self) -> None:
+        """Block until the loop ends (fenced) or the process is interrupted."""
+        try:
+            while self._thread.is_alive():
+                self._thread.join(1.0)
+        finally:
+            self.close()
 
     def close(self) -> None:
         self._stop.set()

@@ -7,6 +7,8 @@ referenced (GC collects them) and it stops.
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from slatepy.compactor.executor import plan_inputs, write_outputs
@@ -15,6 +17,8 @@ from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader
+from slatepy.errors import CompactionAbandoned
+from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
@@ -63,6 +67,9 @@ class Compactor:
         )
         if todo is None:
             return None
+        # GC deletes unreferenced outputs once they are gc_min_age old; publishing after half
+        # of that would race it, so such a compaction is abandoned (RFC 0003).
+        deadline = time.time() + self.settings.gc_min_age / 2
         outputs = write_outputs(
             merge_newest(plan_inputs(todo, manifest, self.tables)),
             self.tables,
@@ -72,9 +79,16 @@ class Compactor:
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
         )
-        self.last_published = self.manifests.update(
-            lambda m, _: apply_result(m, todo, tuple(outputs), self.epoch)
-        )
+
+        def publish(latest: Manifest, _: int) -> Manifest:
+            if time.time() > deadline:
+                raise CompactionAbandoned(
+                    f"compaction {todo} took longer than gc_min_age / 2; its outputs are "
+                    "left for the garbage collector"
+                )
+            return apply_result(latest, todo, tuple(outputs), self.epoch)
+
+        self.last_published = self.manifests.update(publish)
         return todo
 
     def run_until_idle(self, *, max_rounds: int = 1000) -> int:

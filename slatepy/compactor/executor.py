@@ -1,8 +1,9 @@
 """Compaction execution: stream-merge the inputs of a plan into new SSTs.
 
-Inputs are read block by block through ``TableReader.scan`` (uncached: compaction must not
-evict the read path's hot blocks) and merged with :func:`merge_newest`; output SSTs are cut
-at ``target_sst_bytes``, so memory holds one output SST and one block per input at a time.
+Inputs are read in large sequential chunks through ``TableReader.scan_all`` (uncached:
+compaction must not evict the read path's hot blocks) and merged with :func:`merge_newest`;
+output SSTs are cut at ``target_sst_bytes``, so memory holds one output SST and one chunk
+per input (together at most ``READ_AHEAD_BYTES``) at a time.
 Outputs are written create-if-absent under ``compacted/`` with fresh random ids; they become
 part of the database only when the manifest update publishing them succeeds.
 """
@@ -21,26 +22,32 @@ from slatepy.manifest.record import Manifest, SstHandle
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+MIN_CHUNK_BYTES = 64 * 1024
+
 
 def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Iterator[Entry]]:
     """Entry streams of a plan's inputs: one per WAL SST, L0 SST or sorted run."""
     if isinstance(plan, WalToL0):
         wal = NumberedObjects(tables.store, WAL_DIR, WAL_SUFFIX)
         ids = range(plan.last_wal_id, plan.first_wal_id - 1, -1)
-        return [_chain(tables, [wal.path(i)]) for i in ids]
-    sources = [[compacted_path(h.id)] for h in manifest.l0 if h.id in plan.l0_ids]
-    sources += [
-        [compacted_path(h.id) for h in run.ssts]
-        for run in manifest.sorted_runs
-        if run.id in plan.run_ids
-    ]
-    return [_chain(tables, paths) for paths in sources]
+        sources = [[wal.path(i)] for i in ids]
+    else:
+        sources = [[compacted_path(h.id)] for h in manifest.l0 if h.id in plan.l0_ids]
+        sources += [
+            [compacted_path(h.id) for h in run.ssts]
+            for run in manifest.sorted_runs
+            if run.id in plan.run_ids
+        ]
+    # All inputs are open at once, so they share one read-ahead budget.
+    chunk = max(MIN_CHUNK_BYTES, READ_AHEAD_BYTES // max(len(sources), 1))
+    return [_chain(tables, paths, chunk) for paths in sources]
 
 
-def _chain(tables: TableReader, paths: list[str]) -> Iterator[Entry]:
-    """The entries of SSTs with disjoint, increasing key ranges, read one block at a time."""
+def _chain(tables: TableReader, paths: list[str], chunk: int) -> Iterator[Entry]:
+    """The entries of SSTs with disjoint, increasing key ranges, ``chunk`` bytes at a time."""
     for path in paths:
-        yield from tables.scan(path, b"", None, cache=False)
+        yield from tables.scan_all(path, chunk_bytes=chunk)
 
 
 def write_outputs(

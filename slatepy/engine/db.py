@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from bisect import bisect_right
 from collections.abc import Iterator
 from types import TracebackType
@@ -16,7 +17,7 @@ from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.table import TableReader, compacted_path
 from slatepy.engine.wal import WalWriter
-from slatepy.errors import ClosedError, InvalidArgument, SlatepyError
+from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.manifest.store import ManifestStore
@@ -46,6 +47,7 @@ class Db:
         self._manifests = manifests
         self._tables = TableReader(store)
         self._view = start.manifest
+        self._view_time = time.monotonic()
         self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
         self._seq = start.last_seq
@@ -61,11 +63,12 @@ class Db:
             # The one upward import: the writer composes a compactor when asked to
             # (RFC 0003). Imported lazily so the engine does not depend on it otherwise.
             from slatepy.compactor import BackgroundCompactor, Compactor
+            from slatepy.gc import GarbageCollector
 
             self._compactor = BackgroundCompactor(
                 Compactor(store, settings=settings),
-                settings.compaction_interval,
-                self._adopt_published,
+                gc=GarbageCollector(store, settings=settings),
+                on_publish=self._adopt_published,
             )
 
     @classmethod
@@ -140,12 +143,21 @@ class Db:
         """The value of ``key``, or None if it is absent or deleted."""
         key = check_key(key)
         self._check_open()
+        self._refresh_stale_view()
         version = self._memtable.get(key)
         if version is not None:
             return version[1]
         # The view is read after the memtable: a concurrent refresh installs the new view
         # before it prunes the memtable, so a pruned key is always in the view we read.
         view = self._view
+        try:
+            return self._get_compacted(view, key)
+        except NotFound:
+            # A view older than GC's grace period lost an SST: adopt the current manifest.
+            self.refresh()
+            return self._get_compacted(self._view, key)
+
+    def _get_compacted(self, view: Manifest, key: bytes) -> bytes | None:
         for handle in view.l0:
             if handle.first_key <= key <= handle.last_key:
                 found = self._tables.get(compacted_path(handle.id), key)
@@ -168,6 +180,7 @@ class Db:
             raise InvalidArgument("scan bounds must be bytes (end may be None)")
         if end is not None and end < start:
             raise InvalidArgument(f"scan start {start!r} is after end {end!r}")
+        self._refresh_stale_view()
         with self._lock:
             self._check_open()
             entries = self._memtable.range(start, end)
@@ -189,6 +202,11 @@ class Db:
         if stored is not None:
             self._apply_manifest(stored.manifest)
 
+    def _refresh_stale_view(self) -> None:
+        """Keep the read view younger than a quarter of GC's grace period (RFC 0003)."""
+        if time.monotonic() - self._view_time > self._settings.gc_min_age / 4:
+            self.refresh()
+
     def _adopt_published(self, manifest: Manifest) -> None:
         if not self._closed:
             self._apply_manifest(manifest)
@@ -199,6 +217,7 @@ class Db:
             if manifest.wal_id_last_compacted < self._view.wal_id_last_compacted:
                 return  # an older manifest than the one we have
             self._view = manifest
+            self._view_time = time.monotonic()
             cutoff = manifest.wal_id_last_compacted
             known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]

@@ -49,19 +49,15 @@ class TableReader:
         self._metas.put(path, meta, meta.size_in_memory)
         return meta
 
-    def block(self, path: str, meta: SstMeta, index: int, *, cache: bool = True) -> Block:
+    def block(self, path: str, meta: SstMeta, index: int) -> Block:
         key = (path, index)
         cached = self._blocks.get(key)
         if cached is not None:
             return cached
         handle = meta.blocks[index]
-        block = decode_block(
-            self.store.get_range(path, handle.offset, handle.offset + handle.length)
-        )
-        if block.keys[0] != handle.first_key:
-            raise CorruptionError(f"{path}: block {index} disagrees with the index")
-        if cache:
-            self._blocks.put(key, block, block.size_in_memory)
+        data = self.store.get_range(path, handle.offset, handle.offset + handle.length)
+        block = _decode_checked(path, meta, index, data)
+        self._blocks.put(key, block, block.size_in_memory)
         return block
 
     def get(self, path: str, key: bytes) -> tuple[int, bytes | None] | None:
@@ -74,9 +70,7 @@ class TableReader:
             return None
         return self.block(path, meta, index).get(key)
 
-    def scan(
-        self, path: str, start: bytes, end: bytes | None, *, cache: bool = True
-    ) -> Iterator[Entry]:
+    def scan(self, path: str, start: bytes, end: bytes | None) -> Iterator[Entry]:
         """Entries with ``start <= key < end`` in key order, one block in memory at a time."""
         meta = self.meta(path)
         props = meta.props
@@ -88,10 +82,41 @@ class TableReader:
         for index in range(first, len(meta.blocks)):
             if end is not None and meta.blocks[index].first_key >= end:
                 return
-            block = self.block(path, meta, index, cache=cache)
+            block = self.block(path, meta, index)
             for entry in block.entries():
                 if entry[0] < start:
                     continue
                 if end is not None and entry[0] >= end:
                     return
                 yield entry
+
+    def scan_all(self, path: str, *, chunk_bytes: int) -> Iterator[Entry]:
+        """Every entry in key order, for compaction: blocks are fetched ``chunk_bytes`` at a
+        time (one ranged GET per chunk instead of one per block) and bypass the cache, so a
+        compaction neither floods the store with requests nor evicts the read path's blocks.
+        """
+        meta = self.meta(path)
+        blocks = meta.blocks
+        first = 0
+        while first < len(blocks):
+            last = first
+            while (
+                last + 1 < len(blocks)
+                and blocks[last + 1].offset + blocks[last + 1].length - blocks[first].offset
+                <= chunk_bytes
+            ):
+                last += 1
+            base = blocks[first].offset
+            data = self.store.get_range(path, base, blocks[last].offset + blocks[last].length)
+            for index in range(first, last + 1):
+                handle = blocks[index]
+                piece = data[handle.offset - base : handle.offset - base + handle.length]
+                yield from _decode_checked(path, meta, index, piece).entries()
+            first = last + 1
+
+
+def _decode_checked(path: str, meta: SstMeta, index: int, data: bytes) -> Block:
+    block = decode_block(data)
+    if block.keys[0] != meta.blocks[index].first_key:
+        raise CorruptionError(f"{path}: block {index} disagrees with the index")
+    return block

@@ -13,6 +13,15 @@ from slatepy.store.cas import create_if_absent
 ID_DIGITS = 20
 
 
+def parse_id(path: str, suffix: str) -> int | None:
+    """The id in a numbered object's ``path``, or None for anything else (temporaries, strays)."""
+    name = path.rsplit("/", 1)[-1]
+    digits = name[: -len(suffix)] if name.endswith(suffix) else ""
+    if len(digits) != ID_DIGITS or not digits.isdigit():
+        return None
+    return int(digits)
+
+
 class NumberedObjects:
     """One numbered sequence in a store (e.g. ``wal/…sst`` or ``manifest/…manifest``)."""
 
@@ -25,12 +34,7 @@ class NumberedObjects:
         return f"{self.directory}/{object_id:0{ID_DIGITS}d}{self.suffix}"
 
     def parse(self, path: str) -> int | None:
-        """The id in ``path``, or None for anything else (temporaries, strays)."""
-        name = path.rsplit("/", 1)[-1]
-        digits = name[: -len(self.suffix)] if name.endswith(self.suffix) else ""
-        if len(digits) != ID_DIGITS or not digits.isdigit():
-            return None
-        return int(digits)
+        return parse_id(path, self.suffix)
 
     def entries(self, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
         """``(id, meta)`` of every object in the sequence with id > ``after``, ascending.

@@ -58,11 +58,10 @@ def crash_workload(db: Db, rng: random.Random, base: int, keys: int) -> None:
             pending.clear()
 
 
-def race_workload(db: Db, tag: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
+def race_workload(db: Db, tag: str, deadline: float) -> None:
     i = 0
     try:
-        while time.monotonic() < deadline:
+        while time.time() < deadline:
             key = f"{tag}-{i:06d}"
             db.put(key.encode(), tag.encode())
             emit(f"ACK {key} {tag}")
@@ -76,6 +75,9 @@ def race_workload(db: Db, tag: str, seconds: float) -> None:
 def main() -> None:
     config = json.loads(sys.argv[1])
     settings = Settings.from_dict(config["settings"])
+    # Racers open together (at a wall-clock instant the parent chose) and write until a
+    # common deadline, so their writing overlaps however slowly each process started.
+    time.sleep(max(0.0, config.get("start_at", 0) - time.time()))
     try:
         db = Db.open(config["url"], settings=settings)
     except FencedError:
@@ -85,7 +87,7 @@ def main() -> None:
     if config["mode"] == "crash":
         crash_workload(db, random.Random(config["seed"]), config["base"], config["keys"])
     else:
-        race_workload(db, config["tag"], config["seconds"])
+        race_workload(db, config["tag"], config["start_at"] + config["seconds"])
         db.close()
 
 

@@ -129,6 +129,8 @@ def test_two_processes_racing_to_open(
     backend: Backend = make_backend(name, request, tmp_path)
     Db.open(backend.url, settings=backend.settings).close()  # the database exists
 
+    start_at = time.time() + 4.0  # after both interpreters have imported slatepy
+
     def spawn(tag: str) -> Child:
         return Child(
             {
@@ -136,6 +138,7 @@ def test_two_processes_racing_to_open(
                 "settings": settings_dict(backend.settings),
                 "mode": "race",
                 "tag": tag,
+                "start_at": start_at,
                 "seconds": 2.5,
             }
         )
