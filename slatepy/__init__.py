@@ -1,10 +1,11 @@
 """slatepy: a SlateDB-style LSM key-value store on object storage."""
 
 from slatepy.config import Settings
-from slatepy.engine import Db, WriteBatch
+from slatepy.engine import Db, DbReader, WriteBatch
 from slatepy.errors import (
     AlreadyExists,
     ClosedError,
+    CompactionAbandoned,
     CorruptionError,
     FencedError,
     InvalidArgument,
@@ -19,8 +20,10 @@ from slatepy.errors import (
 __all__ = [
     "AlreadyExists",
     "ClosedError",
+    "CompactionAbandoned",
     "CorruptionError",
     "Db",
+    "DbReader",
     "FencedError",
     "InvalidArgument",
     "ManifestConflictError",

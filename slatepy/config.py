@@ -46,6 +46,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         compactor: ``"in-process"`` runs a compactor thread inside the writer; ``"off"``
             leaves compaction to ``slatepy compact`` or a separate ``Compactor``.
         compaction_interval: Seconds between compaction passes of the in-process compactor.
+        reader_poll_interval: Seconds between a reader's polls for new WAL SSTs and manifests.
+        reader_snapshot_ttl: Seconds a reader's snapshot lives unless refreshed; a reader
+            refreshes it after a third of that, so a reader that dies stops protecting its
+            SSTs from GC within this time.
         gc_interval: Seconds between garbage-collection passes in the compactor process.
         gc_min_age: Seconds an unreferenced compacted SST or temporary object must exist, and
             a superseded manifest must stay superseded, before GC deletes it. Must exceed the
@@ -70,6 +74,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_allow_http: bool | None = None
     compactor: Literal["in-process", "off"] = "off"
     compaction_interval: float = 1.0
+    reader_poll_interval: float = 0.1
+    reader_snapshot_ttl: float = 60.0
     gc_interval: float = 60.0
     gc_min_age: float = 3600.0
 
@@ -85,6 +91,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),
             (self.compaction_interval > 0, "compaction_interval must be > 0"),
+            (self.reader_poll_interval > 0, "reader_poll_interval must be > 0"),
+            (self.reader_snapshot_ttl >= 1, "reader_snapshot_ttl must be >= 1 second"),
             (self.gc_interval > 0, "gc_interval must be > 0"),
             (self.gc_min_age >= 0, "gc_min_age must be >= 0"),
         ]

@@ -24,18 +24,6 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 
 
-def contiguous_tail(wal: NumberedObjects, after: int) -> int | None:
-    """The highest WAL id in the gap-free run of ids following ``after``."""
-    tail: int | None = None
-    expected = after + 1
-    for wal_id in wal.ids(after=after):
-        if wal_id != expected:
-            break
-        tail = wal_id
-        expected += 1
-    return tail
-
-
 class Compactor:
     """Compacts one database. Construct it to claim the compactor epoch."""
 
@@ -63,7 +51,7 @@ class Compactor:
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
         todo = plan(
-            manifest, contiguous_tail(self._wal, manifest.wal_id_last_compacted), self.policy
+            manifest, self._wal.contiguous_tail(manifest.wal_id_last_compacted), self.policy
         )
         if todo is None:
             return None

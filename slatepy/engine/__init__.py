@@ -1,6 +1,7 @@
-"""The engine: memtable, WAL writer with group commit, writer start-up and the Db API."""
+"""The engine: memtable, WAL writer with group commit, writer start-up, ``Db`` and ``DbReader``."""
 
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db
+from slatepy.engine.reader import DbReader
 
-__all__ = ["Db", "WriteBatch"]
+__all__ = ["Db", "DbReader", "WriteBatch"]

@@ -31,6 +31,14 @@ def check_value(value: object) -> bytes:
     return value
 
 
+def check_range(start: object, end: object) -> None:
+    """Raise ``InvalidArgument`` unless ``start``/``end`` are scan bounds (end may be None)."""
+    if not isinstance(start, bytes) or not (end is None or isinstance(end, bytes)):
+        raise InvalidArgument("scan bounds must be bytes (end may be None)")
+    if end is not None and end < start:
+        raise InvalidArgument(f"scan start {start!r} is after end {end!r}")
+
+
 class WriteBatch:
     """Puts and deletes applied atomically by ``Db.write``: all become durable, or none.
 

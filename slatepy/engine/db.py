@@ -5,21 +5,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from bisect import bisect_right
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from slatepy.config import Settings
-from slatepy.engine.batch import WriteBatch, check_key, check_value
+from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import start_writer
-from slatepy.engine.table import TableReader, compacted_path
+from slatepy.engine.table import TableReader
+from slatepy.engine.view import get_compacted, scan_compacted
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
 from slatepy.format.block import Entry
-from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
@@ -151,49 +151,26 @@ class Db:
         # before it prunes the memtable, so a pruned key is always in the view we read.
         view = self._view
         try:
-            return self._get_compacted(view, key)
+            found = get_compacted(self._tables, view, key)
         except NotFound:
             # A view older than GC's grace period lost an SST: adopt the current manifest.
             self.refresh()
-            return self._get_compacted(self._view, key)
-
-    def _get_compacted(self, view: Manifest, key: bytes) -> bytes | None:
-        for handle in view.l0:
-            if handle.first_key <= key <= handle.last_key:
-                found = self._tables.get(compacted_path(handle.id), key)
-                if found is not None:
-                    return found[1]
-        for run in view.sorted_runs:
-            in_run = _run_sst_for(run, key)
-            if in_run is not None:
-                found = self._tables.get(compacted_path(in_run.id), key)
-                if found is not None:
-                    return found[1]
-        return None
+            found = get_compacted(self._tables, self._view, key)
+        return None if found is None else found[1]
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).
 
         The result is a consistent view taken when ``scan`` is called.
         """
-        if not isinstance(start, bytes) or not (end is None or isinstance(end, bytes)):
-            raise InvalidArgument("scan bounds must be bytes (end may be None)")
-        if end is not None and end < start:
-            raise InvalidArgument(f"scan start {start!r} is after end {end!r}")
+        check_range(start, end)
         self._refresh_stale_view()
         with self._lock:
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        sources: list[Iterator[Entry]] = [iter(entries)]
-        sources += [self._tables.scan(compacted_path(h.id), start, end) for h in view.l0]
-        sources += [self._scan_run(run, start, end) for run in view.sorted_runs]
+        sources = [iter(entries), *scan_compacted(self._tables, view, start, end)]
         return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
-
-    def _scan_run(self, run: SortedRun, start: bytes, end: bytes | None) -> Iterator[Entry]:
-        for handle in run.ssts:
-            if handle.last_key >= start and (end is None or handle.first_key < end):
-                yield from self._tables.scan(compacted_path(handle.id), start, end)
 
     def refresh(self) -> None:
         """Pick up compactions published since open (and release compacted memtable data)."""
@@ -279,11 +256,3 @@ class Db:
             return
         with contextlib.suppress(Exception):  # the exception propagating says what went wrong
             self.close()
-
-
-def _run_sst_for(run: SortedRun, key: bytes) -> SstHandle | None:
-    """The only SST of a sorted run whose key range can hold ``key``."""
-    i = bisect_right([h.first_key for h in run.ssts], key) - 1
-    if i >= 0 and key <= run.ssts[i].last_key:
-        return run.ssts[i]
-    return None

@@ -56,6 +56,16 @@ class NumberedObjects:
         found = self.ids(after=after)
         return found[-1] if found else None
 
+    def contiguous_tail(self, after: int) -> int | None:
+        """The highest id of the gap-free run of ids following ``after`` (None if ``after + 1``
+        does not exist)."""
+        expected = after + 1
+        for object_id in self.ids(after=after):
+            if object_id != expected:
+                break
+            expected += 1
+        return expected - 1 if expected > after + 1 else None
+
     def read(self, object_id: int) -> bytes:
         return self.store.get(self.path(object_id))
 

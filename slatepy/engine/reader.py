@@ -1,0 +1,257 @@
+"""``DbReader``: a read-only view of a database, from any process on any machine.
+
+The seed's reader protocol ("Readers"):
+
+1. Read the current manifest; 2. list the WAL for its contiguous prefix after
+``wal_id_last_compacted``; 3-4. write the next manifest with ``wal_id_last_seen`` raised to
+that prefix and a new snapshot of that very manifest (start over on a lost CAS: steps 1-2 run
+again inside the update, so the listing is never older than the manifest it goes with);
+5-6. read compacted SSTs on demand and load the WAL prefix into a memtable.
+
+Then a poller thread, every ``reader_poll_interval``: applies the next WAL SSTs in id order
+and stops at the first gap (the seed's "wait for the gap to fill"); when the compacted state
+changed, or a third of ``reader_snapshot_ttl`` has passed, registers a new snapshot of the
+newest manifest in the same update that removes the old one, adopts it and drops memtable
+entries it now covers. ``close`` removes the snapshot; a reader that dies stops protecting
+its SSTs when the snapshot expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+import msgspec
+
+from slatepy.config import Settings
+from slatepy.engine.batch import check_key, check_range
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.merge import merge_newest
+from slatepy.engine.startup import replay
+from slatepy.engine.table import TableReader
+from slatepy.engine.view import get_compacted, scan_compacted
+from slatepy.errors import ClosedError, NotFound, SlatepyError
+from slatepy.format.sst import decode_sst
+from slatepy.manifest.record import Manifest, Snapshot
+from slatepy.manifest.store import ManifestStore, StoredManifest
+from slatepy.store.base import ObjectStore
+from slatepy.store.metrics import MetricsStore, StoreMetrics
+from slatepy.store.numbered import NumberedObjects
+from slatepy.store.url import open_store
+
+log = logging.getLogger(__name__)
+
+
+class DbReader:
+    """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
+
+    def __init__(self, store: MetricsStore, settings: Settings) -> None:
+        self._store = store
+        self._settings = settings
+        self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
+        self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+        self._tables = TableReader(store)
+        self._lock = threading.Lock()  # view, memtable and WAL position change together
+        self._poll_lock = threading.Lock()
+        self._closed = False
+        self._snapshot_id = ""
+        self._registered_at = 0.0
+        self._manifest_id = self._checked_manifest_id = 0
+        self.error: SlatepyError | None = None
+        if self._manifests.load() is None:
+            raise NotFound(f"no slatepy database at {store.url}", path="manifest/")
+        stored, tail = self._register()
+        first = stored.manifest.wal_id_last_compacted + 1
+        self._memtable, self._wal_max_seq = replay(self._wal, first, tail + 1)
+        self._wal_tail = max(tail, first - 1)
+        self._adopt(stored)
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._run, name="slatepy-reader", daemon=True)
+        self._poller.start()
+
+    @classmethod
+    def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> DbReader:
+        """Open a reader of the database at ``url`` (it must exist).
+
+        Raises:
+            NotFound: no database (or no bucket) at ``url``.
+            InvalidArgument: the URL or settings are unusable.
+        """
+        settings = settings or Settings()
+        inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
+        return cls(MetricsStore(inner), settings)
+
+    @property
+    def manifest_id(self) -> int:
+        """The manifest this reader's snapshot holds."""
+        return self._manifest_id
+
+    @property
+    def snapshot_id(self) -> str:
+        return self._snapshot_id
+
+    @property
+    def wal_id(self) -> int:
+        """The last WAL SST applied (every SST up to it is visible)."""
+        return self._wal_tail
+
+    @property
+    def view(self) -> Manifest:
+        return self._view
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        return self._store.metrics
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` as of the reader's latest refresh, or None."""
+        key = check_key(key)
+        self._check_open()
+        version = self._memtable.get(key)
+        if version is not None:
+            return version[1]
+        found = get_compacted(self._tables, self._view, key)  # adopt sets view before pruning
+        return None if found is None else found[1]
+
+    def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` with ``start <= key < end`` in key order, from one consistent view."""
+        check_range(start, end)
+        with self._lock:
+            self._check_open()
+            entries = self._memtable.range(start, end)
+            view = self._view
+        sources = [iter(entries), *scan_compacted(self._tables, view, start, end)]
+        return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+
+    def refresh(self) -> None:
+        """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one."""
+        self._check_open()
+        with self._poll_lock:
+            self._apply_new_wal()
+            if self._snapshot_due() or self._compaction_published():
+                self._adopt(self._register()[0])
+
+    def _apply_new_wal(self) -> None:
+        expected = self._wal_tail + 1
+        for wal_id in self._wal.ids(after=self._wal_tail):
+            if wal_id != expected:
+                return  # a gap: a parallel write still in flight; wait for it
+            try:
+                _, entries = decode_sst(self._wal.read(wal_id))
+            except NotFound:
+                # Collected under us: our snapshot lapsed. A fresh one skips what was compacted.
+                self._adopt(self._register()[0])
+                return
+            with self._lock:
+                max_seq = 0
+                for key, seq, value in entries:
+                    self._memtable.put(key, seq, value)
+                    max_seq = max(max_seq, seq)
+                self._wal_max_seq[wal_id] = max_seq
+                self._wal_tail = wal_id
+            expected += 1
+
+    def _snapshot_due(self) -> bool:
+        return time.monotonic() - self._registered_at > self._settings.reader_snapshot_ttl / 3
+
+    def _compaction_published(self) -> bool:
+        latest = self._manifests.latest_id()
+        if latest is None or latest == self._checked_manifest_id:
+            return False
+        self._checked_manifest_id = latest
+        m = self._manifests.read(latest)
+        v = self._view
+        return (m.wal_id_last_compacted, m.l0, m.sorted_runs) != (
+            v.wal_id_last_compacted,
+            v.l0,
+            v.sorted_runs,
+        )
+
+    def _register(self) -> tuple[StoredManifest, int]:
+        """Steps 1-4: a snapshot of the newest manifest; returns it and the WAL prefix end."""
+        new_id, old_id = uuid.uuid4().hex, self._snapshot_id
+        tail = 0
+
+        def add_snapshot(m: Manifest, next_id: int) -> Manifest:
+            nonlocal tail
+            found = self._wal.contiguous_tail(m.wal_id_last_compacted)
+            tail = m.wal_id_last_compacted if found is None else found
+            now = time.time()
+            expiry = int(now + self._settings.reader_snapshot_ttl) + 1
+            m = m.without_expired_snapshots(now).without_snapshot(old_id)
+            m = m.with_snapshot(Snapshot(new_id, next_id, expiry))
+            return msgspec.structs.replace(m, wal_id_last_seen=max(m.wal_id_last_seen, tail))
+
+        stored = self._manifests.update(add_snapshot)
+        self._snapshot_id = new_id
+        self._registered_at = time.monotonic()
+        return stored, tail
+
+    def _adopt(self, stored: StoredManifest) -> None:
+        """Make ``stored`` the view; drop memtable entries it has compacted and skip the WAL
+        SSTs it covers that were never applied."""
+        cutoff = stored.manifest.wal_id_last_compacted
+        with self._lock:
+            self._view = stored.manifest
+            self._manifest_id = self._checked_manifest_id = stored.id
+            compacted = [i for i in self._wal_max_seq if i <= cutoff]
+            if compacted:
+                self._memtable.prune(max(self._wal_max_seq[i] for i in compacted))
+                for i in compacted:
+                    del self._wal_max_seq[i]
+            self._wal_tail = max(self._wal_tail, cutoff)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._settings.reader_poll_interval):
+            try:
+                self.refresh()
+                self.error = None
+            except ClosedError:
+                return
+            except SlatepyError as exc:
+                self.error = exc
+                log.warning("reader poll failed, retrying next interval: %s", exc)
+
+    def close(self) -> None:
+        """Stop polling and remove the snapshot (so GC may collect what it protected)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if threading.current_thread() is not self._poller:
+            self._poller.join()
+        with self._poll_lock:
+            snapshot_id = self._snapshot_id
+            self._manifests.update(
+                lambda m, _: (
+                    m.without_snapshot(snapshot_id)
+                    if any(s.id == snapshot_id for s in m.snapshots)
+                    else None
+                )
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the reader is closed; open a new one")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):
+            self.close()

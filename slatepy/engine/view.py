@@ -1,0 +1,61 @@
+"""Reading the compacted part of a database (L0 and sorted runs) as one manifest names it.
+
+Shared by the writer (``Db``) and readers (``DbReader``): both put their memtable in front
+of what is here.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator
+
+from slatepy.engine.memtable import Version
+from slatepy.engine.table import TableReader, compacted_path
+from slatepy.format.block import Entry
+from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+
+
+def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | None:
+    """The newest ``(seq, value)`` of ``key`` in the compacted SSTs of ``view``."""
+    for handle in view.l0:
+        if handle.first_key <= key <= handle.last_key:
+            found = tables.get(compacted_path(handle.id), key)
+            if found is not None:
+                return found
+    for run in view.sorted_runs:
+        in_run = _run_sst_for(run, key)
+        if in_run is not None:
+            found = tables.get(compacted_path(in_run.id), key)
+            if found is not None:
+                return found
+    return None
+
+
+def scan_compacted(
+    tables: TableReader, view: Manifest, start: bytes, end: bytes | None
+) -> list[Iterator[Entry]]:
+    """Entry streams (newest source first) of ``start <= key < end`` in ``view``."""
+    sources = [tables.scan(compacted_path(h.id), start, end) for h in view.l0]
+    sources += [_scan_run(tables, run, start, end) for run in view.sorted_runs]
+    return sources
+
+
+def compacted_ids(view: Manifest) -> set[str]:
+    """Ids of every compacted SST ``view`` references."""
+    return {h.id for h in (*view.l0, *(h for run in view.sorted_runs for h in run.ssts))}
+
+
+def _scan_run(
+    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None
+) -> Iterator[Entry]:
+    for handle in run.ssts:
+        if handle.last_key >= start and (end is None or handle.first_key < end):
+            yield from tables.scan(compacted_path(handle.id), start, end)
+
+
+def _run_sst_for(run: SortedRun, key: bytes) -> SstHandle | None:
+    """The only SST of a sorted run whose key range can hold ``key``."""
+    i = bisect_right([h.first_key for h in run.ssts], key) - 1
+    if i >= 0 and key <= run.ssts[i].last_key:
+        return run.ssts[i]
+    return None
