@@ -34,6 +34,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         bloom_bits_per_key: Bloom filter bits per key (10 gives about 1% false positives).
         manifest_update_attempts: Compare-and-swap attempts before a manifest update gives up.
         writer_snapshot_ttl: Seconds the writer's start-up snapshot protects the WAL.
+        max_parallel_writes: WAL PUTs a writer keeps in flight at once (stored in the
+            manifest; a new writer fences with that many consecutive SSTs).
+        max_unflushed_bytes: Buffered-but-not-durable WAL bytes at which writers block until
+            flushes catch up.
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
         store_timeout: Seconds before one object-store request times out.
         store_retries: Retries obstore makes on transient failures of one request.
@@ -63,6 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     bloom_bits_per_key: int = 10
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
+    max_parallel_writes: int = 1
+    max_unflushed_bytes: int = 64 * 1024 * 1024
     wal_write_attempts: int = 8
     store_timeout: float = 30.0
     store_retries: int = 3
@@ -87,6 +93,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (1 <= self.bloom_bits_per_key <= 64, "bloom_bits_per_key must be in [1, 64]"),
             (self.manifest_update_attempts >= 1, "manifest_update_attempts must be >= 1"),
             (self.writer_snapshot_ttl > 0, "writer_snapshot_ttl must be > 0"),
+            (1 <= self.max_parallel_writes <= 64, "max_parallel_writes must be in [1, 64]"),
+            (
+                self.max_unflushed_bytes >= self.flush_bytes,
+                "max_unflushed_bytes must be >= flush_bytes",
+            ),
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),

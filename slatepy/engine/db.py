@@ -137,7 +137,7 @@ class Db:
             for key, _, value in entries:
                 self._memtable.put(key, seq, value)
         if await_durable:
-            self._wal.flush(generation)
+            self._wal.flush(generation, only_this=True)
 
     def get(self, key: bytes) -> bytes | None:
         """The value of ``key``, or None if it is absent or deleted."""

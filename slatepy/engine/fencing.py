@@ -2,16 +2,18 @@
 
 A WAL slot is taken with create-if-absent. When the slot is already taken, the epoch inside
 the existing SST decides what happens next; that decision is the pure function
-:func:`resolve_conflict`, kept apart from the I/O so each of the seed's four outcomes is
-tested directly.
+:func:`resolve_conflict`, and a new writer's progress through its fencing SSTs is the pure
+state :class:`Fencing`, both kept apart from the I/O so each of the seed's outcomes and
+timelines is tested directly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
 from slatepy.errors import FencedError
-from slatepy.format.sst import decode_sst
+from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.store.numbered import NumberedObjects
 
 WAL_DIR = "wal"
@@ -36,42 +38,117 @@ def resolve_conflict(our_epoch: int, their_epoch: int) -> Conflict:
 
 
 def write_wal_sst(
-    wal: NumberedObjects,
-    wal_id: int,
-    data: bytes,
-    epoch: int,
-    *,
-    attempts: int = 5,
-    skip_older: bool = False,
+    wal: NumberedObjects, wal_id: int, data: bytes, epoch: int, *, attempts: int = 5
 ) -> int:
-    """Write ``data`` (an SST of ``epoch``) at ``wal_id`` or the first free slot after it.
-
-    Args:
-        skip_older: On a slot taken by an older epoch, move on to the next id (only a
-            fencing writer does this; a running writer that finds an older epoch in its
-            next slot has lost track of the WAL and stops).
+    """A running writer's WAL write: ``data`` (an SST of ``epoch``) at exactly ``wal_id``.
 
     Returns:
-        The id the SST was written at.
+        ``wal_id``.
 
     Raises:
-        FencedError: a newer (or same-epoch) writer holds the slot.
+        FencedError: the slot is taken. A newer or same epoch means we are fenced; an older
+            one means this writer lost track of the WAL, and it stops all the same.
         StoreUnavailable: the store failed on every attempt.
     """
-    while True:
-        existing = wal.create(wal_id, data, attempts=attempts)
+    existing = wal.create(wal_id, data, attempts=attempts)
+    if existing is None:
+        return wal_id
+    raise fenced(wal_id, epoch, decode_sst(existing)[0].props.writer_epoch)
+
+
+def empty_sst(epoch: int) -> bytes:
+    """The fencing SST: no entries, only the epoch."""
+    return SstBuilder(writer_epoch=epoch).finish().data
+
+
+@dataclass(frozen=True, slots=True)
+class Fencing:
+    """A new writer's progress towards ``needed`` consecutive fencing SSTs (a pure state).
+
+    With ``max_parallel_writes = n`` an older writer has at most ``n`` WAL PUTs in flight
+    and stops issuing new ones at its first lost slot, so once we hold ``n`` consecutive
+    slots it can never write past them (seed, "Parallel Writes").
+    """
+
+    epoch: int
+    needed: int
+    slot: int
+    run: int = 0
+    conflicts: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.run >= self.needed
+
+    @property
+    def fence_ids(self) -> range:
+        """The consecutive slots holding our fencing SSTs so far."""
+        return range(self.slot - self.run, self.slot)
+
+    def created(self) -> Fencing:
+        """We took ``slot``."""
+        return Fencing(self.epoch, self.needed, self.slot + 1, self.run + 1, self.conflicts)
+
+    def taken(self, their_epoch: int, next_open: int) -> Fencing:
+        """``slot`` holds ``their_epoch``; ``next_open`` is the first free slot after it.
+
+        The seed says "try the next id"; we go to the first free one (every id in between is
+        taken by older epochs). An older writer that keeps writing still fills slots as fast
+        as we probe them, so from the second conflict on we aim as far past ``next_open`` as
+        it got past ``slot`` during our last attempt (the seed's next free slot whenever it
+        is not racing ahead). Slots skipped that way are filled before start-up replays (see
+        :func:`fence_wal`).
+
+        Raises:
+            FencedError: a newer (or the same) epoch holds the slot.
+        """
+        if resolve_conflict(self.epoch, their_epoch) is not Conflict.TRY_NEXT:
+            raise fenced(self.slot, self.epoch, their_epoch)
+        lead = next_open - self.slot - 1 if self.conflicts else 0
+        return Fencing(self.epoch, self.needed, next_open + lead, 0, self.conflicts + 1)
+
+
+def fence_wal(
+    wal: NumberedObjects, start: int, epoch: int, needed: int, *, attempts: int = 5
+) -> range:
+    """Write ``needed`` consecutive fencing SSTs from ``start`` (the first free WAL slot).
+
+    Then every still-free slot between ``start`` and the fence gets an empty SST too, so the
+    WAL up to the fence is contiguous and no older writer can add to it when this returns.
+
+    Raises:
+        FencedError: a newer writer took a slot first.
+        StoreUnavailable: the store failed on every attempt of one write.
+    """
+    state = Fencing(epoch, needed, start)
+    data = empty_sst(epoch)
+    while not state.done:
+        existing = wal.create(state.slot, data, attempts=attempts)
         if existing is None:
-            return wal_id
-        meta, _ = decode_sst(existing)
-        outcome = resolve_conflict(epoch, meta.props.writer_epoch)
-        if outcome is Conflict.TRY_NEXT and skip_older:
-            # The seed says "try the next id". An older writer that is still writing fills
-            # the next ids as fast as we probe them one by one, so jump to the current tail:
-            # every id in between is already taken by older epochs, so none is skipped.
-            tail = wal.latest(after=wal_id)
-            wal_id = (tail if tail is not None else wal_id) + 1
+            state = state.created()
             continue
-        raise FencedError(
-            f"WAL slot {wal.path(wal_id)} holds epoch {meta.props.writer_epoch}, "
-            f"this writer has epoch {epoch}: {outcome.value}"
-        )
+        their_epoch = decode_sst(existing)[0].props.writer_epoch
+        state = state.taken(their_epoch, first_open_after(wal, state.slot))
+    fences = state.fence_ids
+    taken = set(wal.ids(after=start - 1))
+    for slot in range(start, fences.start):
+        existing = None if slot in taken else wal.create(slot, data, attempts=attempts)
+        if existing is not None:
+            their_epoch = decode_sst(existing)[0].props.writer_epoch
+            if resolve_conflict(epoch, their_epoch) is not Conflict.TRY_NEXT:
+                raise fenced(slot, epoch, their_epoch)
+    return fences
+
+
+def first_open_after(wal: NumberedObjects, slot: int) -> int:
+    """The lowest free WAL slot above ``slot``."""
+    tail = wal.contiguous_tail(slot)
+    return (slot if tail is None else tail) + 1
+
+
+def fenced(slot: int, ours: int, theirs: int) -> FencedError:
+    """The error for losing WAL ``slot`` to epoch ``theirs``."""
+    return FencedError(
+        f"WAL slot {slot} holds epoch {theirs}, this writer has epoch {ours}: "
+        f"{resolve_conflict(ours, theirs).value}"
+    )

@@ -2,8 +2,10 @@
 
 1. Bump ``writer_epoch`` and register a short-lived snapshot in one manifest update (the
    snapshot keeps the WAL from being collected while we fence and replay).
-2. Write an empty SST carrying the new epoch at the next WAL id; an older epoch in the slot
-   means try the next one, the same or a newer epoch means we are fenced.
+2. Write empty SSTs carrying the new epoch into ``max_parallel_writes`` consecutive WAL slots
+   (the wider of the old writer's and ours), starting at the first free slot, so a gap left
+   by an in-flight parallel write is closed too. An older epoch in a slot means start over at
+   the next free one; the same or a newer epoch means we are fenced.
 3. Replay every WAL SST after ``wal_id_last_compacted`` and before the fence into a memtable.
    Replay happens after fencing so no older writer can add to the WAL behind our back.
 4. Remove the snapshot.
@@ -16,11 +18,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import msgspec
+
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, write_wal_sst
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, fence_wal, first_open_after
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import CorruptionError, NotFound
-from slatepy.format.sst import SstBuilder, decode_sst
+from slatepy.format.sst import decode_sst
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -42,38 +46,37 @@ class WriterStart:
     wal_max_seq: dict[int, int]
 
 
-def empty_sst(epoch: int) -> bytes:
-    """The fencing SST: no entries, only the epoch."""
-    return SstBuilder(writer_epoch=epoch).finish().data
-
-
 def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Settings) -> WriterStart:
     """Run the start-up protocol; raises ``FencedError`` if a newer writer wins meanwhile."""
     snapshot_id = uuid.uuid4().hex
+    fences_needed = settings.max_parallel_writes
 
     def bump(manifest: Manifest, next_id: int) -> Manifest:
+        nonlocal fences_needed
+        # The old writer may have had more PUTs in flight than we will: fence for the wider.
+        fences_needed = max(manifest.max_parallel_writes, settings.max_parallel_writes)
         now = time.time()
         snapshot = Snapshot(snapshot_id, next_id, int(now + settings.writer_snapshot_ttl) + 1)
-        return (
+        bumped = (
             manifest.without_expired_snapshots(now)
             .with_writer_epoch(manifest.writer_epoch + 1)
             .with_snapshot(snapshot)
         )
+        return msgspec.structs.replace(bumped, max_parallel_writes=settings.max_parallel_writes)
 
     stored = manifests.update(bump)
     epoch = stored.manifest.writer_epoch
     first = stored.manifest.wal_id_last_compacted + 1
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
-    tail = wal.latest(after=first - 1)
-    fence_id = write_wal_sst(
+    fences = fence_wal(
         wal,
-        first if tail is None else tail + 1,
-        empty_sst(epoch),
+        first_open_after(wal, first - 1),
         epoch,
+        fences_needed,
         attempts=settings.wal_write_attempts,
-        skip_older=True,
     )
-    memtable, wal_max_seq = replay(wal, first, fence_id)
+    fence_id = fences[-1]
+    memtable, wal_max_seq = replay(wal, first, fences[0])
     released = manifests.update(lambda m, _: m.without_snapshot(snapshot_id))
     return WriterStart(
         epoch,
@@ -81,7 +84,7 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
         memtable,
         # New writes must sort after everything already written, compacted or not.
         max(max(wal_max_seq.values(), default=0), released.manifest.max_compacted_seq()),
-        fence_id - first,
+        fences[0] - first,
         released.manifest,
         wal_max_seq,
     )

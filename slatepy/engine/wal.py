@@ -1,16 +1,17 @@
 """The WAL writer: buffers writes and flushes them as SSTs with group commit.
 
-Writes are appended to the current *generation* of the buffer. A flush swaps the buffer out,
-encodes it as one SST and writes it to the next WAL id under the fencing protocol. Flushes
-are serialised by ``_flush_lock`` (one WAL PUT in flight, ``max_parallel_writes = 1``), and
-the caller that needs durability performs the flush itself: callers arriving while a PUT is
-in flight pile into the next generation and the first of them to get the lock flushes all of
-them with one PUT (group commit, no waiting for the next tick).
+Writes are appended to the open *generation* (the buffer). Flushing seals the generation,
+gives it the next WAL id and writes it as one SST under the fencing protocol. Up to
+``max_parallel_writes`` sealed generations are written at once; a caller who needs
+durability while all PUT slots are busy waits, and the first waiter to get a free slot seals
+everything that piled up meanwhile with one PUT (group commit, no waiting for the tick).
 
-Any failure to make a generation durable is fatal to the writer: the generation's writes are
-already visible in this process's memtable, so carrying on would let later writes become
-durable while earlier acknowledged-in-memory ones are lost. Every later write and flush
-raises the stored error; the caller reopens the database to recover.
+Acknowledgement follows the seed ("Parallel Writes", option 2): a write is acknowledged as
+soon as *its* SST is written, even if an earlier in-flight SST failed. Any failure is fatal
+to the writer: the failed generation's writes are already visible in this process's
+memtable, so carrying on would let later writes become durable while earlier ones are lost.
+No generation is sealed after a failure; in-flight ones run to completion; every later write
+and flush raises the stored error, and the caller reopens the database to recover.
 """
 
 from __future__ import annotations
@@ -25,15 +26,17 @@ from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
 from slatepy.store.numbered import NumberedObjects
 
+Buffer = dict[bytes, tuple[int, bytes | None]]
+
 
 class WalWriter:
     """Owns the WAL tail of one writer epoch.
 
     Args:
         wal: The WAL sequence.
-        epoch: This writer's epoch (its fencing SST is already written).
-        next_id: The WAL id the next flush writes to.
-        settings: Flush thresholds and retry counts.
+        epoch: This writer's epoch (its fencing SSTs are already written).
+        next_id: The WAL id the next sealed generation is written to.
+        settings: Flush thresholds, ``max_parallel_writes`` and retry counts.
     """
 
     def __init__(
@@ -43,14 +46,14 @@ class WalWriter:
         self._epoch = epoch
         self._settings = settings
         self._next_id = next_id
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._buffer: dict[bytes, tuple[int, bytes | None]] = {}
+        self._cond = threading.Condition()
+        self._buffer: Buffer = {}
         self._buffer_bytes = 0
-        self._generation = 0
-        self._durable_generation = -1
-        self._error: SlatepyError | None = None
         self._buffer_unawaited = False
+        self._generation = 0  # the open one; every lower generation is sealed
+        self._in_flight: set[int] = set()
+        self._failed: dict[int, SlatepyError] = {}
+        self._error: SlatepyError | None = None
         self.lost_unawaited = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -77,12 +80,12 @@ class WalWriter:
             raise self._error
 
     def append(self, entries: Iterable[Entry], *, awaited: bool) -> int:
-        """Add entries to the current generation (atomically) and return that generation.
+        """Add entries to the open generation (atomically) and return that generation.
 
         ``awaited`` says whether the caller will flush and so hear about a failure; losing
         writes nobody awaited is recorded in ``lost_unawaited``.
         """
-        with self._lock:
+        with self._cond:
             self.check()
             self._buffer_unawaited |= not awaited
             added = 0
@@ -94,29 +97,46 @@ class WalWriter:
                 self._wake.set()
             return self._generation
 
-    def flush(self, generation: int | None = None) -> None:
-        """Make every write up to ``generation`` (default: all so far) durable."""
-        if generation is None:
-            with self._lock:
-                generation = self._generation
-        with self._flush_lock:
-            if self._durable_generation >= generation:
-                return
-            self.check()
-            with self._lock:
-                buffer, flushing = self._buffer, self._generation
-                unawaited = self._buffer_unawaited
-                self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, False
-                self._generation += 1
-            if buffer:
-                try:
-                    self._write(buffer)
-                except SlatepyError:
-                    self.lost_unawaited |= unawaited
-                    raise
-            self._durable_generation = flushing
+    def flush(self, generation: int | None = None, *, only_this: bool = False) -> None:
+        """Make ``generation`` (default: the open one) durable.
 
-    def _write(self, buffer: dict[bytes, tuple[int, bytes | None]]) -> None:
+        Args:
+            only_this: Wait for this generation's SST alone (a write's acknowledgement);
+                by default every earlier generation must be durable too, and any failure
+                so far is raised.
+        """
+        with self._cond:
+            if generation is None:
+                generation = self._generation
+            while generation == self._generation and self._buffer:
+                self.check()
+                if len(self._in_flight) < self._settings.max_parallel_writes:
+                    sealed = self._seal()
+                    break
+                self._cond.wait()
+            else:
+                sealed = None
+        if sealed is not None:
+            self._write(*sealed)
+        with self._cond:
+            if only_this:
+                self._cond.wait_for(lambda: generation not in self._in_flight)
+                if generation in self._failed:
+                    raise self._failed[generation]
+            else:
+                self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
+                self.check()
+
+    def _seal(self) -> tuple[int, int, Buffer, bool]:
+        """Close the open generation and give it the next WAL id (caller holds the lock)."""
+        sealed = (self._generation, self._next_id, self._buffer, self._buffer_unawaited)
+        self._in_flight.add(self._generation)
+        self._generation += 1
+        self._next_id += 1
+        self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, False
+        return sealed
+
+    def _write(self, generation: int, wal_id: int, buffer: Buffer, unawaited: bool) -> None:
         builder = SstBuilder(
             writer_epoch=self._epoch,
             block_size=self._settings.block_size,
@@ -126,21 +146,27 @@ class WalWriter:
             seq, value = buffer[key]
             builder.add(key, seq, value)
         encoded = builder.finish()
-        data = encoded.data
+        error: SlatepyError | None = None
         try:
-            written = write_wal_sst(
+            write_wal_sst(
                 self._wal,
-                self._next_id,
-                data,
+                wal_id,
+                encoded.data,
                 self._epoch,
                 attempts=self._settings.wal_write_attempts,
             )
         except SlatepyError as exc:
-            self._error = exc
-            raise
-        self._next_id = written + 1
-        self.ssts_written += 1
-        self.max_seq_by_id[written] = encoded.meta.props.max_seq
+            error = exc
+        with self._cond:
+            self._in_flight.discard(generation)
+            if error is None:
+                self.ssts_written += 1
+                self.max_seq_by_id[wal_id] = encoded.meta.props.max_seq
+            else:
+                self._failed[generation] = error
+                self._error = self._error or error
+                self.lost_unawaited |= unawaited
+            self._cond.notify_all()
 
     def _tick(self) -> None:
         interval = self._settings.flush_interval
@@ -149,13 +175,10 @@ class WalWriter:
             self._wake.clear()
             if self._stop.is_set() or self._error is not None:
                 return
-            with self._lock:
-                pending = bool(self._buffer)
-            if pending:
-                try:
-                    self.flush()
-                except SlatepyError:
-                    return  # stored in self._error; writers see it on their next call
+            try:
+                self.flush(only_this=True)
+            except SlatepyError:
+                return  # stored in self._error; writers see it on their next call
 
     def close(self) -> None:
         """Stop the background flusher (callers flush first if they want durability)."""
