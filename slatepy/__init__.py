@@ -15,6 +15,7 @@ from slatepy.errors import (
     SlatepyError,
     StoreError,
     StoreUnavailable,
+    WriteStalled,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "WriteBatch",
+    "WriteStalled",
 ]

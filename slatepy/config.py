@@ -36,8 +36,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         writer_snapshot_ttl: Seconds the writer's start-up snapshot protects the WAL.
         max_parallel_writes: WAL PUTs a writer keeps in flight at once (stored in the
             manifest; a new writer fences with that many consecutive SSTs).
-        max_unflushed_bytes: Buffered-but-not-durable WAL bytes at which writers block until
-            flushes catch up.
+        max_unflushed_bytes: Bytes of written-but-not-yet-compacted data (the writer's
+            memtable) at which writes block until compaction catches up.
+        write_stall_timeout: Seconds a blocked write waits for compaction before it fails
+            with ``WriteStalled``.
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
         store_timeout: Seconds before one object-store request times out.
         store_retries: Retries obstore makes on transient failures of one request.
@@ -68,7 +70,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
     max_parallel_writes: int = 1
-    max_unflushed_bytes: int = 64 * 1024 * 1024
+    max_unflushed_bytes: int = 256 * 1024 * 1024
+    write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8
     store_timeout: float = 30.0
     store_retries: int = 3
@@ -98,6 +101,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 self.max_unflushed_bytes >= self.flush_bytes,
                 "max_unflushed_bytes must be >= flush_bytes",
             ),
+            (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),

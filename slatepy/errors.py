@@ -36,6 +36,11 @@ class CompactionAbandoned(SlatepyError):
     """A compaction ran too long to publish safely; its outputs are left to GC."""
 
 
+class WriteStalled(SlatepyError):
+    """Uncompacted data reached ``max_unflushed_bytes`` and compaction did not catch up in
+    ``write_stall_timeout``; the write was not applied."""
+
+
 class ManifestConflictError(SlatepyError):
     """A manifest update kept losing the compare-and-swap race and gave up."""
 

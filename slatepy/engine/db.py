@@ -17,7 +17,7 @@ from slatepy.engine.startup import start_writer
 from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_compacted
 from slatepy.engine.wal import WalWriter
-from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
+from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError, WriteStalled
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
@@ -28,6 +28,8 @@ from slatepy.store.url import open_store
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
+
+STALL_POLL_SECONDS = 0.05
 
 
 class Db:
@@ -126,6 +128,8 @@ class Db:
             self._apply(batch.ops, await_durable)
 
     def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
+        if self._memtable.size_bytes >= self._settings.max_unflushed_bytes:
+            self._wait_for_compaction()
         with self._lock:
             self._check_open()
             self._wal.check()
@@ -178,6 +182,21 @@ class Db:
         stored = self._manifests.load()
         if stored is not None:
             self._apply_manifest(stored.manifest)
+
+    def _wait_for_compaction(self) -> None:
+        """Backpressure: block until compaction shrinks the memtable below the limit."""
+        deadline = time.monotonic() + self._settings.write_stall_timeout
+        while time.monotonic() < deadline:
+            self._check_open()
+            self.refresh()  # adopts compactions published by any compactor
+            if self._memtable.size_bytes < self._settings.max_unflushed_bytes:
+                return
+            time.sleep(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        raise WriteStalled(
+            f"{self._memtable.size_bytes} bytes are written but not compacted "
+            f"(max_unflushed_bytes={self._settings.max_unflushed_bytes}) and compaction did "
+            f"not catch up in {self._settings.write_stall_timeout} s; is a compactor running?"
+        )
 
     def _refresh_stale_view(self) -> None:
         """Keep the read view younger than a quarter of GC's grace period (RFC 0003)."""
