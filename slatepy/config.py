@@ -49,8 +49,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         s3_secret_access_key: Secret key; ``AWS_SECRET_ACCESS_KEY`` when unset.
         s3_session_token: Session token; ``AWS_SESSION_TOKEN`` when unset.
         s3_allow_http: Allow plain-HTTP endpoints; inferred from the endpoint when unset.
-        compactor: ``"in-process"`` runs a compactor thread inside the writer; ``"off"``
-            leaves compaction to ``slatepy compact`` or a separate ``Compactor``.
+        compactor: ``"in-process"`` (default) runs the compactor and garbage collector in a
+            thread of the writer; ``"off"`` leaves both to ``slatepy compactor URL`` (or
+            ``slatepy compact``/``slatepy gc``) running elsewhere.
         compaction_interval: Seconds between compaction passes of the in-process compactor.
         reader_poll_interval: Seconds between a reader's polls for new WAL SSTs and manifests.
         reader_snapshot_ttl: Seconds a reader's snapshot lives unless refreshed; a reader
@@ -81,7 +82,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_secret_access_key: str | None = None
     s3_session_token: str | None = None
     s3_allow_http: bool | None = None
-    compactor: Literal["in-process", "off"] = "off"
+    compactor: Literal["in-process", "off"] = "in-process"
     compaction_interval: float = 1.0
     reader_poll_interval: float = 0.1
     reader_snapshot_ttl: float = 60.0

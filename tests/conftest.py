@@ -95,7 +95,8 @@ if os.environ.get("SLATEPY_TEST_S3_ENDPOINT"):
 
 
 def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    fast = Settings(flush_interval=0.02)
+    # Tests drive compaction themselves, so the writer's own compactor is off.
+    fast = Settings(flush_interval=0.02, compactor="off")
     if name == "memory":
         return Backend(name, "memory://", fast, open_store("memory://"))
     if name == "file":
@@ -107,7 +108,11 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
         endpoint = _minio_endpoint()
         assert endpoint is not None
         _ensure_minio_bucket(endpoint, TEST_BUCKET)
-    return Backend(name, f"s3://{TEST_BUCKET}/{prefix}", s3_settings(endpoint, flush_interval=0.02))
+    return Backend(
+        name,
+        f"s3://{TEST_BUCKET}/{prefix}",
+        s3_settings(endpoint, flush_interval=0.02, compactor="off"),
+    )
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,11 +1,15 @@
-"""``slatepy inspect URL``: the current manifest, the WAL and SST summaries."""
+"""``slatepy inspect URL``: the manifest, snapshots, levels, the WAL and what GC would delete."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 
+from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.table import TableReader
+from slatepy.gc import GarbageCollector
+from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
@@ -23,8 +27,19 @@ def sst_summary(tables: TableReader, path: str) -> str:
     )
 
 
-def inspect(store: ObjectStore, *, limit: int = 20) -> str:
-    """A human-readable report of the database at ``store``."""
+def handles_summary(handles: tuple[SstHandle, ...]) -> str:
+    if not handles:
+        return "empty"
+    size = sum(h.object_size for h in handles)
+    entries = sum(h.entry_count for h in handles)
+    return (
+        f"{len(handles)} SSTs, {size} bytes, {entries} entries, "
+        f"keys {handles[0].first_key!r}..{handles[-1].last_key!r}"
+    )
+
+
+def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = None) -> str:
+    """A human-readable report of the database at ``store`` (reads only; GC as a dry run)."""
     lines: list[str] = [f"database: {store.url}"]
     stored = ManifestStore(store).load()
     if stored is None:
@@ -36,7 +51,6 @@ def inspect(store: ObjectStore, *, limit: int = 20) -> str:
         f"  writer_epoch={m.writer_epoch} compactor_epoch={m.compactor_epoch}",
         f"  wal_id_last_compacted={m.wal_id_last_compacted} wal_id_last_seen={m.wal_id_last_seen}",
         f"  max_parallel_writes={m.max_parallel_writes}",
-        f"  l0 SSTs: {len(m.l0)}  sorted runs: {len(m.sorted_runs)}",
         f"  snapshots: {len(m.snapshots)}",
     ]
     for s in m.snapshots:
@@ -46,6 +60,10 @@ def inspect(store: ObjectStore, *, limit: int = 20) -> str:
             else dt.datetime.fromtimestamp(s.expire_time_s, dt.UTC).isoformat()
         )
         lines.append(f"    {s.id} manifest={s.manifest_id} expires={expiry}")
+    lines.append(f"L0: {len(m.l0)} SSTs")
+    lines += [f"  {h.id} {handles_summary((h,))}" for h in m.l0]
+    lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
+    lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
     entries = wal.entries()
     total = sum(meta.size for _, meta in entries)
@@ -61,4 +79,11 @@ def inspect(store: ObjectStore, *, limit: int = 20) -> str:
     tables = TableReader(store, cache_bytes=1 << 20)
     for wal_id, meta in shown:
         lines.append(f"  {wal_id:>8} {sst_summary(tables, meta.path)}")
+    report = GarbageCollector(store, settings=settings).collect(dry_run=True)
+    lines.append(
+        f"GC would delete {len(report.deletions)} objects, {report.bytes} bytes "
+        f"(active manifests {report.active_manifests})"
+    )
+    reasons = Counter(d.reason for d in report.deletions)
+    lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
     return "\n".join(lines)

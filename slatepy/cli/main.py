@@ -22,11 +22,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
     demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))
     demo.add_argument("--orders", type=int, default=20_000)
-    compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
-    compact.add_argument("url")
-    inspect = sub.add_parser("inspect", help="show the manifest, WAL and SSTs of a database")
+    inspect = sub.add_parser("inspect", help="show the manifest, levels, WAL and GC candidates")
     inspect.add_argument("url")
     inspect.add_argument("--limit", type=int, default=20, help="WAL SSTs to summarise")
+    scan = sub.add_parser("scan", help="print key/value pairs through a snapshot reader")
+    scan.add_argument("url")
+    scan.add_argument("--start", default="", help="first key (inclusive, UTF-8)")
+    scan.add_argument("--end", default=None, help="last key (exclusive, UTF-8)")
+    scan.add_argument("--limit", type=int, default=100, help="pairs to print (0 = all)")
+    compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
+    compact.add_argument("url")
+    compactor = sub.add_parser(
+        "compactor", help="run the compactor and garbage collector until interrupted"
+    )
+    compactor.add_argument("url")
+    gc = sub.add_parser("gc", help="delete what no active manifest or snapshot can reach")
+    gc.add_argument("url")
+    gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
+    gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
     return parser
 
 
@@ -37,25 +50,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.demo import run_demo
 
             run_demo(args.dir, orders=args.orders)
-        elif args.command == "compact":
-            from slatepy.compactor import Compactor
-
-            settings = Settings.from_env()
-            compactor = Compactor(open_store(args.url, settings), settings=settings)
-            rounds = compactor.run_until_idle()
-            m = compactor.last_published.manifest
-            print(
-                f"compactor epoch {compactor.epoch}: {rounds} compactions; "
-                f"wal_id_last_compacted={m.wal_id_last_compacted}, "
-                f"l0={len(m.l0)}, sorted runs={len(m.sorted_runs)}"
-            )
-        elif args.command == "inspect":
+            return 0
+        settings = Settings.from_env()
+        store = open_store(args.url, settings)
+        if args.command == "inspect":
             from slatepy.cli.inspect import inspect
 
-            print(inspect(open_store(args.url, Settings.from_env()), limit=args.limit))
+            print(inspect(store, limit=args.limit, settings=settings))
+        elif args.command == "scan":
+            from slatepy.cli.commands import scan
+
+            scan(store, settings, args.start, args.end, args.limit)
+        elif args.command == "compact":
+            from slatepy.cli.commands import compact
+
+            compact(store, settings)
+        elif args.command == "compactor":
+            from slatepy.cli.commands import run_compactor
+
+            run_compactor(store, settings)
+        elif args.command == "gc":
+            from slatepy.cli.commands import gc
+
+            gc(store, settings, dry_run=args.dry_run, min_age=args.min_age)
     except SlatepyError as exc:
         print(f"slatepy: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

@@ -109,6 +109,11 @@ class Db:
         return self._store.metrics
 
     @property
+    def wal_id_last_compacted(self) -> int:
+        """The WAL prefix that compaction has folded into the read view's SSTs."""
+        return self._view.wal_id_last_compacted
+
+    @property
     def next_wal_id(self) -> int:
         return self._wal.next_id
 

@@ -1,14 +1,21 @@
-"""The ``slatepy`` command: demo and inspect."""
+"""The ``slatepy`` command: demo, inspect, scan, compact, compactor and gc."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from slatepy import Db, WriteBatch
+from slatepy import Db, Settings, WriteBatch
 from slatepy.cli.demo import run_demo
 from slatepy.cli.main import main
+
+OFF = Settings(compactor="off")  # the CLI does the compacting in these tests
 
 
 def test_demo_runs_and_verifies(tmp_path: Path) -> None:
@@ -24,7 +31,7 @@ def test_inspect_reports_manifest_and_wal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"file://{tmp_path}/db"
-    with Db.open(url) as db:
+    with Db.open(url, settings=OFF) as db:
         db.write(WriteBatch().put(b"alpha", b"1").delete(b"beta"))
     assert main(["inspect", url, "--limit", "5"]) == 0
     out = capsys.readouterr().out
@@ -45,11 +52,79 @@ def test_cli_reports_errors_without_a_traceback(capsys: pytest.CaptureFixture[st
 
 def test_compact_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"file://{tmp_path}/db"
-    with Db.open(url) as db:
+    with Db.open(url, settings=OFF) as db:
         for i in range(5):
             db.put(b"k%d" % i, b"v")
     assert main(["compact", url]) == 0
     assert "wal_id_last_compacted=6, l0=1" in capsys.readouterr().out
-    with Db.open(url) as db:
+    with Db.open(url, settings=OFF) as db:
         assert db.replayed_ssts == 0
         assert [k for k, _ in db.scan()] == [b"k0", b"k1", b"k2", b"k3", b"k4"]
+
+
+def test_scan_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=OFF) as db:
+        for i in range(10):
+            db.put(b"k%d" % i, b"v%d" % i)
+        db.put(b"k5", b"\xff\x00")
+    assert main(["scan", url, "--start", "k2", "--end", "k8", "--limit", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["k2\tv2", "k3\tv3", "k4\tv4", "k5\t\\xff\x00", "(stopped after --limit 4)"]
+    assert main(["inspect", url]) == 0
+    assert "snapshots: 0" in capsys.readouterr().out  # the reader removed its snapshot
+
+
+def test_inspect_shows_levels_and_gc_candidates_and_gc_deletes_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=OFF) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+    assert main(["compact", url]) == 0
+    capsys.readouterr()
+    os.environ["SLATEPY_GC_MIN_AGE"] = "0"
+    try:
+        assert main(["inspect", url]) == 0
+        out = capsys.readouterr().out
+        assert "L0: 1 SSTs" in out and "5 entries" in out
+        assert "GC would delete" in out and "x WAL below 6 (compacted)" in out
+        assert main(["gc", url, "--dry-run"]) == 0
+        assert "would delete" in capsys.readouterr().out
+        assert main(["gc", url]) == 0
+        out = capsys.readouterr().out
+        assert "deleted" in out and "wal/00000000000000000001.sst" in out
+        assert main(["gc", url]) == 0
+        assert "deleted 0 objects" in capsys.readouterr().out
+    finally:
+        del os.environ["SLATEPY_GC_MIN_AGE"]
+    with Db.open(url, settings=OFF) as db:
+        assert [k for k, _ in db.scan()] == [b"k0", b"k1", b"k2", b"k3", b"k4"]
+
+
+def test_compactor_command_runs_until_interrupted(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=OFF) as db:
+        db.put(b"k", b"v")
+    env = {**os.environ, "SLATEPY_COMPACTION_INTERVAL": "0.05"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slatepy.cli.main", "compactor", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for _ in range(200):  # bounded: 200 x 50 ms
+            with Db.open(url, settings=OFF) as db:
+                if db.replayed_ssts == 0 and db.get(b"k") == b"v":
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the compactor process never compacted the WAL")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "compactor epoch 1" in out

@@ -14,7 +14,7 @@ from slatepy.store import open_store
 from tests.conftest import Backend
 
 SMALL = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=3, target_sst_bytes=600)
-FAST = Settings(flush_interval=60, block_size=512)
+FAST = Settings(flush_interval=60, block_size=512, compactor="off")
 
 keys = st.sampled_from([b"k%02d" % i for i in range(12)])
 ops = st.lists(
