@@ -1,4 +1,4 @@
-"""Sequential durable puts with default settings: latency and object-store requests.
+"""Sequential durable puts (default settings, compactor off): latency and store requests.
 
     python -m bench.durable_puts --count 10000 --backends memory file s3
 
@@ -10,36 +10,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from slatepy import Db, Settings
+from bench.common import location
+from slatepy import Db
 from slatepy.store import ObjectStore, open_store
-from slatepy.testing.moto import create_bucket, moto_server
-
-
-@contextmanager
-def backend(name: str) -> Iterator[tuple[ObjectStore, Settings]]:
-    # The WAL path alone: the writer's own compactor would add its requests to the count.
-    settings = Settings(compactor="off")
-    if name == "memory":
-        yield open_store("memory://"), settings
-    elif name == "file":
-        with tempfile.TemporaryDirectory() as tmp:
-            yield open_store(f"file://{tmp}"), settings
-    else:
-        with moto_server() as endpoint:
-            create_bucket(endpoint, "bench")
-            settings = Settings(
-                s3_endpoint=endpoint.url,
-                s3_access_key_id=endpoint.access_key_id,
-                s3_secret_access_key=endpoint.secret_access_key,
-                compactor="off",
-            )
-            yield open_store(f"s3://bench/{uuid.uuid4().hex[:8]}", settings), settings
 
 
 def raw_put_ms(store: ObjectStore, samples: int = 200) -> float:
@@ -52,7 +27,8 @@ def raw_put_ms(store: ObjectStore, samples: int = 200) -> float:
 
 
 def run(name: str, count: int) -> str:
-    with backend(name) as (store, settings):
+    with location(name) as (url, settings):
+        store = open_store(url, settings)
         floor = raw_put_ms(store)
         with Db.open(store, settings=settings) as db:
             db.metrics.reset()
