@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
+from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import start_writer
@@ -32,7 +31,7 @@ if TYPE_CHECKING:
 STALL_POLL_SECONDS = 0.05
 
 
-class Db:
+class Db(Closing):
     """An embedded key-value database whose state lives in an object store.
 
     There is one writer per database: opening a ``Db`` fences every older writer of the same
@@ -265,18 +264,3 @@ class Db:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the database is closed; open it again to use it")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        with contextlib.suppress(Exception):  # the exception propagating says what went wrong
-            self.close()

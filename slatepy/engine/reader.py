@@ -18,19 +18,17 @@ its SSTs when the snapshot expires.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Self
 
 import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
+from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import replay
@@ -48,7 +46,7 @@ from slatepy.store.url import open_store
 log = logging.getLogger(__name__)
 
 
-class DbReader:
+class DbReader(Closing):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
     def __init__(self, store: MetricsStore, settings: Settings) -> None:
@@ -240,18 +238,3 @@ class DbReader:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the reader is closed; open a new one")
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        with contextlib.suppress(Exception):
-            self.close()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slatepy import Db, FencedError, Settings, WriteBatch
+from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.store import open_store
 from tests.conftest import Backend
@@ -104,27 +104,6 @@ def test_compaction_releases_the_memtable_and_shortens_reopen(backend: Backend) 
         assert db.replayed_ssts == 1
         assert db.get(b"key0150") == b"v150" and db.get(b"after") == b"compaction"
         assert len(list(db.scan())) == 300
-
-
-def test_zombie_compactor_loses_its_publish(backend: Backend) -> None:
-    store = backend.store()
-    with Db.open(backend.target(), settings=backend.settings) as db:
-        db.put(b"k", b"v")
-        zombie = Compactor(store, settings=backend.settings)
-        successor = Compactor(store, settings=backend.settings)
-        assert successor.epoch == zombie.epoch + 1
-        before = {m.path for m in store.list("compacted/")}
-        with pytest.raises(FencedError):
-            zombie.run_once()
-        orphans = {m.path for m in store.list("compacted/")} - before
-        assert len(orphans) == 1  # written, never referenced: GC's to collect
-        assert successor.run_once() is not None
-        db.refresh()
-        latest = successor.manifests.load()
-        assert latest is not None
-        referenced = {f"compacted/{h.id}.sst" for h in latest.manifest.l0}
-        assert not referenced & orphans
-        assert db.get(b"k") == b"v"
 
 
 def test_in_process_compactor_runs_in_the_writer(backend: Backend) -> None:
