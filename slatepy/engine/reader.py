@@ -141,17 +141,15 @@ class DbReader(Closing):
             if wal_id != expected:
                 return  # a gap: a parallel write still in flight; wait for it
             try:
-                _, entries = decode_sst(self._wal.read(wal_id))
+                meta, entries = decode_sst(self._wal.read(wal_id))
             except NotFound:
                 # Collected under us: our snapshot lapsed. A fresh one skips what was compacted.
                 self._adopt(self._register()[0])
                 return
-            with self._lock:
-                max_seq = 0
+            with self._lock:  # one SST at a time, so a batch is seen whole or not at all
                 for key, seq, value in entries:
                     self._memtable.put(key, seq, value)
-                    max_seq = max(max_seq, seq)
-                self._wal_max_seq[wal_id] = max_seq
+                self._wal_max_seq[wal_id] = meta.props.max_seq
                 self._wal_tail = wal_id
             expected += 1
 
