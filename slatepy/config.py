@@ -49,6 +49,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         s3_secret_access_key: Secret key; ``AWS_SECRET_ACCESS_KEY`` when unset.
         s3_session_token: Session token; ``AWS_SESSION_TOKEN`` when unset.
         s3_allow_http: Allow plain-HTTP endpoints; inferred from the endpoint when unset.
+        cas: How creates are made exclusive: ``"conditional"`` uses the store's conditional
+            writes (S3 ``If-None-Match``, GCS, Azure, MinIO, local files); ``"dynamodb"``
+            uses the two-phase write through a DynamoDB table, for S3-compatible stores
+            without conditional writes (RFC 0004).
+        dynamodb_table: Table of the two-phase records (``slatepy dynamodb create-table``).
+        dynamodb_endpoint: DynamoDB endpoint URL (DynamoDB Local, moto); AWS when unset.
+        dynamodb_region: DynamoDB region; ``s3_region`` or ``us-east-1`` when unset.
+            Credentials are ``s3_access_key_id``/``s3_secret_access_key`` or boto3's chain.
         compactor: ``"in-process"`` (default) runs the compactor and garbage collector in a
             thread of the writer; ``"off"`` leaves both to ``slatepy compactor URL`` (or
             ``slatepy compact``/``slatepy gc``) running elsewhere.
@@ -82,6 +90,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_secret_access_key: str | None = None
     s3_session_token: str | None = None
     s3_allow_http: bool | None = None
+    cas: Literal["conditional", "dynamodb"] = "conditional"
+    dynamodb_table: str | None = None
+    dynamodb_endpoint: str | None = None
+    dynamodb_region: str | None = None
     compactor: Literal["in-process", "off"] = "in-process"
     compaction_interval: float = 1.0
     reader_poll_interval: float = 0.1
@@ -112,6 +124,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.gc_interval > 0, "gc_interval must be > 0"),
             (self.gc_min_age >= 0, "gc_min_age must be >= 0"),
         ]
+        checks.append(
+            (
+                self.cas != "dynamodb" or bool(self.dynamodb_table),
+                'cas="dynamodb" needs dynamodb_table',
+            )
+        )
         for ok, message in checks:
             if not ok:
                 raise InvalidArgument(message)

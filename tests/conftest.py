@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 
 from slatepy.config import Settings
 from slatepy.store import ObjectStore, open_store
+from slatepy.store.dynamodb import create_table
 from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
 
 settings.register_profile(
@@ -21,6 +22,7 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 TEST_BUCKET = "slatepy-test"
+TEST_TABLE = "slatepy-two-phase"
 
 
 @dataclass
@@ -44,8 +46,12 @@ class Backend:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[S3Endpoint]:
+    """One moto server on 127.0.0.1 for the session: S3 (a bucket) and DynamoDB (a table)."""
     with moto_server() as endpoint:
         create_bucket(endpoint, TEST_BUCKET)
+        create_table(
+            s3_settings(endpoint, dynamodb_table=TEST_TABLE, dynamodb_endpoint=endpoint.url)
+        )
         yield endpoint
 
 
@@ -89,7 +95,12 @@ def s3_settings(endpoint: S3Endpoint, **overrides: object) -> Settings:
     )
 
 
-BACKENDS = ["memory", "file", pytest.param("s3", marks=pytest.mark.s3)]
+BACKENDS = [
+    "memory",
+    "file",
+    pytest.param("s3", marks=pytest.mark.s3),
+    pytest.param("s3-dynamodb", marks=pytest.mark.s3),
+]
 if os.environ.get("SLATEPY_TEST_S3_ENDPOINT"):
     BACKENDS.append(pytest.param("minio", marks=pytest.mark.s3))
 
@@ -102,6 +113,17 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     if name == "file":
         return Backend(name, f"file://{tmp_path}/db", fast)
     prefix = f"t-{uuid.uuid4().hex[:12]}"
+    if name == "s3-dynamodb":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        settings = s3_settings(
+            endpoint,
+            flush_interval=0.02,
+            compactor="off",
+            cas="dynamodb",
+            dynamodb_table=TEST_TABLE,
+            dynamodb_endpoint=endpoint.url,
+        )
+        return Backend(name, f"s3://{TEST_BUCKET}/{prefix}", settings)
     if name == "s3":
         endpoint = request.getfixturevalue("s3_endpoint")
     else:

@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("url")
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
+    dynamodb = sub.add_parser("dynamodb", help="the two-phase CAS table (cas=dynamodb)")
+    dyn = dynamodb.add_subparsers(dest="dynamodb_command", required=True)
+    dyn.add_parser("create-table", help="create SLATEPY_DYNAMODB_TABLE (pk/sk, on demand)")
+    recover = dyn.add_parser("recover", help="complete every half-done two-phase write")
+    recover.add_argument("url")
     return parser
 
 
@@ -52,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_demo(args.dir, orders=args.orders)
             return 0
         settings = Settings.from_env()
+        if args.command == "dynamodb" and args.dynamodb_command == "create-table":
+            from slatepy.store.dynamodb import create_table
+
+            print(f"created DynamoDB table {create_table(settings)}")
+            return 0
         store = open_store(args.url, settings)
         if args.command == "inspect":
             from slatepy.cli.inspect import inspect
@@ -69,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.commands import run_compactor
 
             run_compactor(store, settings)
+        elif args.command == "dynamodb":
+            print(f"recovered {store.recover()} pending two-phase writes on {store.url}")
         elif args.command == "gc":
             from slatepy.cli.commands import gc
 

@@ -44,6 +44,7 @@ class Db(Closing):
         self._settings = settings
         self._lock = threading.Lock()
         self._closed = False
+        store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings)
         self._manifests = manifests
         self._tables = TableReader(store)

@@ -73,8 +73,11 @@ class GarbageCollector:
         Raises:
             CorruptionError: an active manifest is unreadable; nothing is deleted.
         """
-        # Time first, then the current manifest, then the listings: an object listed after
-        # the manifest was read is either referenced by it or younger than ``now`` says.
+        # Pending two-phase writes first, so no temporary object a record still needs is old
+        # enough to look like a stray. Then time, the current manifest and the listings: an
+        # object listed after the manifest was read is either referenced by it or younger
+        # than ``now`` says.
+        self.store.recover()
         now = self._clock()
         current = self._manifests.load()
         if current is None:

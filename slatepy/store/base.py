@@ -87,6 +87,13 @@ class ObjectStore(abc.ABC):
     def copy(self, source: str, destination: str) -> None:
         """Copy ``source`` to ``destination``, overwriting it."""
 
+    def recover(self) -> int:
+        """Finish writes a crashed process left half done; returns how many.
+
+        Stores with native conditional writes have none; the two-phase CAS store does.
+        """
+        return 0
+
 
 class WrappingStore(ObjectStore):
     """Forwards every operation to ``inner``; wrappers override only what they change."""
@@ -128,3 +135,6 @@ class WrappingStore(ObjectStore):
 
     def copy(self, source: str, destination: str) -> None:
         self.inner.copy(source, destination)
+
+    def recover(self) -> int:
+        return self.inner.recover()

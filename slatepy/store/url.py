@@ -34,6 +34,16 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     if not isinstance(url, str):
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
     settings = settings or Settings()
+    store = _open(url, settings)
+    if settings.cas == "dynamodb":
+        from slatepy.store.dynamodb import DynamoRecords
+        from slatepy.store.twophase import TwoPhaseStore
+
+        return TwoPhaseStore(store, DynamoRecords.from_settings(settings, namespace=store.url))
+    return store
+
+
+def _open(url: str, settings: Settings) -> ObjectStore:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     client: ClientConfig = {"timeout": timedelta(seconds=settings.store_timeout)}

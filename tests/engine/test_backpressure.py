@@ -18,6 +18,11 @@ def tight(backend: Backend, **overrides: object) -> Settings:
     )
 
 
+# Engine logic, not store behaviour: the local backends are enough (and fast).
+LOCAL = pytest.mark.parametrize("backend", ["memory", "file"], indirect=True)
+
+
+@LOCAL
 def test_writes_stall_without_compaction_and_resume_with_it(backend: Backend) -> None:
     settings = tight(backend, write_stall_timeout=0.3)
     with Db.open(backend.target(), settings=settings) as db:
@@ -49,6 +54,7 @@ def test_writes_stall_without_compaction_and_resume_with_it(backend: Backend) ->
         assert db.get(b"more0000") == b"y" * 200 and db.get(b"key0000") == b"x" * 200
 
 
+@LOCAL
 def test_the_in_process_compactor_keeps_writes_flowing(backend: Backend) -> None:
     settings = tight(backend, compactor="in-process", compaction_interval=0.02)
     with Db.open(backend.target(), settings=settings) as db:
