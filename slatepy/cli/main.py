@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "dynamodb" and args.dynamodb_command == "create-table":
             from slatepy.store.dynamodb import create_table
 
-            print(f"created DynamoDB table {create_table(settings)}")
+            created = create_table(settings)
+            print(f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}")
             return 0
         store = open_store(args.url, settings)
         if args.command == "inspect":

@@ -218,17 +218,34 @@ def dynamodb_client(settings: Settings) -> DynamoDBClient:
     )
 
 
-def create_table(settings: Settings, *, wait: bool = True) -> str:
-    """Create the two-phase table (on-demand billing); returns its name.
+def create_table(settings: Settings, *, wait: bool = True) -> bool:
+    """Create the two-phase table (on-demand billing); False if it already existed.
 
     Raises:
         InvalidArgument: ``dynamodb_table`` is not set.
+        StoreUnavailable: DynamoDB refused or could not be reached.
     """
     if not settings.dynamodb_table:
         raise InvalidArgument("dynamodb_table is not set (SLATEPY_DYNAMODB_TABLE)")
     client = dynamodb_client(settings)
+    try:
+        _create(client, settings.dynamodb_table)
+    except ClientError as exc:
+        if _code(exc) == "ResourceInUseException":
+            return False
+        raise StoreUnavailable(f"creating table {settings.dynamodb_table}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StoreUnavailable(f"creating table {settings.dynamodb_table}: {exc}") from exc
+    if wait:
+        client.get_waiter("table_exists").wait(
+            TableName=settings.dynamodb_table, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
+        )
+    return True
+
+
+def _create(client: DynamoDBClient, table: str) -> None:
     client.create_table(
-        TableName=settings.dynamodb_table,
+        TableName=table,
         KeySchema=[
             {"AttributeName": "pk", "KeyType": "HASH"},
             {"AttributeName": "sk", "KeyType": "RANGE"},
@@ -239,11 +256,6 @@ def create_table(settings: Settings, *, wait: bool = True) -> str:
         ],
         BillingMode="PAY_PER_REQUEST",
     )
-    if wait:
-        client.get_waiter("table_exists").wait(
-            TableName=settings.dynamodb_table, WaiterConfig={"Delay": 1, "MaxAttempts": 60}
-        )
-    return settings.dynamodb_table
 
 
 def _record(item: dict[str, Any]) -> Record:

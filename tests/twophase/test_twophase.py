@@ -213,7 +213,9 @@ def test_cli_create_table_and_recover(
         assert value is not None
         monkeypatch.setenv(name, value)
     assert main(["dynamodb", "create-table"]) == 0
-    assert "created DynamoDB table cli-table" in capsys.readouterr().out
+    assert "DynamoDB table cli-table created" in capsys.readouterr().out
+    assert main(["dynamodb", "create-table"]) == 0  # idempotent, for bootstrap scripts
+    assert "DynamoDB table cli-table exists" in capsys.readouterr().out
     settings = msgspec.structs.replace(s, dynamodb_table="cli-table")
     base = twophase_of(open_store(two_phase.url, settings))
 
