@@ -24,9 +24,10 @@ above the store sees the same contract as with a conditional put (RFC 0004).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from slatepy.errors import AlreadyExists, CorruptionError, NotFound, StoreUnavailable
@@ -64,6 +65,8 @@ class TwoPhaseStore(WrappingStore):
         self._completer = (
             ThreadPoolExecutor(2, thread_name_prefix="slatepy-two-phase") if background else None
         )
+        self._lock = threading.Lock()
+        self._in_flight: set[Future[None]] = set()
 
     @property
     def supports_if_match(self) -> bool:
@@ -92,8 +95,21 @@ class TwoPhaseStore(WrappingStore):
         if self._completer is None:
             self._complete(path, source)
         else:
-            self._completer.submit(self._complete_quietly, path, source)
+            future = self._completer.submit(self._complete_quietly, path, source)
+            with self._lock:
+                self._in_flight.add(future)
+            future.add_done_callback(self._forget)
         return None
+
+    def _forget(self, future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def drain(self) -> None:
+        """Wait until every background completion started so far has finished."""
+        with self._lock:
+            pending = list(self._in_flight)
+        wait(pending)
 
     def _complete_quietly(self, destination: str, source: str) -> None:
         try:

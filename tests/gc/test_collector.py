@@ -22,7 +22,8 @@ SMALL = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=4, target_ss
 
 
 def paths(store: ObjectStore, prefix: str) -> set[str]:
-    return {m.path for m in store.list(prefix)}
+    """Objects the engine names (a two-phase CAS temporary may linger while it completes)."""
+    return {m.path for m in store.list(prefix) if m.path.endswith((".sst", ".manifest"))}
 
 
 def referenced(store: ObjectStore) -> set[str]:
