@@ -43,6 +43,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
         store_timeout: Seconds before one object-store request times out.
         store_retries: Retries obstore makes on transient failures of one request.
+        request_attempts: Attempts slatepy makes for one idempotent request (read, list,
+            delete, copy, overwrite) that still fails after the client's own retries.
         s3_endpoint: S3 endpoint URL (MinIO, moto); ``AWS_ENDPOINT_URL`` when unset.
         s3_region: S3 region; ``AWS_REGION``/``AWS_DEFAULT_REGION`` when unset.
         s3_access_key_id: Access key; ``AWS_ACCESS_KEY_ID`` when unset.
@@ -84,6 +86,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     wal_write_attempts: int = 8
     store_timeout: float = 30.0
     store_retries: int = 3
+    request_attempts: int = 4
     s3_endpoint: str | None = None
     s3_region: str | None = None
     s3_access_key_id: str | None = None
@@ -118,6 +121,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),
+            (self.request_attempts >= 1, "request_attempts must be >= 1"),
             (self.compaction_interval > 0, "compaction_interval must be > 0"),
             (self.reader_poll_interval > 0, "reader_poll_interval must be > 0"),
             (self.reader_snapshot_ttl >= 1, "reader_snapshot_ttl must be >= 1 second"),

@@ -22,6 +22,7 @@ from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.retry import with_retries
 
 
 class Compactor:
@@ -36,6 +37,7 @@ class Compactor:
     ) -> None:
         self.settings = settings or Settings()
         self.policy = policy or CompactionPolicy()
+        store = with_retries(store, self.settings.request_attempts)
         self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
         self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)

@@ -23,6 +23,7 @@ from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.retry import with_retries
 from slatepy.store.url import open_store
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Db(Closing):
         """
         settings = settings or Settings()
         inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
-        store = MetricsStore(inner)
+        store = MetricsStore(with_retries(inner, settings.request_attempts))
         return cls(
             store, settings, ManifestStore(store, attempts=settings.manifest_update_attempts)
         )
@@ -261,6 +262,14 @@ class Db(Closing):
             if self._compactor is not None:
                 self._compactor.close()
             self._wal.close()
+
+    def _crash(self) -> None:
+        """Stop like a killed process: no flush, background threads stopped (crash tests)."""
+        with self._lock:
+            self._closed = True
+        if self._compactor is not None:
+            self._compactor.close()
+        self._wal.close()
 
     def _check_open(self) -> None:
         if self._closed:

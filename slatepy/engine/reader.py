@@ -41,6 +41,7 @@ from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.retry import with_retries
 from slatepy.store.url import open_store
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class DbReader(Closing):
         """
         settings = settings or Settings()
         inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
-        return cls(MetricsStore(inner), settings)
+        return cls(MetricsStore(with_retries(inner, settings.request_attempts)), settings)
 
     @property
     def manifest_id(self) -> int:

@@ -19,6 +19,7 @@ from slatepy.gc.rules import Deletion, Listing, active_manifest_ids, select_garb
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.retry import with_retries
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,10 @@ class GarbageCollector:
         clock: Clock = utc_now,
     ) -> None:
         settings = settings or Settings()
-        self.store = store
+        self.store = with_retries(store, settings.request_attempts)
         self.min_age = settings.gc_min_age if min_age is None else min_age
         self._clock = clock
-        self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
+        self._manifests = ManifestStore(self.store, attempts=settings.manifest_update_attempts)
 
     def collect(self, *, dry_run: bool = False) -> GcReport:
         """Run one pass.

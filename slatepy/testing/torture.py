@@ -1,0 +1,345 @@
+"""A randomized workload against a faulty store, checked against a model of what may be read.
+
+Used by ``slatepy torture URL`` (a soak against any store) and by the CI reliability tests
+(bounded, several seeds). One thread drives a writer (``Db``), a snapshot reader
+(``DbReader``), a compactor and the garbage collector through puts, deletes, atomic batches,
+flushes, reads, compactions, GC passes, crashes (the writer dropped without a flush) and clean
+reopens, with the store injecting the four outcomes of :mod:`slatepy.testing.faults`.
+
+The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
+fate is unknown (written but not acknowledged). Invariants checked:
+
+* every read returns the last acknowledged value or one of the unknown ones (nothing lost,
+  nothing invented);
+* the batch keys always read the same batch (batches are atomic), in one scan;
+* a reader never goes back in time (values carry an increasing counter);
+* at the end, with faults off, a freshly opened writer and a fresh reader agree with the model.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from slatepy.compactor import CompactionPolicy, Compactor
+from slatepy.config import Settings
+from slatepy.engine.batch import WriteBatch
+from slatepy.engine.db import Db
+from slatepy.engine.reader import DbReader
+from slatepy.errors import FencedError, SlatepyError
+from slatepy.gc import GarbageCollector
+from slatepy.store.base import ObjectStore
+from slatepy.testing.faults import FaultyStore, uniform
+
+KEYS = [b"key%02d" % i for i in range(16)]
+BATCH_KEYS = [b"batch:%d" % i for i in range(4)]
+POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_sst_bytes=4096)
+OPEN_ATTEMPTS = 50
+
+
+class Violation(AssertionError):
+    """The database returned something the model says it must not."""
+
+
+def counter_of(value: bytes | None) -> int | None:
+    return None if value is None else int(value.rsplit(b"=", 1)[1])
+
+
+@dataclass
+class Model:
+    """Per key: the last acknowledged value (None = absent) and the unacknowledged ones."""
+
+    acked: dict[bytes, bytes | None] = field(default_factory=dict)
+    unknown: dict[bytes, list[bytes | None]] = field(default_factory=dict)
+
+    def written(self, key: bytes, value: bytes | None) -> None:
+        """A write was issued; until acknowledged its fate is unknown."""
+        self.unknown.setdefault(key, []).append(value)
+
+    def acknowledged(self, key: bytes, value: bytes | None) -> None:
+        self.acked[key] = value
+        self.unknown.pop(key, None)
+
+    def allowed(self, key: bytes) -> list[bytes | None]:
+        return [self.acked.get(key), *self.unknown.get(key, [])]
+
+    def check(self, key: bytes, observed: bytes | None, who: str) -> None:
+        if observed not in self.allowed(key):
+            raise Violation(
+                f"{who} read {key!r} = {observed!r}; acknowledged {self.acked.get(key)!r}, "
+                f"unknown {self.unknown.get(key, [])!r}"
+            )
+
+
+@dataclass
+class Report:
+    operations: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
+    crashes: int = 0
+    acknowledged_writes: int = 0
+    lost_acknowledged_writes: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+
+    def lines(self) -> list[str]:
+        return [
+            f"operations: {sum(self.operations.values())} "
+            + " ".join(f"{k}={v}" for k, v in sorted(self.operations.items())),
+            "failed (store faults surfaced to the caller): "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.failed.items())) or "none"),
+            "faults injected: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"),
+            f"writer crashes: {self.crashes}",
+            f"acknowledged writes: {self.acknowledged_writes}, "
+            f"lost acknowledged writes: {self.lost_acknowledged_writes}",
+        ]
+
+
+class Torture:
+    """The workload over ``store`` (faults are added here) with ``seed``."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        seed: int,
+        fault_rate: float = 0.03,
+        settings: Settings | None = None,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.faulty = FaultyStore(store, uniform(fault_rate), seed=seed)
+        base = settings or Settings()
+        # Few attempts, so injected faults reach every error path (a writer whose WAL write
+        # fails, a compaction or GC cut short), not only the retry loops.
+        self.settings = msgspec.structs.replace(
+            base,
+            compactor="off",
+            flush_interval=60.0,
+            reader_poll_interval=3600.0,
+            wal_write_attempts=2,
+            request_attempts=2,
+        )
+        self.model = Model()
+        self.report = Report()
+        self.counter = 0
+        self.pending: list[tuple[bytes, bytes | None]] = []  # unawaited, not yet flushed
+        self.reader_seen: dict[bytes, int] = {}
+        self.db: Db | None = None
+        self.reader: DbReader | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _retry(self, what: str, fn: Callable[[], object]) -> object:
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                return fn()
+            except SlatepyError:
+                self.report.failed[what] += 1
+        raise SlatepyError(f"{what} failed {OPEN_ATTEMPTS} times in a row")
+
+    def writer(self) -> Db:
+        if self.db is None:
+            db = self._retry("open", lambda: Db.open(self.faulty, settings=self.settings))
+            assert isinstance(db, Db)
+            self.db = db
+        return self.db
+
+    def crash(self) -> None:
+        """Drop the writer like a killed process: unflushed writes stay unknown."""
+        if self.db is not None:
+            self.db._crash()
+            self.db = None
+            self.pending.clear()
+            self.report.crashes += 1
+
+    def close_writer(self) -> None:
+        if self.db is None:
+            return
+        db, self.db = self.db, None
+        try:
+            db.close()
+            self._acknowledge_pending()
+        except SlatepyError:
+            self.report.failed["close"] += 1
+        self.pending.clear()
+
+    # -- operations --------------------------------------------------------------------
+    def _value(self, key: bytes) -> bytes:
+        self.counter += 1
+        return b"%s=%d" % (key, self.counter)
+
+    def _acknowledge_pending(self) -> None:
+        for key, value in self.pending:
+            self.model.acknowledged(key, value)
+            self.report.acknowledged_writes += 1
+        self.pending.clear()
+
+    def _write(self, ops: list[tuple[bytes, bytes | None]], durable: bool) -> None:
+        db = self.writer()
+        for key, value in ops:
+            self.model.written(key, value)
+        try:
+            if len(ops) > 1:
+                batch = WriteBatch()
+                for key, value in ops:
+                    assert value is not None  # batches here only put
+                    batch.put(key, value)
+                db.write(batch, await_durable=durable)
+            elif ops[0][1] is None:
+                db.delete(ops[0][0], await_durable=durable)
+            else:
+                db.put(ops[0][0], ops[0][1], await_durable=durable)
+        except SlatepyError:
+            self.report.failed["write"] += 1
+            self.crash()  # a writer that could not make a write durable refuses all others
+            return
+        if durable:
+            # Earlier unawaited writes are in this SST or an earlier one (one PUT in flight).
+            self._acknowledge_pending()
+            for key, value in ops:
+                self.model.acknowledged(key, value)
+            self.report.acknowledged_writes += len(ops)
+        else:
+            self.pending += ops
+
+    def op_put(self) -> None:
+        key = self.rng.choice(KEYS)
+        self._write([(key, self._value(key))], durable=self.rng.random() < 0.7)
+
+    def op_delete(self) -> None:
+        self._write([(self.rng.choice(KEYS), None)], durable=self.rng.random() < 0.7)
+
+    def op_batch(self) -> None:
+        self.counter += 1
+        self._write(
+            [(k, b"%s=%d" % (k, self.counter)) for k in BATCH_KEYS],
+            durable=self.rng.random() < 0.7,
+        )
+
+    def op_flush(self) -> None:
+        try:
+            self.writer().flush()
+        except SlatepyError:
+            self.report.failed["flush"] += 1
+            self.crash()
+            return
+        self._acknowledge_pending()
+
+    def op_get(self) -> None:
+        key = self.rng.choice(KEYS + BATCH_KEYS)
+        try:
+            value = self.writer().get(key)
+        except SlatepyError:
+            self.report.failed["get"] += 1
+            return
+        self.model.check(key, value, "writer")
+
+    def op_scan(self) -> None:
+        try:
+            rows = dict(self.writer().scan())
+        except SlatepyError:
+            self.report.failed["scan"] += 1
+            return
+        self._check_view(rows, "writer scan")
+
+    def _check_view(self, rows: dict[bytes, bytes], who: str) -> None:
+        for key in KEYS + BATCH_KEYS:
+            self.model.check(key, rows.get(key), who)
+        batch = {counter_of(rows.get(k)) for k in BATCH_KEYS}
+        if len(batch) != 1:
+            raise Violation(f"{who} saw a torn batch: {[rows.get(k) for k in BATCH_KEYS]}")
+
+    def op_reader(self) -> None:
+        try:
+            if self.reader is None:
+                self.reader = DbReader.open(self.faulty, settings=self.settings)
+            else:
+                self.reader.refresh()
+            rows = dict(self.reader.scan())
+        except SlatepyError:
+            self.report.failed["reader"] += 1
+            return
+        self._check_view(rows, "reader")
+        for key, value in rows.items():
+            seen, now = self.reader_seen.get(key), counter_of(value)
+            if seen is not None and now is not None and now < seen:
+                raise Violation(f"reader went back in time on {key!r}: {seen} -> {now}")
+            if now is not None:
+                self.reader_seen[key] = now
+
+    def op_compact(self) -> None:
+        try:
+            Compactor(self.faulty, settings=self.settings, policy=POLICY).run_until_idle(
+                max_rounds=8
+            )
+        except FencedError:
+            pass  # the previous compactor object lost its epoch to this one: expected
+        except SlatepyError:
+            self.report.failed["compact"] += 1
+
+    def op_gc(self) -> None:
+        try:
+            GarbageCollector(self.faulty, settings=self.settings, min_age=0).collect()
+        except SlatepyError:
+            self.report.failed["gc"] += 1
+
+    def op_crash(self) -> None:
+        self.crash()
+
+    def op_reopen(self) -> None:
+        self.close_writer()
+
+    WEIGHTS: tuple[tuple[str, int], ...] = (
+        ("put", 30),
+        ("delete", 8),
+        ("batch", 10),
+        ("flush", 6),
+        ("get", 15),
+        ("scan", 5),
+        ("reader", 8),
+        ("compact", 5),
+        ("gc", 3),
+        ("crash", 2),
+        ("reopen", 2),
+    )
+
+    def step(self) -> None:
+        names, weights = zip(*self.WEIGHTS, strict=True)
+        name = self.rng.choices(names, weights)[0]
+        self.report.operations[name] += 1
+        getattr(self, f"op_{name}")()
+
+    # -- verification ------------------------------------------------------------------
+    def verify(self) -> None:
+        """With faults off: a crash, then a fresh writer and a fresh reader must agree with the
+        model; counts acknowledged writes that are gone."""
+        self.faulty.enabled = False
+        try:
+            self.crash()
+            if self.reader is not None:
+                self.reader.close()
+                self.reader = None
+            db = self.writer()
+            rows = dict(db.scan())
+            for key, value in self.model.acked.items():
+                if rows.get(key) != value and rows.get(key) not in self.model.unknown.get(key, []):
+                    self.report.lost_acknowledged_writes += 1
+            self._check_view(rows, "fresh writer")
+            with DbReader.open(self.faulty, settings=self.settings) as reader:
+                self._check_view(dict(reader.scan()), "fresh reader")
+        finally:
+            self.faulty.enabled = True
+
+    def run(self, *, steps: int | None = None, seconds: float | None = None) -> Report:
+        deadline = time.monotonic() + seconds if seconds is not None else None
+        done = 0
+        while (steps is None or done < steps) and (deadline is None or time.monotonic() < deadline):
+            self.step()
+            done += 1
+        self.verify()
+        self.close_writer()
+        self.report.faults = Counter(self.faulty.counts)
+        return self.report
