@@ -62,3 +62,26 @@ def describe_gc(report: GcReport) -> str:
     ]
     lines += [f"  {d.path}  ({d.size} B, {d.reason})" for d in report.deletions]
     return "\n".join(lines)
+
+
+def torture(
+    store: ObjectStore, settings: Settings, seconds: float, seed: int, fault_rate: float
+) -> int:
+    """Run the torture workload; exit status 1 if any invariant failed or a write was lost."""
+    from slatepy.testing.torture import Torture, Violation
+
+    if store.list(""):
+        print(f"{store.url} is not empty; torture needs a location of its own")
+        return 2
+    print(f"torture on {store.url}: {seconds:g} s, seed {seed}, fault rate {fault_rate:g}")
+    run = Torture(store, seed=seed, fault_rate=fault_rate, settings=settings)
+    try:
+        report = run.run(seconds=seconds)
+    except Violation as exc:
+        print(f"VIOLATION: {exc}")
+        for line in run.report.lines():
+            print("  " + line)
+        return 1
+    for line in report.lines():
+        print("  " + line)
+    return 1 if report.lost_acknowledged_writes else 0

@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("url")
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
+    torture = sub.add_parser(
+        "torture", help="soak: a random workload under injected faults, checked against a model"
+    )
+    torture.add_argument("url", help="an empty location (the soak writes its own database)")
+    torture.add_argument("--seconds", type=float, default=60.0)
+    torture.add_argument("--seed", type=int, default=0)
+    torture.add_argument("--fault-rate", type=float, default=0.1, help="per request, 0..1")
     dynamodb = sub.add_parser("dynamodb", help="the two-phase CAS table (cas=dynamodb)")
     dyn = dynamodb.add_subparsers(dest="dynamodb_command", required=True)
     dyn.add_parser("create-table", help="create SLATEPY_DYNAMODB_TABLE (pk/sk, on demand)")
@@ -80,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.commands import run_compactor
 
             run_compactor(store, settings)
+        elif args.command == "torture":
+            from slatepy.cli.commands import torture
+
+            return torture(store, settings, args.seconds, args.seed, args.fault_rate)
         elif args.command == "dynamodb":
             print(f"recovered {store.recover()} pending two-phase writes on {store.url}")
         elif args.command == "gc":
