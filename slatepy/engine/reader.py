@@ -19,6 +19,7 @@ its SSTs when the snapshot expires.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -61,6 +62,7 @@ class DbReader(Closing):
         self._closed = False
         self._snapshot_id = ""
         self._registered_at = 0.0
+        self._unconfirmed: set[str] = set()
         self._manifest_id = self._checked_manifest_id = 0
         self.error: SlatepyError | None = None
         if self._manifests.load() is None:
@@ -132,27 +134,33 @@ class DbReader(Closing):
         """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one."""
         self._check_open()
         with self._poll_lock:
-            self._apply_new_wal()
+            # The compacted state first: it moves the WAL position past what was compacted
+            # (and maybe collected), so the WAL read next starts where it must.
             if self._snapshot_due() or self._compaction_published():
                 self._adopt(self._register()[0])
+            if not self._apply_new_wal():
+                # Collected under us (our snapshot lapsed): a fresh snapshot covers it.
+                self._adopt(self._register()[0])
+                if not self._apply_new_wal():
+                    raise NotFound("WAL SSTs vanish faster than this reader can catch up")
 
-    def _apply_new_wal(self) -> None:
+    def _apply_new_wal(self) -> bool:
+        """Apply the contiguous WAL after the tail; False if an SST was already collected."""
         expected = self._wal_tail + 1
         for wal_id in self._wal.ids(after=self._wal_tail):
             if wal_id != expected:
-                return  # a gap: a parallel write still in flight; wait for it
+                return True  # a gap: a parallel write still in flight; wait for it
             try:
                 meta, entries = decode_sst(self._wal.read(wal_id))
             except NotFound:
-                # Collected under us: our snapshot lapsed. A fresh one skips what was compacted.
-                self._adopt(self._register()[0])
-                return
+                return False
             with self._lock:  # one SST at a time, so a batch is seen whole or not at all
                 for key, seq, value in entries:
                     self._memtable.put(key, seq, value)
                 self._wal_max_seq[wal_id] = meta.props.max_seq
                 self._wal_tail = wal_id
             expected += 1
+        return True
 
     def _snapshot_due(self) -> bool:
         return time.monotonic() - self._registered_at > self._settings.reader_snapshot_ttl / 3
@@ -171,8 +179,13 @@ class DbReader(Closing):
         )
 
     def _register(self) -> tuple[StoredManifest, int]:
-        """Steps 1-4: a snapshot of the newest manifest; returns it and the WAL prefix end."""
-        new_id, old_id = uuid.uuid4().hex, self._snapshot_id
+        """Steps 1-4: a snapshot of the newest manifest; returns it and the WAL prefix end.
+
+        The update also removes every snapshot of ours whose registration had an unknown
+        outcome: if such a write landed, it removed our previous snapshot, so until a
+        registration is confirmed the next refresh registers again.
+        """
+        new_id, old_ids = uuid.uuid4().hex, {self._snapshot_id, *self._unconfirmed}
         tail = 0
 
         def add_snapshot(m: Manifest, next_id: int) -> Manifest:
@@ -181,11 +194,19 @@ class DbReader(Closing):
             tail = m.wal_id_last_compacted if found is None else found
             now = time.time()
             expiry = int(now + self._settings.reader_snapshot_ttl) + 1
-            m = m.without_expired_snapshots(now).without_snapshot(old_id)
+            m = m.without_expired_snapshots(now)
+            for old_id in old_ids:
+                m = m.without_snapshot(old_id)
             m = m.with_snapshot(Snapshot(new_id, next_id, expiry))
             return msgspec.structs.replace(m, wal_id_last_seen=max(m.wal_id_last_seen, tail))
 
-        stored = self._manifests.update(add_snapshot)
+        try:
+            stored = self._manifests.update(add_snapshot)
+        except SlatepyError:
+            self._unconfirmed.add(new_id)
+            self._registered_at = -math.inf  # register again on the next refresh
+            raise
+        self._unconfirmed.clear()
         self._snapshot_id = new_id
         self._registered_at = time.monotonic()
         return stored, tail

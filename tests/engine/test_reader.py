@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from slatepy import Db, DbReader, NotFound, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.format.sst import SstBuilder
+from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.numbered import NumberedObjects
@@ -152,3 +154,22 @@ def test_poller_applies_writes_on_its_own(backend: Backend) -> None:
             else:
                 pytest.fail("the reader never saw the acknowledged write")
             assert time.monotonic() - acked < 5.0
+
+
+def test_a_reader_whose_snapshot_lapsed_catches_up_fully_on_refresh(backend: Backend) -> None:
+    """Regression (found by the torture soak): a refresh that found its next WAL SST already
+    collected re-registered and returned *behind* the acknowledged writes."""
+    store = backend.store()
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        db.put(b"k", b"1")
+        with DbReader.open(backend.target(), settings=reader_settings(backend)) as reader:
+            for i in range(2, 6):
+                db.put(b"k", b"%d" % i)
+            Compactor(store, settings=backend.settings).run_until_idle()
+            db.put(b"k", b"6")
+            # The reader stalled past its snapshot's expiry: GC takes the WAL it has not read.
+            later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3600)
+            GarbageCollector(store, min_age=0, clock=lambda: later).collect()
+            assert reader.get(b"k") == b"1"
+            reader.refresh()
+            assert reader.get(b"k") == b"6"
