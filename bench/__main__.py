@@ -1,0 +1,264 @@
+"""slatepy vs SlateDB (``slatedb`` 0.17 on PyPI), same workloads, same run, same stores.
+
+    pip install -e ".[bench]"
+    python -m bench --keys 20000 --stores memory s3 --name compare
+
+Workloads (16-byte keys, 100-byte values): puts without awaiting durability; batches of 1,000
+awaited; sequential durable puts (p50/p99); random gets from the memtable; random gets from
+SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get/put with 4
+workers. Next to each time: slatepy's object-store requests per 1,000 operations (SlateDB's
+requests happen inside its Rust core and are not observable here), and the store's raw
+conditional PUT and GET latency from the same run. Writes ``bench/results/<name>.json``, a
+Markdown table ``<name>.md``, and ``<name>.png`` when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench.engines import ENGINES, median_ms, p99_ms
+from slatepy import Settings
+from slatepy.store import ObjectStore, open_store
+from slatepy.testing.moto import create_bucket, moto_server
+
+RESULTS = Path(__file__).parent / "results"
+VALUE = b"v" * 100
+
+
+def key(i: int) -> bytes:
+    return b"key%013d" % i
+
+
+@contextmanager
+def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]:
+    """Yields ``fresh(engine) -> (url, settings)``: a new empty location per engine."""
+    if name == "memory":
+        yield lambda _: ("memory:///", Settings())
+    elif name == "file":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
+    elif name == "s3":
+        with moto_server() as endpoint:
+            create_bucket(endpoint, "bench")
+            import os
+
+            os.environ.update(
+                {
+                    "AWS_ENDPOINT_URL": endpoint.url,
+                    "AWS_ACCESS_KEY_ID": endpoint.access_key_id,
+                    "AWS_SECRET_ACCESS_KEY": endpoint.secret_access_key,
+                    "AWS_REGION": endpoint.region,
+                    "AWS_ALLOW_HTTP": "true",
+                }
+            )
+            settings = Settings(
+                s3_endpoint=endpoint.url,
+                s3_access_key_id=endpoint.access_key_id,
+                s3_secret_access_key=endpoint.secret_access_key,
+            )
+            yield lambda engine: (f"s3://bench/{engine}-{uuid.uuid4().hex[:6]}", settings)
+    else:
+        raise SystemExit(f"unknown store {name!r}")
+
+
+def floor_ms(store: ObjectStore, samples: int = 50) -> dict[str, float]:
+    """The raw cost of one conditional PUT and one GET on this store, now."""
+    puts, gets = [], []
+    for i in range(samples):
+        start = time.perf_counter()
+        store.put(f"floor/{i}", b"x" * 200, mode="create")
+        puts.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        store.get(f"floor/{i}")
+        gets.append(time.perf_counter() - start)
+    return {"put_ms": median_ms(puts), "get_ms": median_ms(gets)}
+
+
+def per_1000(before: dict[str, int], after: dict[str, int], ops: int) -> dict[str, float]:
+    return {
+        k: round((after[k] - before.get(k, 0)) * 1000 / ops, 2)
+        for k in after
+        if after[k] != before.get(k, 0)
+    }
+
+
+def requests(engine: Any) -> dict[str, int]:
+    metrics = engine.metrics
+    return {} if metrics is None else {k: v.requests for k, v in metrics.snapshot().items()}
+
+
+def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dict[str, Any]:
+    rng = random.Random(1)
+    all_keys = [key(i) for i in range(keys)]
+    shuffled = all_keys[:]
+    rng.shuffle(shuffled)
+    results: dict[str, Any] = {}
+
+    def measure(name: str, ops: int, fn: Callable[[], Any], unit: str = "ops/s") -> Any:
+        before = requests(engine)
+        start = time.perf_counter()
+        out = fn()
+        elapsed = time.perf_counter() - start
+        results[name] = {
+            "rate": ops / elapsed,
+            "unit": unit,
+            "seconds": elapsed,
+            "requests_per_1000": per_1000(before, requests(engine), ops),
+        }
+        return out
+
+    engine = ENGINES[engine_name](url, settings)
+    try:
+        measure("puts (not awaited)", keys, lambda: engine.put_many(all_keys, VALUE))
+        batch_keys = [b"b" + k[1:] for k in all_keys]
+        measure(
+            "batches of 1000, awaited",
+            keys,
+            lambda: engine.batches(batch_keys, VALUE, 1000),
+            "rows/s",
+        )
+        durable = [b"d" + k[1:] for k in all_keys[: min(200, keys)]]
+        latencies = measure(
+            "durable puts", len(durable), lambda: engine.durable_puts(durable, VALUE)
+        )
+        results["durable puts"].update(p50_ms=median_ms(latencies), p99_ms=p99_ms(latencies))
+        sample = shuffled[: min(keys, 10_000)]
+        found = measure("gets, memtable", len(sample), lambda: engine.get_many(sample))
+        assert found == len(sample), (engine_name, found)
+        engine.to_ssts()
+        engine.get_many(sample)  # warm the caches
+        measure("gets, SSTs warm", len(sample), lambda: engine.get_many(sample))
+        rows = measure("full scan", keys * 2 + len(durable), engine.scan_all, "rows/s")
+        assert rows == keys * 2 + len(durable), (engine_name, rows)
+        ops = min(keys, 20_000)
+        measure("mixed 80/20, 4 workers", ops, lambda: engine.mixed(shuffled, VALUE, ops, 4))
+        reader_sample = shuffled[:200]
+        found, reader_requests = measure(
+            "gets, fresh reader",
+            len(reader_sample),
+            lambda: engine.fresh_reader_gets(reader_sample),
+        )
+        results["gets, fresh reader"]["reader_requests_per_1000"] = {
+            k: v * 1000 / len(reader_sample) for k, v in reader_requests.items()
+        }
+    finally:
+        engine.close()
+    return results
+
+
+def markdown(run: dict[str, Any]) -> str:
+    lines = [
+        f"Run `{run['command']}` on {run['machine']}, {run['date']}.",
+        "",
+        "| store | workload | slatepy | slatedb | ratio | slatepy requests / 1,000 ops |",
+        "|---|---|---|---|---|---|",
+    ]
+    for store, data in run["stores"].items():
+        ours, theirs = data["engines"].get("slatepy", {}), data["engines"].get("slatedb", {})
+        for workload, mine in ours.items():
+            other = theirs.get(workload)
+            ratio = f"{mine['rate'] / other['rate']:.1f}x" if other else "-"
+            rate = f"{mine['rate']:,.0f} {mine['unit']}"
+            if "p50_ms" in mine:
+                rate += f" (p50 {mine['p50_ms']:.2f} ms, p99 {mine['p99_ms']:.2f} ms)"
+            their = (
+                "-"
+                if not other
+                else f"{other['rate']:,.0f} {other['unit']}"
+                + (f" (p50 {other['p50_ms']:.2f} ms)" if "p50_ms" in other else "")
+            )
+            counted = mine.get("reader_requests_per_1000") or mine["requests_per_1000"]
+            reqs = ", ".join(f"{k} {v:g}" for k, v in sorted(counted.items()))
+            lines.append(f"| {store} | {workload} | {rate} | {their} | {ratio} | {reqs or '-'} |")
+        floor = data["floor"]
+        lines.append(
+            f"| {store} | raw conditional PUT / GET | {floor['put_ms']:.3f} ms / "
+            f"{floor['get_ms']:.3f} ms | | | |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def chart(run: dict[str, Any], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    stores = list(run["stores"])
+    fig, axes = plt.subplots(1, len(stores), figsize=(7 * len(stores), 5), squeeze=False)
+    for ax, store in zip(axes[0], stores, strict=True):
+        engines = run["stores"][store]["engines"]
+        workloads = list(engines.get("slatepy", {}))
+        ratios = [
+            engines["slatepy"][w]["rate"] / engines["slatedb"][w]["rate"]
+            if "slatedb" in engines and w in engines["slatedb"]
+            else 0
+            for w in workloads
+        ]
+        ax.barh(workloads, ratios)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{store}: slatepy / slatedb (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--stores", nargs="+", default=["memory", "file", "s3"])
+    parser.add_argument("--engines", nargs="+", default=["slatepy", "slatedb"])
+    parser.add_argument("--name", default="latest")
+    args = parser.parse_args()
+    run: dict[str, Any] = {
+        "command": "python -m bench "
+        + " ".join(
+            [
+                f"--keys {args.keys}",
+                "--stores",
+                *args.stores,
+                "--engines",
+                *args.engines,
+                "--name",
+                args.name,
+            ]
+        ),
+        "machine": f"{platform.machine()}, {platform.python_version()}, {platform.platform()}",
+        "date": time.strftime("%Y-%m-%d"),
+        "stores": {},
+    }
+    for store_name in args.stores:
+        with store_location(store_name) as fresh:
+            url, settings = fresh("floor")
+            data: dict[str, Any] = {"floor": floor_ms(open_store(url, settings)), "engines": {}}
+            for engine_name in args.engines:
+                url, settings = fresh(engine_name)
+                print(f"{store_name} / {engine_name} ...", flush=True)
+                data["engines"][engine_name] = run_engine(engine_name, url, settings, args.keys)
+            run["stores"][store_name] = data
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(run, indent=1))
+    table = markdown(run)
+    (RESULTS / f"{args.name}.md").write_text(table)
+    charted = chart(run, RESULTS / f"{args.name}.png")
+    print(table)
+    print(f"wrote bench/results/{args.name}.json, .md" + (", .png" if charted else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""The two engines behind one set of bulk operations, each driven the way its users drive it.
+
+slatepy is synchronous: plain loops. SlateDB's Python package (``slatedb`` 0.17, a Rust core
+behind asyncio bindings) is asynchronous: its operations run as ``async`` loops inside one
+event loop, so neither engine pays for the other's calling convention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from slatepy import Db, DbReader, Settings, WriteBatch
+from slatepy.compactor import Compactor
+from slatepy.store import MetricsStore, ObjectStore, StoreMetrics, open_store
+
+
+class SlatepyEngine:
+    name = "slatepy"
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url, self.settings = url, settings
+        self.store: ObjectStore = open_store(url, settings)
+        self.db = Db.open(self.store, settings=settings)
+
+    @property
+    def metrics(self) -> StoreMetrics | None:
+        return self.db.metrics
+
+    def put_many(self, keys: Sequence[bytes], value: bytes) -> None:
+        for key in keys:
+            self.db.put(key, value, await_durable=False)
+        self.db.flush()
+
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+        for first in range(0, len(keys), size):
+            batch = WriteBatch()
+            for key in keys[first : first + size]:
+                batch.put(key, value)
+            self.db.write(batch)
+
+    def durable_puts(self, keys: Sequence[bytes], value: bytes) -> list[float]:
+        latencies = []
+        for key in keys:
+            start = time.perf_counter()
+            self.db.put(key, value)
+            latencies.append(time.perf_counter() - start)
+        return latencies
+
+    def get_many(self, keys: Sequence[bytes]) -> int:
+        return sum(self.db.get(key) is not None for key in keys)
+
+    def to_ssts(self) -> None:
+        """Move everything written into SSTs and drop it from memory."""
+        Compactor(self.store, settings=self.settings).run_until_idle()
+        self.db.refresh()
+
+    def scan_all(self) -> int:
+        return sum(1 for _ in self.db.scan())
+
+    def mixed(self, keys: Sequence[bytes], value: bytes, ops: int, threads: int) -> None:
+        def work(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(ops // threads):
+                key = rng.choice(keys)
+                if rng.random() < 0.8:
+                    self.db.get(key)
+                else:
+                    self.db.put(key, value, await_durable=False)
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        self.db.flush()
+
+    def fresh_reader_gets(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
+        with DbReader.open(self.store, settings=self.settings) as reader:
+            reader.metrics.reset()
+            found = sum(reader.get(key) is not None for key in keys)
+            return found, {k: v.requests for k, v in reader.metrics.snapshot().items()}
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class SlatedbEngine:
+    name = "slatedb"
+    metrics = None  # its object store is inside the Rust core; requests are not observable
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        from slatedb.uniffi import DbBuilder, ObjectStore
+
+        self.loop = asyncio.new_event_loop()
+        self.url = url
+        self._store = ObjectStore.resolve(url)
+        self.db: Any = self._run(DbBuilder("db", self._store).build())
+
+    def _run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def put_many(self, keys: Sequence[bytes], value: bytes) -> None:
+        async def go() -> None:
+            for key in keys:
+                await self.db.put(key, value)
+            await self.db.flush()
+
+        self._run(go())
+
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+        from slatedb.uniffi import WriteBatch as SdbBatch
+
+        async def go() -> None:
+            for first in range(0, len(keys), size):
+                batch = SdbBatch()
+                for key in keys[first : first + size]:
+                    batch.put(key, value)
+                handle = await self.db.write(batch)
+                await handle.await_durable()
+
+        self._run(go())
+
+    def durable_puts(self, keys: Sequence[bytes], value: bytes) -> list[float]:
+        async def go() -> list[float]:
+            latencies = []
+            for key in keys:
+                start = time.perf_counter()
+                handle = await self.db.put(key, value)
+                await handle.await_durable()
+                latencies.append(time.perf_counter() - start)
+            return latencies
+
+        result: list[float] = self._run(go())
+        return result
+
+    def get_many(self, keys: Sequence[bytes]) -> int:
+        async def go() -> int:
+            return sum([await self.db.get(key) is not None for key in keys])
+
+        result: int = self._run(go())
+        return result
+
+    def to_ssts(self) -> None:
+        from slatedb.uniffi import FlushOptions, FlushType
+
+        self._run(self.db.flush_with_options(FlushOptions(flush_type=FlushType.MEM_TABLE)))
+
+    def scan_all(self) -> int:
+        from slatedb.uniffi import KeyRange
+
+        async def go() -> int:
+            it = await self.db.scan(
+                KeyRange(start=None, start_inclusive=True, end=None, end_inclusive=False)
+            )
+            count = 0
+            while rows := await it.next_batch(1000):
+                count += len(rows)
+            return count
+
+        result: int = self._run(go())
+        return result
+
+    def mixed(self, keys: Sequence[bytes], value: bytes, ops: int, threads: int) -> None:
+        async def work(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(ops // threads):
+                key = rng.choice(keys)
+                if rng.random() < 0.8:
+                    await self.db.get(key)
+                else:
+                    await self.db.put(key, value)
+
+        async def go() -> None:
+            await asyncio.gather(*(work(t) for t in range(threads)))
+            await self.db.flush()
+
+        self._run(go())
+
+    def fresh_reader_gets(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
+        from slatedb.uniffi import DbReaderBuilder
+
+        async def go() -> int:
+            reader = await DbReaderBuilder("db", self._store).build()
+            found = sum([await reader.get(key) is not None for key in keys])
+            await reader.shutdown()
+            return found
+
+        return self._run(go()), {}
+
+    def close(self) -> None:
+        self._run(self.db.shutdown())
+        self.loop.close()
+
+
+ENGINES = {"slatepy": SlatepyEngine, "slatedb": SlatedbEngine}
+
+
+def median_ms(latencies: list[float]) -> float:
+    return statistics.median(latencies) * 1e3
+
+
+def p99_ms(latencies: list[float]) -> float:
+    return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)] * 1e3
+
+
+def metered(store: ObjectStore) -> MetricsStore:
+    return store if isinstance(store, MetricsStore) else MetricsStore(store)
