@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import Compactor
@@ -98,9 +99,11 @@ class SlatedbEngine:
         from slatedb.uniffi import DbBuilder, ObjectStore
 
         self.loop = asyncio.new_event_loop()
-        self.url = url
-        self._store = ObjectStore.resolve(url)
-        self.db: Any = self._run(DbBuilder("db", self._store).build())
+        # SlateDB resolves the store root from the URL and takes the path separately.
+        parts = urlsplit(url)
+        self._path = parts.path.strip("/") or "db"
+        self._store = ObjectStore.resolve(f"{parts.scheme}://{parts.netloc}/")
+        self.db: Any = self._run(DbBuilder(self._path, self._store).build())
 
     def _run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -186,7 +189,7 @@ class SlatedbEngine:
         from slatedb.uniffi import DbReaderBuilder
 
         async def go() -> int:
-            reader = await DbReaderBuilder("db", self._store).build()
+            reader = await DbReaderBuilder(self._path, self._store).build()
             found = sum([await reader.get(key) is not None for key in keys])
             await reader.shutdown()
             return found
