@@ -7,6 +7,7 @@ referenced (GC collects them) and it stops.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import msgspec
@@ -37,6 +38,7 @@ class Compactor:
     ) -> None:
         self.settings = settings or Settings()
         self.policy = policy or CompactionPolicy()
+        self._wal_batch = self.policy.max_wal_ssts
         store = with_retries(store, self.settings.request_attempts)
         self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
         self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
@@ -52,9 +54,10 @@ class Compactor:
         stored = self.manifests.load()
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        todo = plan(
-            manifest, self._wal.contiguous_tail(manifest.wal_id_last_compacted), self.policy
-        )
+        # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
+        # behind converges instead of retrying an ever larger (ever slower) merge.
+        policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
+        todo = plan(manifest, self._wal.contiguous_tail(manifest.wal_id_last_compacted), policy)
         if todo is None:
             return None
         # GC deletes unreferenced outputs once they are gc_min_age old; publishing after half
@@ -78,7 +81,12 @@ class Compactor:
                 )
             return apply_result(latest, todo, tuple(outputs), self.epoch)
 
-        self.last_published = self.manifests.update(publish)
+        try:
+            self.last_published = self.manifests.update(publish)
+        except CompactionAbandoned:
+            self._wal_batch = max(1, self._wal_batch // 2)
+            raise
+        self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
         return todo
 
     def run_until_idle(self, *, max_rounds: int = 1000) -> int:

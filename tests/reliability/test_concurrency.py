@@ -22,7 +22,7 @@ def counter(value: bytes | None) -> int:
 def test_threads_write_and_read_while_compaction_and_gc_run(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/db"
     settings = Settings(
-        compaction_interval=0.02, gc_interval=0.1, gc_min_age=2.0, flush_interval=0.01
+        compaction_interval=0.02, gc_interval=0.1, gc_min_age=4.0, flush_interval=0.01
     )
     acked: dict[bytes, int] = {}
     errors: list[BaseException] = []
@@ -66,12 +66,17 @@ def test_threads_write_and_read_while_compaction_and_gc_run(tmp_path: Path) -> N
             thread.join(timeout=30)
         assert not errors, errors
         assert db.wal_id_last_compacted > 0  # compaction really ran meanwhile
+        # And the background GC collects the compacted WAL once its grace period passes.
+        wal = NumberedObjects(open_store(url), WAL_DIR, WAL_SUFFIX)
+        for _ in range(200):  # bounded: 200 x 50 ms
+            if wal.ids()[0] > 1:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the in-process GC never collected compacted WAL SSTs")
     with Db.open(url, settings=settings) as db:
         for key, n in acked.items():
             assert counter(db.get(key)) >= n
-    # GC ran meanwhile too: compacted WAL SSTs are gone.
-    wal = NumberedObjects(open_store(url), WAL_DIR, WAL_SUFFIX)
-    assert wal.ids()[0] > 1
 
 
 def test_two_writers_racing_in_a_loop_are_never_alive_together(tmp_path: Path) -> None:
