@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import Compactor
-from slatepy.store import MetricsStore, ObjectStore, StoreMetrics, open_store
+from slatepy.store import ObjectStore, StoreMetrics, open_store
 
 
 class SlatepyEngine:
@@ -211,6 +211,3 @@ def median_ms(latencies: list[float]) -> float:
 def p99_ms(latencies: list[float]) -> float:
     return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)] * 1e3
 
-
-def metered(store: ObjectStore) -> MetricsStore:
-    return store if isinstance(store, MetricsStore) else MetricsStore(store)
