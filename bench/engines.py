@@ -210,4 +210,3 @@ def median_ms(latencies: list[float]) -> float:
 
 def p99_ms(latencies: list[float]) -> float:
     return sorted(latencies)[max(0, int(len(latencies) * 0.99) - 1)] * 1e3
-
