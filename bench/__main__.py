@@ -48,7 +48,7 @@ def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
     elif name == "s3":
-        with moto_server() as endpoint:
+        with moto_server(separate_process=True) as endpoint:
             create_bucket(endpoint, "bench")
             import os
 

@@ -22,7 +22,7 @@ def location(name: str, **overrides: object) -> Iterator[tuple[str, Settings]]:
         with tempfile.TemporaryDirectory() as tmp:
             yield f"file://{tmp}/db", Settings.from_dict(fields)
     elif name == "s3":
-        with moto_server() as endpoint:
+        with moto_server(separate_process=True) as endpoint:
             create_bucket(endpoint, "bench")
             settings = Settings.from_dict(
                 {

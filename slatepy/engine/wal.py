@@ -137,10 +137,9 @@ class WalWriter:
         return sealed
 
     def _write(self, generation: int, wal_id: int, buffer: Buffer, unawaited: bool) -> None:
+        # No bloom filter: WAL SSTs are read whole (replay, readers, compaction), never probed.
         builder = SstBuilder(
-            writer_epoch=self._epoch,
-            block_size=self._settings.block_size,
-            bloom_bits_per_key=self._settings.bloom_bits_per_key,
+            writer_epoch=self._epoch, block_size=self._settings.block_size, bloom_bits_per_key=0
         )
         for key in sorted(buffer):
             seq, value = buffer[key]

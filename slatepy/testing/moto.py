@@ -27,8 +27,18 @@ class S3Endpoint:
 
 
 @contextmanager
-def moto_server() -> Iterator[S3Endpoint]:
-    """Run a threaded moto server on a free port of 127.0.0.1 for the ``with`` block."""
+def moto_server(*, separate_process: bool = False) -> Iterator[S3Endpoint]:
+    """Run a moto server on a free port of 127.0.0.1 for the ``with`` block.
+
+    Args:
+        separate_process: Serve from a child process instead of a thread, so the server
+            does not compete for this interpreter's GIL (benchmarks want that; tests do not
+            need it).
+    """
+    if separate_process:
+        with _moto_process() as endpoint:
+            yield endpoint
+        return
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -55,3 +65,36 @@ def create_bucket(endpoint: S3Endpoint, bucket: str) -> None:
     existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
     if bucket not in existing:
         client.create_bucket(Bucket=bucket)
+
+
+@contextmanager
+def _moto_process() -> Iterator[S3Endpoint]:
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto server process did not start") from None
+                time.sleep(0.1)
+        yield S3Endpoint(url)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
