@@ -24,6 +24,7 @@ ENTRY_HEADER = struct.Struct("<BHIQ")
 COUNT = struct.Struct("<I")
 FLAG_TOMBSTONE = 0x01
 BLOCK_OVERHEAD = COUNT.size + CHECKSUM_SIZE
+_pack_header = ENTRY_HEADER.pack
 ENTRY_OVERHEAD = ENTRY_HEADER.size
 
 Entry = tuple[bytes, int, bytes | None]
@@ -50,13 +51,12 @@ class BlockBuilder:
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Append an entry; the caller guarantees keys arrive in increasing order."""
-        flags = FLAG_TOMBSTONE if value is None else 0
-        payload = b"" if value is None else value
-        header = ENTRY_HEADER.pack(flags, len(key), len(payload), seq)
-        self._parts.append(header)
-        self._parts.append(key)
-        self._parts.append(payload)
-        self._size += ENTRY_HEADER.size + len(key) + len(payload)
+        if value is None:
+            entry = _pack_header(FLAG_TOMBSTONE, len(key), 0, seq) + key
+        else:
+            entry = _pack_header(0, len(key), len(value), seq) + key + value
+        self._parts.append(entry)
+        self._size += len(entry)
         self._count += 1
 
     def finish(self) -> bytes:

@@ -151,17 +151,22 @@ class SstBuilder:
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Add one entry (``value`` None for a tombstone)."""
-        if self._last_key is not None and key <= self._last_key:
+        # On every write's path (one call per WAL entry): kept to plain local operations.
+        last = self._last_key
+        if last is not None and key <= last:
             raise InvalidArgument("SST keys must be added in strictly increasing order")
         if self._block_first is None:
             self._block_first = key
-        self._block.add(key, seq, value)
+        block = self._block
+        block.add(key, seq, value)
         self._keys.append(key)
         self._last_key = key
-        self._tombstones += value is None
-        self._min_seq = seq if self._min_seq is None else min(self._min_seq, seq)
+        if value is None:
+            self._tombstones += 1
+        if self._min_seq is None or seq < self._min_seq:
+            self._min_seq = seq
         self._max_seq = max(self._max_seq, seq)
-        if self._block.encoded_size >= self._block_size:
+        if block.encoded_size >= self._block_size:
             self._close_block()
 
     def add_all(self, entries: list[Entry]) -> SstBuilder:
