@@ -6,7 +6,9 @@
 Workloads (16-byte keys, 100-byte values): puts without awaiting durability; batches of 1,000
 awaited; sequential durable puts (p50/p99); random gets from the memtable; random gets from
 SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get/put with 4
-workers. Next to each time: slatepy's object-store requests per 1,000 operations (SlateDB's
+workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
+``minio`` (the MinIO of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each
+time: slatepy's object-store requests and bytes moved per 1,000 operations (SlateDB's
 requests happen inside its Rust core and are not observable here), and the store's raw
 conditional PUT and GET latency from the same run. Writes ``bench/results/<name>.json``, a
 Markdown table ``<name>.md``, and ``<name>.png`` when matplotlib is installed.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import tempfile
@@ -29,7 +32,7 @@ from typing import Any
 from bench.engines import ENGINES, median_ms, p99_ms
 from slatepy import Settings
 from slatepy.store import ObjectStore, open_store
-from slatepy.testing.moto import create_bucket, moto_server
+from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
 
 RESULTS = Path(__file__).parent / "results"
 VALUE = b"v" * 100
@@ -47,11 +50,8 @@ def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]
     elif name == "file":
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
-    elif name == "s3":
-        with moto_server(separate_process=True) as endpoint:
-            create_bucket(endpoint, "bench")
-            import os
-
+    elif name in ("s3", "minio"):
+        with _s3_endpoint(name) as (endpoint, bucket):
             os.environ.update(
                 {
                     "AWS_ENDPOINT_URL": endpoint.url,
@@ -66,9 +66,32 @@ def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]
                 s3_access_key_id=endpoint.access_key_id,
                 s3_secret_access_key=endpoint.secret_access_key,
             )
-            yield lambda engine: (f"s3://bench/{engine}-{uuid.uuid4().hex[:6]}", settings)
+            yield lambda engine: (f"s3://{bucket}/{engine}-{uuid.uuid4().hex[:6]}", settings)
     else:
         raise SystemExit(f"unknown store {name!r}")
+
+
+@contextmanager
+def _s3_endpoint(name: str) -> Iterator[tuple[S3Endpoint, str]]:
+    """moto in its own process (``s3``), or the MinIO of ``compose.yaml`` (``minio``: set
+    ``SLATEPY_TEST_S3_ENDPOINT``, and ``SLATEPY_TEST_S3_ACCESS_KEY``/``_SECRET_KEY`` if they
+    are not minioadmin; the bucket ``slatepy`` must exist)."""
+    if name == "minio":
+        url = os.environ.get("SLATEPY_TEST_S3_ENDPOINT")
+        if not url:
+            raise SystemExit("--stores minio needs SLATEPY_TEST_S3_ENDPOINT (see compose.yaml)")
+        yield (
+            S3Endpoint(
+                url,
+                access_key_id=os.environ.get("SLATEPY_TEST_S3_ACCESS_KEY", "minioadmin"),
+                secret_access_key=os.environ.get("SLATEPY_TEST_S3_SECRET_KEY", "minioadmin"),
+            ),
+            "slatepy",
+        )
+        return
+    with moto_server(separate_process=True) as endpoint:
+        create_bucket(endpoint, "bench")
+        yield endpoint, "bench"
 
 
 def floor_ms(store: ObjectStore, samples: int = 50) -> dict[str, float]:
@@ -93,8 +116,14 @@ def per_1000(before: dict[str, int], after: dict[str, int], ops: int) -> dict[st
 
 
 def requests(engine: Any) -> dict[str, int]:
+    """Requests by kind, plus ``bytes`` moved (sent + received), so far."""
     metrics = engine.metrics
-    return {} if metrics is None else {k: v.requests for k, v in metrics.snapshot().items()}
+    if metrics is None:
+        return {}
+    ops = metrics.snapshot()
+    counts = {k: v.requests for k, v in ops.items()}
+    counts["bytes"] = sum(v.bytes_in + v.bytes_out for v in ops.values())
+    return counts
 
 
 def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dict[str, Any]:
@@ -160,7 +189,7 @@ def markdown(run: dict[str, Any]) -> str:
     lines = [
         f"Run `{run['command']}` on {run['machine']}, {run['date']}.",
         "",
-        "| store | workload | slatepy | slatedb | ratio | slatepy requests / 1,000 ops |",
+        "| store | workload | slatepy | slatedb | ratio | slatepy requests and bytes / 1,000 ops |",
         "|---|---|---|---|---|---|",
     ]
     for store, data in run["stores"].items():
