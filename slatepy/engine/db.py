@@ -11,10 +11,9 @@ from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.table import TableReader
-from slatepy.engine.view import get_compacted, scan_compacted
+from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError, WriteStalled
 from slatepy.format.block import Entry
@@ -179,8 +178,7 @@ class Db(Closing):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        sources = [iter(entries), *scan_compacted(self._tables, view, start, end)]
-        return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+        return scan_merged(self._tables, entries, view, start, end)
 
     def refresh(self) -> None:
         """Pick up compactions published since open (and release compacted memtable data)."""

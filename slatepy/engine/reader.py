@@ -31,10 +31,9 @@ from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.merge import merge_newest
 from slatepy.engine.startup import replay
 from slatepy.engine.table import TableReader
-from slatepy.engine.view import get_compacted, scan_compacted
+from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.errors import ClosedError, NotFound, SlatepyError
 from slatepy.format.sst import decode_sst
 from slatepy.manifest.record import Manifest, Snapshot
@@ -127,8 +126,7 @@ class DbReader(Closing):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        sources = [iter(entries), *scan_compacted(self._tables, view, start, end)]
-        return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+        return scan_merged(self._tables, entries, view, start, end)
 
     def refresh(self) -> None:
         """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one."""

@@ -10,6 +10,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 
 from slatepy.engine.memtable import Version
+from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader, compacted_path
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
@@ -38,6 +39,15 @@ def scan_compacted(
     sources = [tables.scan(compacted_path(h.id), start, end) for h in view.l0]
     sources += [_scan_run(tables, run, start, end) for run in view.sorted_runs]
     return sources
+
+
+def scan_merged(
+    tables: TableReader, newer: list[Entry], view: Manifest, start: bytes, end: bytes | None
+) -> Iterator[tuple[bytes, bytes]]:
+    """Live ``(key, value)`` pairs of ``newer`` (memtable entries) over ``view``'s SSTs, the
+    newest version of each key winning; tombstones hide what they shadow."""
+    sources = [iter(newer), *scan_compacted(tables, view, start, end)]
+    return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
 
 
 def compacted_ids(view: Manifest) -> set[str]:
