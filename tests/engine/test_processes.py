@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,8 +19,7 @@ from slatepy.format.sst import decode_sst
 from slatepy.store import open_store
 from slatepy.store.numbered import NumberedObjects
 from tests.conftest import Backend, make_backend
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.processes import spawn
 
 
 def settings_dict(settings: Settings) -> dict[str, object]:
@@ -35,13 +32,11 @@ class Child:
     def __init__(self, config: dict[str, object]) -> None:
         self.lines: list[str] = []
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in finish()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.child_writer", json.dumps(config)],
-            cwd=ROOT,
+        self.proc = spawn(
+            "tests.engine.child_writer",
+            json.dumps(config),
             stdout=subprocess.PIPE,
             stderr=self.stderr,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

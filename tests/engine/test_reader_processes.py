@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import queue
 import signal
 import statistics
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -21,7 +19,8 @@ from slatepy.engine.view import compacted_ids
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.store import ManifestStore
 from tests.conftest import Backend, make_backend
-from tests.engine.test_processes import ROOT, settings_dict
+from tests.engine.test_processes import settings_dict
+from tests.processes import spawn
 
 POLL = 0.05
 TTL = 30.0
@@ -33,13 +32,11 @@ class ReaderProcess:
 
     def __init__(self, url: str, settings: Settings) -> None:
         config = {"url": url, "settings": settings_dict(settings)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.engine.child_reader", json.dumps(config)],
-            cwd=ROOT,
+        self.proc = spawn(
+            "tests.engine.child_reader",
+            json.dumps(config),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

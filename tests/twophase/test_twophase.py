@@ -5,9 +5,7 @@ with ``cas="dynamodb"`` (the ``s3-dynamodb`` backend in ``tests/conftest.py``)."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -22,9 +20,9 @@ from slatepy.store import MetricsStore, ObjectStore, open_store
 from slatepy.store.cas import create_if_absent
 from slatepy.store.twophase import TwoPhaseStore
 from tests.conftest import Backend, make_backend
+from tests.processes import spawn
 
 pytestmark = pytest.mark.s3
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Crash(BaseException):
@@ -79,20 +77,13 @@ def test_racing_processes_exactly_one_wins_every_time(two_phase: Backend) -> Non
     count = 15
     settings = json.dumps(msgspec.to_builtins(two_phase.settings))
     procs = {
-        tag: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.twophase.child_creator",
-                two_phase.url,
-                settings,
-                tag,
-                str(count),
-            ],
-            cwd=ROOT,
+        tag: spawn(
+            "tests.twophase.child_creator",
+            two_phase.url,
+            settings,
+            tag,
+            str(count),
             stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         for tag in ("A", "B", "C")
     }
