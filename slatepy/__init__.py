@@ -15,6 +15,7 @@ from slatepy.errors import (
     SlatepyError,
     StoreError,
     StoreUnavailable,
+    WritesLost,
     WriteStalled,
 )
 
@@ -36,4 +37,5 @@ __all__ = [
     "StoreUnavailable",
     "WriteBatch",
     "WriteStalled",
+    "WritesLost",
 ]

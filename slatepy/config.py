@@ -72,6 +72,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             a superseded manifest must stay superseded, before GC deletes it. Must exceed the
             longest compaction (a compactor abandons work older than half of it) and the
             writer's view refresh.
+        file_sync: ``"fsync"`` (default) makes a ``file://`` write durable before it is
+            acknowledged: the file and its directory are fsynced before a WAL SST, a manifest
+            or a compacted SST counts as written. ``"off"`` skips that (faster; a power loss
+            or kernel crash may then lose acknowledged writes). Other stores ignore it.
+        reader_gap_timeout: Seconds a reader waits for a missing WAL SST below later ones
+            before it reports the gap as corruption (when the gap is wider than any writer's
+            in-flight window, so no live writer can still be filling it).
     """
 
     flush_interval: float = 0.1
@@ -103,6 +110,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     reader_snapshot_ttl: float = 60.0
     gc_interval: float = 60.0
     gc_min_age: float = 3600.0
+    file_sync: Literal["fsync", "off"] = "fsync"
+    reader_gap_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -127,6 +136,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.reader_snapshot_ttl >= 1, "reader_snapshot_ttl must be >= 1 second"),
             (self.gc_interval > 0, "gc_interval must be > 0"),
             (self.gc_min_age >= 0, "gc_min_age must be >= 0"),
+            (self.reader_gap_timeout >= 0, "reader_gap_timeout must be >= 0"),
         ]
         checks.append(
             (

@@ -22,7 +22,16 @@ class ClosedError(SlatepyError):
 
 
 class CorruptionError(SlatepyError):
-    """Bytes read from the store failed a checksum, magic or version check."""
+    """Bytes read from the store failed a checksum, magic or version check, or an object
+    the database needs is missing.
+
+    Attributes:
+        path: The object involved, when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class FencedError(SlatepyError):
@@ -39,6 +48,19 @@ class CompactionAbandoned(SlatepyError):
 class WriteStalled(SlatepyError):
     """Uncompacted data reached ``max_unflushed_bytes`` and compaction did not catch up in
     ``write_stall_timeout``; the write was not applied."""
+
+
+class WritesLost(SlatepyError):
+    """Writes made without awaiting durability could not be made durable and are gone.
+
+    Raised by ``close()`` when nobody else was told: the writer had failed (its error is
+    the ``__cause__``) while ``count`` such writes were still buffered or in a failed WAL
+    SST. Awaited writes are never counted here; their callers got the error themselves.
+    """
+
+    def __init__(self, message: str, *, count: int) -> None:
+        super().__init__(message)
+        self.count = count
 
 
 class ManifestConflictError(SlatepyError):

@@ -91,6 +91,9 @@ def apply_result(
         raise FencedError(
             f"compactor epoch {compactor_epoch} was superseded by {manifest.compactor_epoch}"
         )
+    # Dropped tombstones take their sequence numbers with them: remember the highest.
+    seq_floor = max([manifest.max_compacted_seq(), *(h.max_seq for h in outputs)])
+    manifest = msgspec.structs.replace(manifest, last_compacted_seq=seq_floor)
     if isinstance(done, WalToL0):
         if manifest.wal_id_last_compacted != done.first_wal_id - 1:
             raise FencedError("the WAL was compacted by someone else meanwhile")

@@ -15,7 +15,14 @@ from slatepy.engine.startup import start_writer
 from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.engine.wal import WalWriter
-from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError, WriteStalled
+from slatepy.errors import (
+    ClosedError,
+    InvalidArgument,
+    NotFound,
+    SlatepyError,
+    WritesLost,
+    WriteStalled,
+)
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
@@ -153,12 +160,13 @@ class Db(Closing):
         key = check_key(key)
         self._check_open()
         self._refresh_stale_view()
-        version = self._memtable.get(key)
+        # Under the lock: a batch is applied to the memtable key by key, and a refresh
+        # swaps the view and prunes the memtable together; neither may be seen half done.
+        with self._lock:
+            version = self._memtable.get(key)
+            view = self._view
         if version is not None:
             return version[1]
-        # The view is read after the memtable: a concurrent refresh installs the new view
-        # before it prunes the memtable, so a pruned key is always in the view we read.
-        view = self._view
         try:
             found = get_compacted(self._tables, view, key)
         except NotFound:
@@ -237,15 +245,17 @@ class Db(Closing):
         try:
             self._wal.flush()
         except SlatepyError:
-            self._wal.lost_unawaited = False
+            self._wal.failure_reported()
             raise
 
     def close(self) -> None:
         """Flush outstanding writes and stop background work; idempotent.
 
-        Raises the flush error if writes made with ``await_durable=False`` could not be made
-        durable: they are lost and nobody else was told. Failures already raised to the
-        writers that awaited them are not raised again.
+        Raises:
+            WritesLost: writes made with ``await_durable=False`` could not be made durable
+                (the writer had failed; the failure is the ``__cause__``) and no ``flush()``
+                reported it. Failures already raised to the writers that awaited them are
+                not raised again.
         """
         with self._lock:
             if self._closed:
@@ -253,9 +263,14 @@ class Db(Closing):
             self._closed = True
         try:
             self._wal.flush()
-        except SlatepyError:
-            if self._wal.lost_unawaited:
-                raise
+        except SlatepyError as exc:
+            lost = self._wal.unwritten_unawaited()
+            if lost:
+                raise WritesLost(
+                    f"{lost} writes made with await_durable=False were never made durable "
+                    f"and are lost: the writer failed ({exc})",
+                    count=lost,
+                ) from exc
         finally:
             if self._compactor is not None:
                 self._compactor.close()

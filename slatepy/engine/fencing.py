@@ -9,7 +9,8 @@ timelines is tested directly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from slatepy.errors import FencedError
@@ -61,6 +62,15 @@ def empty_sst(epoch: int) -> bytes:
     return SstBuilder(writer_epoch=epoch).finish().data
 
 
+MAX_LEAD = 63
+"""The farthest a fencing writer aims past the first free slot (so a width stays <= 64)."""
+
+Verify = Callable[[int], None]
+"""Called by :func:`fence_wal` before it writes past slots it has not read: raises
+``FencedError`` if a newer writer has bumped the epoch, and makes sure the manifest's
+fence width is at least the argument (see :class:`Fencing`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fencing:
     """A new writer's progress towards ``needed`` consecutive fencing SSTs (a pure state).
@@ -68,6 +78,16 @@ class Fencing:
     With ``max_parallel_writes = n`` an older writer has at most ``n`` WAL PUTs in flight
     and stops issuing new ones at its first lost slot, so once we hold ``n`` consecutive
     slots it can never write past them (seed, "Parallel Writes").
+
+    Safety against *newer* writers (RFC 0001, "Fencing"): we never create a slot above
+    one that holds, or may come to hold, a newer epoch. Slots we lost are read (their epoch
+    decides); the taken slots we jump over are covered by a manifest check made after the
+    listing that found them (a newer writer bumps the epoch before it writes any SST, so if
+    the manifest still holds our epoch, no SST in that listing is newer). Free slots we skip
+    (``lead``, against an old writer racing ahead) are announced first: the manifest's
+    fence width is raised above the skipped run, so a newer writer, which fences at least
+    that wide, cannot complete a fence inside it, and every skipped slot is filled (or read)
+    before start-up replays.
     """
 
     epoch: int
@@ -75,6 +95,8 @@ class Fencing:
     slot: int
     run: int = 0
     conflicts: int = 0
+    lead: int = 0
+    skipped: tuple[range, ...] = ()
 
     @property
     def done(self) -> bool:
@@ -85,39 +107,54 @@ class Fencing:
         """The consecutive slots holding our fencing SSTs so far."""
         return range(self.slot - self.run, self.slot)
 
+    @property
+    def width(self) -> int:
+        """The fence width the manifest must announce before we write ``slot``."""
+        return max(self.needed, self.lead + 1)
+
     def created(self) -> Fencing:
         """We took ``slot``."""
-        return Fencing(self.epoch, self.needed, self.slot + 1, self.run + 1, self.conflicts)
+        return replace(self, slot=self.slot + 1, run=self.run + 1)
 
     def taken(self, their_epoch: int, next_open: int) -> Fencing:
         """``slot`` holds ``their_epoch``; ``next_open`` is the first free slot after it.
 
         The seed says "try the next id"; we go to the first free one (every id in between is
-        taken by older epochs). An older writer that keeps writing still fills slots as fast
-        as we probe them, so from the second conflict on we aim as far past ``next_open`` as
-        it got past ``slot`` during our last attempt (the seed's next free slot whenever it
-        is not racing ahead). Slots skipped that way are filled before start-up replays (see
-        :func:`fence_wal`).
+        taken; the caller verifies they are not newer). An older writer that keeps writing
+        still fills slots as fast as we probe them, so from the second conflict on we aim as
+        far past ``next_open`` as it got past ``slot`` during our last attempt (at most
+        ``MAX_LEAD``), recording the skipped free slots for the back-fill.
 
         Raises:
             FencedError: a newer (or the same) epoch holds the slot.
         """
         if resolve_conflict(self.epoch, their_epoch) is not Conflict.TRY_NEXT:
             raise fenced(self.slot, self.epoch, their_epoch)
-        lead = next_open - self.slot - 1 if self.conflicts else 0
-        return Fencing(self.epoch, self.needed, next_open + lead, 0, self.conflicts + 1)
+        lead = min(next_open - self.slot - 1, MAX_LEAD) if self.conflicts else 0
+        skipped = (*self.skipped, range(next_open, next_open + lead)) if lead else self.skipped
+        return Fencing(
+            self.epoch, self.needed, next_open + lead, 0, self.conflicts + 1, lead, skipped
+        )
 
 
 def fence_wal(
-    wal: NumberedObjects, start: int, epoch: int, needed: int, *, attempts: int = 5
+    wal: NumberedObjects,
+    start: int,
+    epoch: int,
+    needed: int,
+    *,
+    verify: Verify,
+    attempts: int = 5,
 ) -> range:
     """Write ``needed`` consecutive fencing SSTs from ``start`` (the first free WAL slot).
 
-    Then every still-free slot between ``start`` and the fence gets an empty SST too, so the
-    WAL up to the fence is contiguous and no older writer can add to it when this returns.
+    ``start`` must come from a listing made before this writer's epoch bump landed, so no
+    slot below it can hold a newer epoch. Then every free slot skipped on the way gets an
+    empty SST too (or, if someone took it meanwhile, its epoch is checked), so the WAL up
+    to the fence is contiguous and no older writer can add to it when this returns.
 
     Raises:
-        FencedError: a newer writer took a slot first.
+        FencedError: a newer writer took a slot first or bumped the epoch meanwhile.
         StoreUnavailable: the store failed on every attempt of one write.
     """
     state = Fencing(epoch, needed, start)
@@ -129,15 +166,33 @@ def fence_wal(
             continue
         their_epoch = decode_sst(existing)[0].props.writer_epoch
         state = state.taken(their_epoch, first_open_after(wal, state.slot))
-    fences = state.fence_ids
-    taken = set(wal.ids(after=start - 1))
-    for slot in range(start, fences.start):
-        existing = None if slot in taken else wal.create(slot, data, attempts=attempts)
+        verify(state.width)
+    for slot in (slot for skipped in state.skipped for slot in skipped):
+        existing = wal.create(slot, data, attempts=attempts)
         if existing is not None:
             their_epoch = decode_sst(existing)[0].props.writer_epoch
             if resolve_conflict(epoch, their_epoch) is not Conflict.TRY_NEXT:
                 raise fenced(slot, epoch, their_epoch)
-    return fences
+    return state.fence_ids
+
+
+def wal_gaps(ids: list[int], first: int, width: int) -> list[range]:
+    """Runs of at least ``width`` missing ids in ``first ..`` below the highest of ``ids``.
+
+    A live or crashed writer leaves fewer than ``max_parallel_writes`` PUTs unlanded below
+    its highest SST, and a fencing writer skips fewer free slots than the fence width it
+    announced, so with ``width`` the manifest's fence width a longer run of missing WAL SSTs
+    below later ones can only mean they were lost: corruption, never a write in flight.
+    """
+    gaps: list[range] = []
+    expected = first
+    for wal_id in ids:
+        if wal_id < first:
+            continue
+        if wal_id - expected >= width:
+            gaps.append(range(expected, wal_id))
+        expected = wal_id + 1
+    return gaps
 
 
 def first_open_after(wal: NumberedObjects, slot: int) -> int:

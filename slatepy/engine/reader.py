@@ -31,11 +31,10 @@ from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.startup import replay
+from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_merged
-from slatepy.errors import ClosedError, NotFound, SlatepyError
-from slatepy.format.sst import decode_sst
+from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
@@ -64,6 +63,7 @@ class DbReader(Closing):
         self._unconfirmed: set[str] = set()
         self._manifest_id = self._checked_manifest_id = 0
         self.error: SlatepyError | None = None
+        self._gap_seen: tuple[int, float] | None = None  # (first missing id, first seen)
         if self._manifests.load() is None:
             raise NotFound(f"no slatepy database at {store.url}", path="manifest/")
         stored, tail = self._register()
@@ -113,10 +113,12 @@ class DbReader(Closing):
         """The value of ``key`` as of the reader's latest refresh, or None."""
         key = check_key(key)
         self._check_open()
-        version = self._memtable.get(key)
+        with self._lock:  # a WAL SST (a batch) and an adopted view are applied whole
+            version = self._memtable.get(key)
+            view = self._view
         if version is not None:
             return version[1]
-        found = get_compacted(self._tables, self._view, key)  # adopt sets view before pruning
+        found = get_compacted(self._tables, view, key)
         return None if found is None else found[1]
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -147,18 +149,57 @@ class DbReader(Closing):
         expected = self._wal_tail + 1
         for wal_id in self._wal.ids(after=self._wal_tail):
             if wal_id != expected:
+                self._check_gap(range(expected, wal_id))
                 return True  # a gap: a parallel write still in flight; wait for it
             try:
-                meta, entries = decode_sst(self._wal.read(wal_id))
+                data = self._wal.read(wal_id)
             except NotFound:
                 return False
+            # Decode (and so checksum) the whole SST before applying any of it: a damaged
+            # block must not leave the blocks before it (part of a batch) applied.
+            meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
             with self._lock:  # one SST at a time, so a batch is seen whole or not at all
                 for key, seq, value in entries:
                     self._memtable.put(key, seq, value)
                 self._wal_max_seq[wal_id] = meta.props.max_seq
                 self._wal_tail = wal_id
             expected += 1
+        self._gap_seen = None
         return True
+
+    def _check_gap(self, gap: range) -> None:
+        """Wait for a WAL gap a writer may still be filling; report one that nobody can.
+
+        A gap narrower than the manifest's fence width may be a write in flight (or one a
+        crashed writer never landed, which the next writer fills): we wait, as the seed
+        says. A wider one cannot come from any writer (see ``fencing.wal_gaps``); once it has
+        lasted ``reader_gap_timeout`` and the newest manifest agrees on the width, the
+        missing SSTs were lost.
+
+        Raises:
+            CorruptionError: naming the first missing WAL SST.
+        """
+        now = time.monotonic()
+        if self._gap_seen is None or self._gap_seen[0] != gap.start:
+            self._gap_seen = (gap.start, now)
+        if len(gap) < self._view.max_parallel_writes:
+            return
+        if now - self._gap_seen[1] < self._settings.reader_gap_timeout:
+            return
+        latest = self._manifests.load()
+        width = (
+            self._view.max_parallel_writes
+            if latest is None
+            else latest.manifest.max_parallel_writes
+        )
+        if len(gap) >= width:
+            first, last = self._wal.path(gap.start), self._wal.path(gap[-1])
+            raise CorruptionError(
+                f"WAL gap: {first}{'' if len(gap) == 1 else f' .. {last}'} missing below "
+                f"{self._wal.path(gap.stop)} for {now - self._gap_seen[1]:.1f} s; wider than "
+                f"the {width} writes a writer may have in flight, so they were lost",
+                path=first,
+            )
 
     def _snapshot_due(self) -> bool:
         return time.monotonic() - self._registered_at > self._settings.reader_snapshot_ttl / 3

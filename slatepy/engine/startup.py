@@ -2,13 +2,18 @@
 
 1. Bump ``writer_epoch`` and register a short-lived snapshot in one manifest update (the
    snapshot keeps the WAL from being collected while we fence and replay).
+   The WAL is listed inside that update (before it lands): a run of missing SSTs below later
+   ones wider than any in-flight window is corruption, and the first free slot is where
+   fencing starts.
 2. Write empty SSTs carrying the new epoch into ``max_parallel_writes`` consecutive WAL slots
-   (the wider of the old writer's and ours), starting at the first free slot, so a gap left
-   by an in-flight parallel write is closed too. An older epoch in a slot means start over at
-   the next free one; the same or a newer epoch means we are fenced.
+   (the wider of the manifest's fence width and ours), starting at the first free slot, so a
+   gap left by an in-flight parallel write is closed too. An older epoch in a slot means
+   start over at the next free one; the same or a newer epoch means we are fenced (see
+   :class:`~slatepy.engine.fencing.Fencing` for why passing slots is safe).
 3. Replay every WAL SST after ``wal_id_last_compacted`` and before the fence into a memtable.
-   Replay happens after fencing so no older writer can add to the WAL behind our back.
-4. Remove the snapshot.
+   Replay happens after fencing so no older writer can add to the WAL behind our back; an
+   SST of a newer epoch in that range means we are fenced.
+4. Remove the snapshot and, if we still hold the epoch, lower the fence width to ours.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from dataclasses import dataclass
 import msgspec
 
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, fence_wal, first_open_after
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, fence_wal, fenced, wal_gaps
 from slatepy.engine.memtable import Memtable
-from slatepy.errors import CorruptionError, NotFound
-from slatepy.format.sst import decode_sst
+from slatepy.errors import CorruptionError, FencedError, NotFound
+from slatepy.format.block import Entry
+from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -47,14 +53,29 @@ class WriterStart:
 
 
 def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Settings) -> WriterStart:
-    """Run the start-up protocol; raises ``FencedError`` if a newer writer wins meanwhile."""
+    """Run the start-up protocol; raises ``FencedError`` if a newer writer wins meanwhile.
+
+    Raises:
+        FencedError: a newer writer bumped the epoch or took a WAL slot first.
+        CorruptionError: WAL SSTs are missing below later ones (a gap no write in flight
+            can explain), or a WAL SST in the replayed range is damaged.
+    """
     snapshot_id = uuid.uuid4().hex
-    fences_needed = settings.max_parallel_writes
+    own_width = settings.max_parallel_writes
+    wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+    fences_needed = start = 0
 
     def bump(manifest: Manifest, next_id: int) -> Manifest:
-        nonlocal fences_needed
-        # The old writer may have had more PUTs in flight than we will: fence for the wider.
-        fences_needed = max(manifest.max_parallel_writes, settings.max_parallel_writes)
+        nonlocal fences_needed, start
+        # The old writer may have had more PUTs in flight than we will: fence for the wider,
+        # and keep the wider in the manifest until our fence of that width is complete (if
+        # we die before, the next writer must still fence that wide).
+        fences_needed = max(manifest.max_parallel_writes, own_width)
+        # Listed before our bump lands, so no slot below ``start`` can hold a newer epoch.
+        first = manifest.wal_id_last_compacted + 1
+        ids = wal.ids(after=first - 1)
+        check_no_gaps(wal, ids, first, manifest.max_parallel_writes)
+        start = contiguous_end(ids, first)
         now = time.time()
         snapshot = Snapshot(snapshot_id, next_id, int(now + settings.writer_snapshot_ttl) + 1)
         bumped = (
@@ -62,25 +83,41 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
             .with_writer_epoch(manifest.writer_epoch + 1)
             .with_snapshot(snapshot)
         )
-        return msgspec.structs.replace(bumped, max_parallel_writes=settings.max_parallel_writes)
+        return msgspec.structs.replace(bumped, max_parallel_writes=fences_needed)
 
     stored = manifests.update(bump)
     epoch = stored.manifest.writer_epoch
     first = stored.manifest.wal_id_last_compacted + 1
-    wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+
+    def verify(width: int) -> None:
+        def check(manifest: Manifest, _: int) -> Manifest | None:
+            if manifest.writer_epoch != epoch:
+                raise FencedError(
+                    f"writer epoch {manifest.writer_epoch} superseded ours ({epoch}) while "
+                    "this writer was fencing the WAL"
+                )
+            if manifest.max_parallel_writes >= width:
+                return None
+            return msgspec.structs.replace(manifest, max_parallel_writes=width)
+
+        manifests.update(check)
+
     fences = fence_wal(
-        wal,
-        first_open_after(wal, first - 1),
-        epoch,
-        fences_needed,
-        attempts=settings.wal_write_attempts,
+        wal, start, epoch, fences_needed, verify=verify, attempts=settings.wal_write_attempts
     )
-    fence_id = fences[-1]
-    memtable, wal_max_seq = replay(wal, first, fences[0])
-    released = manifests.update(lambda m, _: m.without_snapshot(snapshot_id))
+    memtable, wal_max_seq = replay(wal, first, fences[0], epoch=epoch)
+
+    def release(manifest: Manifest, _: int) -> Manifest:
+        released = manifest.without_snapshot(snapshot_id)
+        if manifest.writer_epoch == epoch:
+            # Our fence covered every older writer's window: only ours matters from now on.
+            released = msgspec.structs.replace(released, max_parallel_writes=own_width)
+        return released
+
+    released = manifests.update(release)
     return WriterStart(
         epoch,
-        fence_id,
+        fences[-1],
         memtable,
         # New writes must sort after everything already written, compacted or not.
         max(max(wal_max_seq.values(), default=0), released.manifest.max_compacted_seq()),
@@ -90,26 +127,78 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     )
 
 
-def replay(wal: NumberedObjects, first: int, end: int) -> tuple[Memtable, dict[int, int]]:
+def contiguous_end(ids: list[int], first: int) -> int:
+    """The first id from ``first`` on that ``ids`` (ascending) does not contain."""
+    expected = first
+    for wal_id in ids:
+        if wal_id == expected:
+            expected += 1
+        elif wal_id > expected:
+            break
+    return expected
+
+
+def check_no_gaps(wal: NumberedObjects, ids: list[int], first: int, width: int) -> None:
+    """Raise ``CorruptionError`` naming the missing WAL SSTs if ``ids`` has a lost run."""
+    gaps = wal_gaps(ids, first, width)
+    if gaps:
+        missing = ", ".join(
+            wal.path(g.start) if len(g) == 1 else f"{wal.path(g.start)} .. {wal.path(g[-1])}"
+            for g in gaps
+        )
+        raise CorruptionError(
+            f"WAL gap: {missing} missing below {wal.path(ids[-1])}; more than the "
+            f"{width} writes a writer may have in flight, so they were lost (deleted or "
+            "never copied), not still being written. Restore them from a backup.",
+            path=wal.path(gaps[0].start),
+        )
+
+
+def decode_wal_sst(path: str, data: bytes) -> tuple[SstMeta, list[Entry]]:
+    """Decode a whole WAL SST, every block checked before any entry is used.
+
+    Raises:
+        CorruptionError: naming ``path``.
+    """
+    try:
+        meta, entries = decode_sst(data)
+        return meta, list(entries)
+    except CorruptionError as exc:
+        raise CorruptionError(f"{path}: {exc}", path=path) from exc
+
+
+def replay(
+    wal: NumberedObjects, first: int, end: int, *, epoch: int | None = None
+) -> tuple[Memtable, dict[int, int]]:
     """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and each SST's max seq.
+
+    Args:
+        epoch: A starting writer's epoch: an SST of a newer epoch in the range means a
+            newer writer got in first, and this writer must not start.
 
     Raises:
         CorruptionError: an SST in the range is missing (the WAL must be contiguous) or corrupt.
+        FencedError: an SST in the range holds a newer epoch than ``epoch``.
     """
     memtable = Memtable()
     max_seq: dict[int, int] = {}
 
-    def fetch(wal_id: int) -> bytes:
+    def fetch(wal_id: int) -> tuple[SstMeta, list[Entry]]:
         try:
-            return wal.read(wal_id)
+            data = wal.read(wal_id)
         except NotFound as exc:
             raise CorruptionError(
-                f"WAL gap: {wal.path(wal_id)} is missing but later WAL SSTs exist"
+                f"WAL gap: {wal.path(wal_id)} is missing but later WAL SSTs exist",
+                path=wal.path(wal_id),
             ) from exc
+        return decode_wal_sst(wal.path(wal_id), data)
 
     with ThreadPoolExecutor(REPLAY_CONCURRENCY, thread_name_prefix="slatepy-replay") as pool:
-        for wal_id, data in zip(range(first, end), pool.map(fetch, range(first, end)), strict=True):
-            meta, entries = decode_sst(data)
+        for wal_id, (meta, entries) in zip(
+            range(first, end), pool.map(fetch, range(first, end)), strict=True
+        ):
+            if epoch is not None and meta.props.writer_epoch > epoch:
+                raise fenced(wal_id, epoch, meta.props.writer_epoch)
             for key, seq, value in entries:
                 memtable.put(key, seq, value)
             max_seq[wal_id] = meta.props.max_seq

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from slatepy.config import Settings
 from slatepy.engine.fencing import write_wal_sst
-from slatepy.errors import SlatepyError
+from slatepy.errors import SlatepyError, StoreUnavailable
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
 from slatepy.store.numbered import NumberedObjects
@@ -49,12 +49,12 @@ class WalWriter:
         self._cond = threading.Condition()
         self._buffer: Buffer = {}
         self._buffer_bytes = 0
-        self._buffer_unawaited = False
+        self._buffer_unawaited = 0  # entries in the open generation nobody awaits
         self._generation = 0  # the open one; every lower generation is sealed
         self._in_flight: set[int] = set()
         self._failed: dict[int, SlatepyError] = {}
         self._error: SlatepyError | None = None
-        self.lost_unawaited = False
+        self.lost_unawaited = 0  # unawaited entries in failed generations, not yet reported
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.ssts_written = 0
@@ -83,15 +83,17 @@ class WalWriter:
         """Add entries to the open generation (atomically) and return that generation.
 
         ``awaited`` says whether the caller will flush and so hear about a failure; losing
-        writes nobody awaited is recorded in ``lost_unawaited``.
+        writes nobody awaited is counted in ``lost_unawaited``.
         """
         with self._cond:
             self.check()
-            self._buffer_unawaited |= not awaited
-            added = 0
+            added = count = 0
             for key, seq, value in entries:
                 self._buffer[key] = (seq, value)
                 added += len(key) + len(value or b"") + 16
+                count += 1
+            if not awaited:
+                self._buffer_unawaited += count
             self._buffer_bytes += added
             if self._buffer_bytes >= self._settings.flush_bytes:
                 self._wake.set()
@@ -127,26 +129,43 @@ class WalWriter:
                 self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
                 self.check()
 
-    def _seal(self) -> tuple[int, int, Buffer, bool]:
+    def unwritten_unawaited(self) -> int:
+        """Unawaited entries that failed or can no longer be written (after a failure)."""
+        with self._cond:
+            pending = self._buffer_unawaited if self._error is not None else 0
+            return self.lost_unawaited + pending
+
+    def failure_reported(self) -> None:
+        """The caller was told of the failure: unawaited writes so far count as reported."""
+        with self._cond:
+            self.lost_unawaited = 0
+            if self._error is not None:
+                self._buffer_unawaited = 0
+
+    def _seal(self) -> tuple[int, int, Buffer, int]:
         """Close the open generation and give it the next WAL id (caller holds the lock)."""
         sealed = (self._generation, self._next_id, self._buffer, self._buffer_unawaited)
         self._in_flight.add(self._generation)
         self._generation += 1
         self._next_id += 1
-        self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, False
+        self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, 0
         return sealed
 
-    def _write(self, generation: int, wal_id: int, buffer: Buffer, unawaited: bool) -> None:
-        # No bloom filter: WAL SSTs are read whole (replay, readers, compaction), never probed.
-        builder = SstBuilder(
-            writer_epoch=self._epoch, block_size=self._settings.block_size, bloom_bits_per_key=0
-        )
-        for key in sorted(buffer):
-            seq, value = buffer[key]
-            builder.add(key, seq, value)
-        encoded = builder.finish()
+    def _write(self, generation: int, wal_id: int, buffer: Buffer, unawaited: int) -> None:
         error: SlatepyError | None = None
+        max_seq = 0
         try:
+            # No bloom filter: WAL SSTs are read whole (replay, readers, compaction).
+            builder = SstBuilder(
+                writer_epoch=self._epoch,
+                block_size=self._settings.block_size,
+                bloom_bits_per_key=0,
+            )
+            for key in sorted(buffer):
+                seq, value = buffer[key]
+                builder.add(key, seq, value)
+            encoded = builder.finish()
+            max_seq = encoded.meta.props.max_seq
             write_wal_sst(
                 self._wal,
                 wal_id,
@@ -156,15 +175,24 @@ class WalWriter:
             )
         except SlatepyError as exc:
             error = exc
+        except Exception as exc:
+            # Anything else (a client bug, MemoryError) must still fail this generation:
+            # left in flight, every later put and close() would wait for it for ever.
+            error = StoreUnavailable(
+                f"writing {self._wal.path(wal_id)} failed unexpectedly: {exc!r}",
+                path=self._wal.path(wal_id),
+                definite=False,
+            )
+            error.__cause__ = exc
         with self._cond:
             self._in_flight.discard(generation)
             if error is None:
                 self.ssts_written += 1
-                self.max_seq_by_id[wal_id] = encoded.meta.props.max_seq
+                self.max_seq_by_id[wal_id] = max_seq
             else:
                 self._failed[generation] = error
                 self._error = self._error or error
-                self.lost_unawaited |= unawaited
+                self.lost_unawaited += unawaited
             self._cond.notify_all()
 
     def _tick(self) -> None:

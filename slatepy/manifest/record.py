@@ -61,6 +61,12 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         * ``wal_id_last_compacted <= wal_id_last_seen``.
         * WAL SSTs with id > ``wal_id_last_compacted`` are not yet in ``l0``/``sorted_runs``.
         * ``writer_epoch`` and ``compactor_epoch`` only grow.
+        * ``last_compacted_seq`` only grows and is at least every compacted SST's
+          ``max_seq``; it keeps the sequence numbers of tombstones that compaction dropped,
+          so a new writer never reuses them (see :meth:`max_compacted_seq`).
+        * ``max_parallel_writes`` is the fence width the next writer must use: the widest
+          in-flight window any writer since the last completed fence may have had. It is
+          only lowered by a writer that completed a fence at least that wide.
     """
 
     format_version: int = MANIFEST_FORMAT_VERSION
@@ -70,6 +76,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     wal_id_last_compacted: int = 0
     wal_id_last_seen: int = 0
     max_parallel_writes: int = 1
+    last_compacted_seq: int = 0
     l0: tuple[SstHandle, ...] = ()
     sorted_runs: tuple[SortedRun, ...] = ()
     snapshots: tuple[Snapshot, ...] = ()
@@ -90,9 +97,13 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         return manifest
 
     def max_compacted_seq(self) -> int:
-        """The highest sequence number in any compacted SST."""
+        """The highest sequence number compaction ever folded in, dropped tombstones included.
+
+        A new writer starts above it (and above the WAL it replays): reusing a sequence
+        number would let a reader's prune (by sequence number) drop a newer write.
+        """
         handles = [*self.l0, *(h for run in self.sorted_runs for h in run.ssts)]
-        return max((h.max_seq for h in handles), default=0)
+        return max([self.last_compacted_seq, *(h.max_seq for h in handles)])
 
     def with_snapshot(self, snapshot: Snapshot) -> Manifest:
         return msgspec.structs.replace(self, snapshots=(*self.snapshots, snapshot))
