@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from slatepy.config import Settings
-from slatepy.errors import InvalidArgument, NotFound, StoreUnavailable
+from slatepy.errors import CorruptionError, InvalidArgument, NotFound, StoreUnavailable
 from slatepy.store.metrics import StoreMetrics
 
 if TYPE_CHECKING:
@@ -112,19 +112,36 @@ class DynamoRecords:
         item = reply.get("Item")
         return None if item is None else _record(item)
 
-    def mark_committed(self, destination: str) -> None:
-        """Step 4 (idempotent)."""
-        self._call(
-            "UpdateItem",
-            destination,
-            True,
-            lambda: self._client.update_item(
-                TableName=self.table,
-                Key=self._key(destination),
-                UpdateExpression="SET committed = :t",
-                ExpressionAttributeValues={":t": {"BOOL": True}},
-            ),
-        )
+    def mark_committed(self, destination: str, source: str) -> bool:
+        """Step 4: mark the record of ``destination`` committed if it still names ``source``.
+
+        Conditional, never an upsert: if the record was completed and collected meanwhile (or
+        replaced by a newer claim, whose own putter completes it), there is nothing to mark,
+        and an unconditional ``UpdateItem`` would create a record without ``source`` that
+        breaks every later read of it. Idempotent.
+
+        Returns:
+            False when no record for ``destination`` names ``source`` (already done).
+        """
+        try:
+            self._call(
+                "UpdateItem",
+                destination,
+                True,
+                lambda: self._client.update_item(
+                    TableName=self.table,
+                    Key=self._key(destination),
+                    UpdateExpression="SET committed = :t",
+                    ConditionExpression="attribute_exists(pk) AND #source = :s",
+                    ExpressionAttributeNames={"#source": "source"},  # SOURCE is reserved
+                    ExpressionAttributeValues={":t": {"BOOL": True}, ":s": {"S": source}},
+                ),
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
 
     def delete(self, destination: str) -> None:
         self._call(
@@ -133,6 +150,34 @@ class DynamoRecords:
             True,
             lambda: self._client.delete_item(TableName=self.table, Key=self._key(destination)),
         )
+
+    def delete_if_source(self, destination: str, source: str) -> bool:
+        """Delete the record of ``destination`` only if it still names ``source``.
+
+        The condition keeps a newer claim of the same destination (made after this record was
+        dropped by someone else) from being deleted by a caller that looked at the old one.
+
+        Returns:
+            True if this call deleted the record, False if no record names ``source``.
+        """
+        try:
+            self._call(
+                "DeleteItem",
+                destination,
+                True,
+                lambda: self._client.delete_item(
+                    TableName=self.table,
+                    Key=self._key(destination),
+                    ConditionExpression="#source = :s",
+                    ExpressionAttributeNames={"#source": "source"},
+                    ExpressionAttributeValues={":s": {"S": source}},
+                ),
+            )
+        except ClientError as exc:
+            if _code(exc) != "ConditionalCheckFailedException":
+                raise
+            return False
+        return True
 
     def pending(self, prefix: str = "", after: str | None = None) -> list[Record]:
         """Uncommitted records with destination under ``prefix`` (and > ``after``), in order."""
@@ -259,12 +304,25 @@ def _create(client: DynamoDBClient, table: str) -> None:
 
 
 def _record(item: dict[str, Any]) -> Record:
-    return Record(
-        destination=item["sk"]["S"],
-        source=item["source"]["S"],
-        committed=item["committed"]["BOOL"],
-        created=float(item["created"]["N"]),
-    )
+    """Parse an item; one that lacks an attribute a claim always writes is ``CorruptionError``.
+
+    Such items are not claims: an older slatepy's unconditional step 4 could upsert a record
+    with only ``committed`` after the real one was collected.
+    """
+    destination = item.get("sk", {}).get("S", "<no sort key>")
+    try:
+        return Record(
+            destination=item["sk"]["S"],
+            source=item["source"]["S"],
+            committed=item["committed"]["BOOL"],
+            created=float(item["created"]["N"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptionError(
+            f"two-phase record for {destination} is malformed ({type(exc).__name__}: {exc}; "
+            f"attributes {sorted(item)}): it is not a claim. If {destination} exists or is "
+            "not wanted, delete the item from the DynamoDB table"
+        ) from None
 
 
 def _code(exc: ClientError) -> str:

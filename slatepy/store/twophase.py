@@ -19,18 +19,24 @@ misses (``get``/``head``/ranges on ``NotFound``) and every ``list`` completes th
 records it could be looking for first (steps 3-5, idempotent). ``recover()`` completes them
 all; ``Db``, ``DbReader`` and the garbage collector call it when they start. Everything
 above the store sees the same contract as with a conditional put (RFC 0004).
+
+Invariant: a record's source is deleted only after its destination was copied (step 5), by a
+putter that learned it lost the claim, or by GC as a stray older than ``gc_min_age``. So a
+claim whose outcome is unknown keeps its temporary object, and a record whose source and
+destination are both gone was never acknowledged (or its object was collected) and is dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
-from slatepy.errors import AlreadyExists, CorruptionError, NotFound, StoreUnavailable
+from slatepy.errors import AlreadyExists, NotFound, StoreUnavailable
 from slatepy.format.checksum import checksum
 from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
 from slatepy.store.dynamodb import DynamoRecords, Record, RecordExists
@@ -56,10 +62,25 @@ class TwoPhaseStore(WrappingStore):
         *,
         background: bool = True,
         after_step: StepHook = _no_hook,
+        claim_attempts: int = 4,
+        claim_backoff: float = 0.05,
     ) -> None:
+        """Wrap ``inner``.
+
+        Args:
+            inner: The store holding temporaries and destinations.
+            records: The transactional store of the claims.
+            background: Run steps 3-5 on a background thread after ``put`` returns.
+            after_step: Called after each step (tests inject crashes here).
+            claim_attempts: PutItem attempts (each with botocore's own retries) before a
+                claim whose outcome stays unknown is reported as ``definite=False``.
+            claim_backoff: Seconds before the second attempt, doubling after each.
+        """
         super().__init__(inner)
         self.records = records
         self._after_step = after_step
+        self._claim_attempts = max(1, claim_attempts)
+        self._claim_backoff = claim_backoff
         # The write is durable after step 2 (the seed's point), so steps 3-5 may finish after
         # ``put`` returns; anyone who needs the object first completes it themselves.
         self._completer = (
@@ -82,15 +103,7 @@ class TwoPhaseStore(WrappingStore):
         source = f"{path}.{uuid.uuid4().hex}.{checksum(data):016x}"
         self.inner.put(source, data)
         self._after_step(1, path)
-        try:
-            self.records.claim(path, source)
-        except RecordExists as lost:
-            if lost.existing is None or lost.existing.source != source:
-                self.inner.delete(source)
-                raise AlreadyExists(f"object already exists: {path}", path=path) from None
-            # Our own claim landed on an attempt whose reply was lost: it is ours.
-        except StoreUnavailable:
-            self._resolve_uncertain_claim(path, source)
+        self._claim(path, source)
         self._after_step(2, path)
         if self._completer is None:
             self._complete(path, source)
@@ -117,18 +130,57 @@ class TwoPhaseStore(WrappingStore):
         except Exception as exc:  # the next read, list or recovery completes it
             log.warning("two-phase completion of %s deferred: %s", destination, exc)
 
-    def _resolve_uncertain_claim(self, path: str, source: str) -> None:
-        """A claim failed indefinitely: find out whether it landed before going on."""
-        record = self.records.get(path)  # raises StoreUnavailable if still unreachable
-        if record is not None and record.source == source:
-            return
-        self.inner.delete(source)
-        if record is not None:
-            raise AlreadyExists(f"object already exists: {path}", path=path)
-        raise StoreUnavailable(f"claiming {path} failed", path=path, definite=True)
+    def _claim(self, path: str, source: str) -> None:
+        """Step 2 with a known outcome: return if the claim is ours, raise otherwise.
 
-    def _complete(self, destination: str, source: str) -> None:
-        """Steps 3-5 for a claimed record (idempotent: recovery repeats them)."""
+        Raises:
+            AlreadyExists: another claim holds ``path``; our temporary object is deleted.
+            StoreUnavailable: ``definite=False``: after every attempt nobody could tell
+                whether our claim landed. The temporary object is kept: a claim that lands
+                late needs it, and GC removes it after ``gc_min_age`` if none does.
+        """
+        error: StoreUnavailable | None = None
+        for attempt in range(self._claim_attempts):
+            if attempt:
+                time.sleep(self._claim_backoff * 2 ** (attempt - 1))
+            try:
+                self.records.claim(path, source)
+                return
+            except RecordExists as lost:
+                if lost.existing is not None and lost.existing.source == source:
+                    return  # an earlier attempt of ours landed and its reply was lost
+                if lost.existing is None and error is not None:
+                    # The record that failed our condition is gone already. It could only
+                    # have been ours if it was completed and collected, which takes longer
+                    # than this loop; retry to get a definite answer.
+                    continue
+                self._discard(source)
+                raise AlreadyExists(f"object already exists: {path}", path=path) from None
+            except StoreUnavailable as exc:
+                error = exc  # the PutItem may have landed: retry with the same source
+        raise StoreUnavailable(
+            f"claiming {path} stayed uncertain after {self._claim_attempts} attempts ({error}); "
+            f"the claim may still land, so its temporary {source} is kept: the next read, "
+            "list or recovery completes the write if it did. Check whether the object exists "
+            "before writing it again (create_if_absent does)",
+            path=path,
+            definite=False,
+        ) from error
+
+    def _discard(self, source: str) -> None:
+        """Delete the temporary of a lost claim; if that fails, GC takes it as a stray."""
+        try:
+            self.inner.delete(source)
+        except StoreUnavailable as exc:
+            log.warning("two-phase: could not delete the temporary %s, left to GC: %s", source, exc)
+
+    def _complete(self, destination: str, source: str) -> bool:
+        """Steps 3-5 for a claimed record (idempotent: recovery repeats them).
+
+        Returns:
+            False if the record was an orphan (see :meth:`_drop_orphan`) and is now dropped:
+            ``destination`` does not exist.
+        """
         try:
             self.inner.copy(source, destination)
         except NotFound:
@@ -137,28 +189,55 @@ class TwoPhaseStore(WrappingStore):
             try:
                 self.inner.head(destination)
             except NotFound:
-                raise CorruptionError(
-                    f"two-phase record for {destination} names {source}, which is gone, "
-                    "and the destination was never written"
-                ) from None
+                self._drop_orphan(destination, source)
+                return False
         self._after_step(3, destination)
-        self.records.mark_committed(destination)
+        # False means the record was completed and collected meanwhile (or replaced by a
+        # newer claim, which its own putter completes): nothing to mark, never re-create it.
+        self.records.mark_committed(destination, source)
         self._after_step(4, destination)
         self.inner.delete(source)
         self._after_step(5, destination)
+        return True
 
-    def _complete_record(self, record: Record) -> None:
-        if not record.committed:
-            self._complete(record.destination, record.source)
+    def _drop_orphan(self, destination: str, source: str) -> None:
+        """Delete a record whose source and destination are both gone; it can never complete.
+
+        Safe, because such a claim was never acknowledged or its object was collected. A
+        source is deleted only (a) by step 5, after the copy, so the destination existed and
+        is gone only if GC deleted it, and GC then deletes the record too (we finish its job);
+        (b) by a putter that learned another claim holds the destination (its ``put`` raised
+        ``AlreadyExists``; this record landed late, after that claim was removed); (c) by an
+        older slatepy's putter that took an unknown claim for a failure (its ``put`` raised);
+        or (d) by GC as a stray older than ``gc_min_age``: GC completes every pending record
+        first, so the claim landed after that, later than any ``put`` waits (a stalled
+        ``put`` would need to hang for ``gc_min_age``, the assumption RFC 0003 already makes).
+        Before, such a record raised ``CorruptionError`` on every read and every open.
+
+        The delete is conditional on ``source`` so a newer claim of the destination stays.
+        """
+        if self.records.delete_if_source(destination, source):
+            log.warning(
+                "two-phase: dropped the record for %s: its temporary %s and the destination "
+                "are both gone, so the write can never complete and was never acknowledged",
+                destination,
+                source,
+            )
+
+    def _complete_record(self, record: Record) -> bool:
+        """Complete ``record`` unless committed; False if it turned out to be an orphan."""
+        return record.committed or self._complete(record.destination, record.source)
 
     def recover(self) -> int:
-        """Complete every uncommitted record of this database; returns how many."""
-        pending = self.records.pending()
-        for record in pending:
-            self._complete_record(record)
-        if pending:
-            log.info("two-phase recovery completed %d pending writes", len(pending))
-        return len(pending)
+        """Complete every uncommitted record of this database; returns how many completed.
+
+        Orphans (records that can never complete, see :meth:`_drop_orphan`) are dropped with
+        a warning and not counted.
+        """
+        completed = sum(self._complete_record(record) for record in self.records.pending())
+        if completed:
+            log.info("two-phase recovery completed %d pending writes", completed)
+        return completed
 
     def _read(self, path: str, read: Callable[[], T]) -> T:
         """``read()``; on ``NotFound`` complete a pending write of ``path`` and read again."""
@@ -166,9 +245,8 @@ class TwoPhaseStore(WrappingStore):
             return read()
         except NotFound:
             record = self.records.get(path)
-            if record is None or record.committed:
+            if record is None or record.committed or not self._complete_record(record):
                 raise
-            self._complete_record(record)
             return read()
 
     def get(self, path: str) -> bytes:
