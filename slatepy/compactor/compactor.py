@@ -3,12 +3,21 @@
 A compactor whose epoch was superseded (a zombie) loses at publish time: the pure
 ``apply_result`` raises ``FencedError`` inside the manifest update, so its outputs are never
 referenced (GC collects them) and it stops.
+
+Publishing races the garbage collector, which deletes unreferenced compacted SSTs once they
+are ``gc_min_age`` old. The compactor checks its deadline (``gc_min_age / 2`` after it started
+writing outputs) inside the update function, i.e. after reading the latest manifest and
+before the PUT of the next; the collector writes a fence manifest before it deletes, so a
+PUT that is slow for any reason either lands below the fence (the collector reads it and
+keeps the outputs) or loses its compare-and-swap and checks again (RFC 0003, "A publish in
+flight").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -35,10 +44,19 @@ class Compactor:
         *,
         settings: Settings | None = None,
         policy: CompactionPolicy | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """Claim the compactor epoch.
+
+        Args:
+            clock: Seconds since the epoch (tests move it forward). For safety it, the
+                garbage collector's clock and the store's ``last_modified`` must each be
+                within ``gc_min_age / 8`` of true time (RFC 0003).
+        """
         self.settings = settings or Settings()
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
+        self._clock = clock
         store = with_retries(store, self.settings.request_attempts)
         self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
         self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
@@ -61,8 +79,9 @@ class Compactor:
         if todo is None:
             return None
         # GC deletes unreferenced outputs once they are gc_min_age old; publishing after half
-        # of that would race it, so such a compaction is abandoned (RFC 0003).
-        deadline = time.time() + self.settings.gc_min_age / 2
+        # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
+        # any output is written, so every output is at least this old.
+        deadline = self._clock() + self.settings.gc_min_age / 2
         outputs = write_outputs(
             merge_newest(plan_inputs(todo, manifest, self.tables)),
             self.tables,
@@ -74,7 +93,11 @@ class Compactor:
         )
 
         def publish(latest: Manifest, _: int) -> Manifest:
-            if time.time() > deadline:
+            # Here, after the update read ``latest`` and before it PUTs the next manifest:
+            # a collector's fence that this update saw was written after the collector read
+            # its clock, so outputs it may delete fail this check (RFC 0003). Checking once
+            # before the update would not do: its PUT could lose to the fence and retry.
+            if self._clock() >= deadline:
                 raise CompactionAbandoned(
                     f"compaction {todo} took longer than gc_min_age / 2; its outputs are "
                     "left for the garbage collector"

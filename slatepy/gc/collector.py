@@ -15,7 +15,13 @@ from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR
 from slatepy.engine.table import COMPACTED_DIR
 from slatepy.errors import CorruptionError, NotFound
-from slatepy.gc.rules import Deletion, Listing, active_manifest_ids, select_garbage
+from slatepy.gc.rules import (
+    Deletion,
+    Listing,
+    active_manifest_ids,
+    select_garbage,
+    spare_published,
+)
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -32,12 +38,17 @@ def utc_now() -> dt.datetime:
 
 @dataclass(slots=True)
 class GcReport:
-    """What one collection pass found (and deleted, unless it was a dry run)."""
+    """What one collection pass found (and deleted, unless it was a dry run).
+
+    ``fence_manifest`` is the manifest the pass wrote before deleting compacted SSTs (None if
+    it deleted none); ``current_manifest`` is the one it chose the deletions from.
+    """
 
     current_manifest: int
     active_manifests: list[int]
     deletions: list[Deletion] = field(default_factory=list)
     dry_run: bool = False
+    fence_manifest: int | None = None
 
     @property
     def bytes(self) -> int:
@@ -50,7 +61,9 @@ class GarbageCollector:
     Args:
         min_age: Seconds an unreferenced compacted SST or a temporary must have existed, and a
             superseded manifest must have been superseded, before it is collected. Defaults
-            to ``settings.gc_min_age``.
+            to ``settings.gc_min_age``. It must be at least the ``gc_min_age`` of every
+            compactor of the database (a compactor publishes outputs up to half of its own
+            ``gc_min_age`` old); a smaller value is only safe when no compactor is running.
         clock: Returns the current UTC time (tests move it forward).
     """
 
@@ -104,13 +117,41 @@ class GarbageCollector:
             now=now,
             min_age=self.min_age,
         )
-        report = GcReport(current.id, sorted(active), deletions, dry_run)
+        fence: int | None = None
+        if not dry_run and any(d.kind == "compacted" for d in deletions):
+            fence, deletions = self._fence(current.id, deletions)
+        report = GcReport(current.id, sorted(active), deletions, dry_run, fence)
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
             if deletions:
                 log.info("gc: deleted %d objects, %d bytes", len(deletions), report.bytes)
         return report
+
+    def _fence(self, decided_on: int, deletions: list[Deletion]) -> tuple[int, list[Deletion]]:
+        """Write a fence manifest, then spare what the manifests since ``decided_on`` publish.
+
+        A compactor checks its deadline after reading the latest manifest ``n`` and then PUTs
+        ``n + 1``, and that PUT may land any time later. Once the fence (a copy of the latest
+        manifest) holds id ``f``, every later publish read ``f`` or newer first, so it checked
+        its deadline after our clock reading and abandons outputs old enough for us to
+        delete; every manifest below ``f`` already exists, and we read those after
+        ``decided_on`` here (RFC 0003, "A publish in flight").
+
+        Returns:
+            The fence's id and ``deletions`` without what a newer manifest references.
+        """
+        fenced = self._manifests.update(lambda latest, _: latest)
+        newer: list[Manifest] = []
+        for manifest_id in range(decided_on + 1, fenced.id):
+            try:
+                newer.append(self._manifests.read(manifest_id))
+            except NotFound:
+                # Collected by a concurrent pass: what it referenced is unknown, so this
+                # pass deletes no compacted SST (the next one will).
+                log.info("gc: manifest %d vanished; keeping compacted SSTs", manifest_id)
+                return fenced.id, [d for d in deletions if d.kind != "compacted"]
+        return fenced.id, spare_published(deletions, newer)
 
     def _read_active(self, manifest_id: int, current_id: int) -> Manifest:
         try:

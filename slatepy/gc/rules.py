@@ -1,14 +1,20 @@
 """What the garbage collector may delete: pure functions of a listing and manifests.
 
-The seed's rules (manifest design, "Garbage Collectors"), with two additions that close
-races the seed leaves open (RFC 0003, "Why GC cannot delete what is still reachable"):
+The seed's rules (manifest design, "Garbage Collectors"), with additions that close races
+the seed leaves open (RFC 0003, "Why GC cannot delete what is still reachable"):
 
 * A manifest stays *active* for ``min_age`` after it stopped being current (its successor's
   creation time). A process that read a manifest without registering a snapshot (the writer's
   read view, a reader between loading and its snapshot write) can use it for that long.
 * A compacted SST nobody references is deleted only once it is older than ``min_age``: a
   compactor writes its outputs before it publishes them, and abandons any compaction whose
-  outputs are older than ``min_age / 2`` by the time it would publish.
+  outputs are older than ``min_age / 2`` when it checks, after reading the latest manifest
+  and before its publishing PUT.
+* Before deleting such an SST the collector writes a manifest of its own (a *fence*) and
+  spares what any manifest between the one it decided on and the fence references
+  (:func:`spare_published`): a publishing PUT may be in flight for any length of time after
+  the compactor's check, and the fence is what makes it either land before the fence (and be
+  read) or lose its compare-and-swap (and check again, too late).
 
 Active manifests are: the current one, those referenced by unexpired snapshots in it, and
 those superseded less than ``min_age`` ago. Then, for every object listed:
@@ -16,16 +22,18 @@ those superseded less than ``min_age`` ago. Then, for every object listed:
 1. ``manifest/N.manifest``: deleted unless active or newer than the current manifest.
 2. ``wal/N.sst``: deleted if ``N`` < the smallest ``wal_id_last_compacted`` of the active
    manifests (never the SST at it: it carries the last compacted writer epoch).
-3. ``compacted/X.sst``: deleted if no active manifest references it and it is old enough.
+3. ``compacted/X.sst``: deleted if no active manifest references it and it is old enough
+   (and, after the fence, no newer manifest references it).
 4. Anything else in those directories (temporaries, strays): deleted once old enough.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from slatepy.engine.fencing import WAL_SUFFIX
 from slatepy.manifest.record import Manifest
@@ -43,6 +51,10 @@ class Listing:
     compacted: Sequence[ObjectMeta]
 
 
+DeletionKind = Literal["manifest", "wal", "compacted", "stray"]
+"""Which rule selected a deletion (1-4 in the module docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Deletion:
     """One object the collector will delete, and why."""
@@ -50,6 +62,7 @@ class Deletion:
     path: str
     size: int
     reason: str
+    kind: DeletionKind
 
 
 def active_manifest_ids(
@@ -91,14 +104,14 @@ def select_garbage(
 
     def stray(meta: ObjectMeta) -> None:
         if _age(meta, now) >= min_age:
-            garbage.append(Deletion(meta.path, meta.size, "temporary or stray object"))
+            garbage.append(Deletion(meta.path, meta.size, "temporary or stray object", "stray"))
 
     for meta in listing.manifests:
         manifest_id = parse_id(meta.path, MANIFEST_SUFFIX)
         if manifest_id is None:
             stray(meta)
         elif manifest_id < current_id and manifest_id not in active:
-            garbage.append(Deletion(meta.path, meta.size, "inactive manifest"))
+            garbage.append(Deletion(meta.path, meta.size, "inactive manifest", "manifest"))
 
     wal_floor = min(m.wal_id_last_compacted for m in active.values())
     for meta in listing.wal:
@@ -106,20 +119,44 @@ def select_garbage(
         if wal_id is None:
             stray(meta)
         elif wal_id < wal_floor:
-            garbage.append(Deletion(meta.path, meta.size, f"WAL below {wal_floor} (compacted)"))
+            reason = f"WAL below {wal_floor} (compacted)"
+            garbage.append(Deletion(meta.path, meta.size, reason, "wal"))
 
-    referenced = {
+    referenced = referenced_ssts(active.values())
+    for meta in listing.compacted:
+        sst_id = _compacted_id(meta.path)
+        if sst_id is None:
+            stray(meta)
+        elif sst_id not in referenced and _age(meta, now) >= min_age:
+            reason = "compacted SST no manifest uses"
+            garbage.append(Deletion(meta.path, meta.size, reason, "compacted"))
+    return garbage
+
+
+def referenced_ssts(manifests: Iterable[Manifest]) -> set[str]:
+    """Ids of the compacted SSTs (L0 and sorted runs) any of ``manifests`` references."""
+    return {
         handle.id
-        for manifest in active.values()
+        for manifest in manifests
         for handle in (*manifest.l0, *(h for run in manifest.sorted_runs for h in run.ssts))
     }
-    for meta in listing.compacted:
-        name = meta.path.rsplit("/", 1)[-1]
-        if not name.endswith(".sst"):
-            stray(meta)
-        elif name[: -len(".sst")] not in referenced and _age(meta, now) >= min_age:
-            garbage.append(Deletion(meta.path, meta.size, "compacted SST no manifest uses"))
-    return garbage
+
+
+def spare_published(deletions: Sequence[Deletion], newer: Iterable[Manifest]) -> list[Deletion]:
+    """``deletions`` without the compacted SSTs that a manifest in ``newer`` references.
+
+    Args:
+        newer: Every manifest after the one the deletions were chosen from, up to the
+            collector's fence (RFC 0003, "A publish in flight"): a compaction published
+            while the collector was deciding.
+    """
+    published = referenced_ssts(newer)
+    return [d for d in deletions if d.kind != "compacted" or _compacted_id(d.path) not in published]
+
+
+def _compacted_id(path: str) -> str | None:
+    name = path.rsplit("/", 1)[-1]
+    return name[: -len(".sst")] if name.endswith(".sst") else None
 
 
 def _age(meta: ObjectMeta, now: datetime) -> float:

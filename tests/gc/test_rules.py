@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.gc.rules import Listing, active_manifest_ids, select_garbage
+from slatepy.gc.rules import Listing, active_manifest_ids, select_garbage, spare_published
 from slatepy.manifest.record import Manifest, Snapshot, SortedRun, SstHandle
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX
 from slatepy.store.base import ObjectMeta
@@ -108,3 +108,14 @@ def test_temporaries_go_once_older_than_min_age() -> None:
         "wal/x#1",
         "compacted/partial",
     }
+
+
+def test_a_fence_spares_what_manifests_after_the_decision_publish() -> None:
+    listing = Listing(
+        [], [], [meta(f"compacted/{name}.sst", 2 * HOUR) for name in ("old", "published")]
+    )
+    deletions = select_garbage(listing, 3, {3: Manifest()}, now=NOW, min_age=HOUR)
+    assert {d.kind for d in deletions} == {"compacted"}
+    newer = Manifest(l0=(handle("published"),))  # landed while the collector was deciding
+    assert [d.path for d in spare_published(deletions, [newer])] == ["compacted/old.sst"]
+    assert spare_published(deletions, []) == deletions
