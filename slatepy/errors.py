@@ -93,6 +93,15 @@ class PreconditionFailed(StoreError):
     """An if-match write found a different version at the path."""
 
 
+class NotDurable(StoreError):
+    """The store took a write but could not make it durable (an fsync failed).
+
+    The write counts as lost and its writer stops: the bytes are visible, so retrying the
+    create and reading them back would "prove" a write that may never reach the disk.
+    Never retried; ``definite`` is False.
+    """
+
+
 class StoreUnavailable(StoreError):
     """The store could not be reached or refused the request (network, auth, 5xx)."""
 

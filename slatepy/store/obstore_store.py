@@ -13,6 +13,7 @@ from obstore.store import ObjectStore as RawStore
 
 from slatepy.errors import (
     AlreadyExists,
+    NotDurable,
     NotFound,
     PreconditionFailed,
     StoreError,
@@ -20,6 +21,7 @@ from slatepy.errors import (
     UnsupportedStore,
 )
 from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutMode
+from slatepy.store.fsync import FileSync
 
 T = TypeVar("T")
 
@@ -32,11 +34,14 @@ class ObstoreStore(ObjectStore):
     Args:
         raw: The obstore store (already rooted at the database prefix).
         url: The URL to report (without credentials).
+        file_sync: For a ``LocalStore``: fsyncs every put, copy and delete before it returns
+            (``Settings.file_sync="fsync"``). ``None`` leaves durability to the backend.
     """
 
-    def __init__(self, raw: RawStore, url: str) -> None:
+    def __init__(self, raw: RawStore, url: str, *, file_sync: FileSync | None = None) -> None:
         self._raw = raw
         self._url = url
+        self._sync = file_sync
 
     @property
     def url(self) -> str:
@@ -84,11 +89,23 @@ class ObstoreStore(ObjectStore):
             True,
             lambda: obstore.put(self._raw, path, data, mode=raw_mode, use_multipart=False),
         )
+        if self._sync is not None:
+            self._durable(path, self._sync.written)
         return result.get("e_tag")
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(NotFound):
             self._call(path, True, lambda: obstore.delete(self._raw, path))
+        if self._sync is not None:
+            # Also after NotFound: a retried delete whose first attempt unlinked must still sync.
+            try:
+                self._sync.removed(path)
+            except OSError as exc:  # a delete may be retried: nothing is lost if it is undone
+                raise StoreUnavailable(
+                    f"deleting {path} on {self._url}: fsync of its directory failed: {exc}",
+                    path=path,
+                    definite=False,
+                ) from exc
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
         def run() -> Sequence[Any]:
@@ -100,6 +117,24 @@ class ObstoreStore(ObjectStore):
 
     def copy(self, source: str, destination: str) -> None:
         self._call(source, True, lambda: obstore.copy(self._raw, source, destination))
+        if self._sync is not None:
+            self._durable(destination, self._sync.written)
+
+    def _durable(self, path: str, sync: Callable[[str], None]) -> None:
+        """Run ``sync(path)`` after a put or copy; a failure leaves it visible, not durable.
+
+        Raises:
+            NotDurable: never retried (see the error).
+        """
+        try:
+            sync(path)
+        except OSError as exc:
+            raise NotDurable(
+                f"{path} on {self._url} was written but could not be made durable "
+                f"(fsync failed: {exc}); check the disk and the directory's permissions",
+                path=path,
+                definite=False,
+            ) from exc
 
     def _call(self, path: str, mutating: bool, fn: Callable[[], T]) -> T:
         try:

@@ -16,6 +16,7 @@ from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, UnsupportedStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.fsync import FileSync
 from slatepy.store.obstore_store import ObstoreStore
 
 if TYPE_CHECKING:
@@ -58,10 +59,12 @@ def _open(url: str, settings: Settings) -> ObjectStore:
             raise InvalidArgument(f"file URLs need an absolute path (file:///abs/path): {url!r}")
         path = parts.path.rstrip("/") or "/"
         try:
+            # With fsync, create the root ourselves so that its new directories are durable.
+            sync = FileSync.create_root(path) if settings.file_sync == "fsync" else None
             raw = LocalStore(path, mkdir=True)
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
-        return ObstoreStore(raw, f"file://{path}")
+        return ObstoreStore(raw, f"file://{path}", file_sync=sync)
     bucket, prefix = parts.hostname or "", parts.path.strip("/") or None
     if scheme in ("gs", "az", "s3") and not bucket:
         raise InvalidArgument(f"{scheme}:// URLs need a bucket or container name: {url!r}")

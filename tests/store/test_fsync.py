@@ -1,0 +1,246 @@
+"""``file://`` durability: files and directories are fsynced before a write is acknowledged.
+
+The first tests record every ``os.fsync`` (the path behind the descriptor, once the fsync has
+returned) and check what had been fsynced by the time a call returned. The last one counts
+real ``fsync`` system calls of a child process under ``strace``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slatepy import Db
+from slatepy.config import Settings
+from slatepy.errors import NotDurable, StoreUnavailable
+from slatepy.store import open_store
+from slatepy.store.cas import create_if_absent
+
+
+class FsyncLog:
+    """Paths fsynced so far, in order (thread-safe: the Db flushes from its own threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: list[str] = []
+
+    def record(self, path: str) -> None:
+        with self._lock:
+            self._paths.append(path)
+
+    def snapshot(self) -> list[str]:
+        with self._lock:
+            return list(self._paths)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._paths.clear()
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[FsyncLog]:
+    """Record the path of every successful ``os.fsync``."""
+    log = FsyncLog()
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        real_fsync(fd)
+        log.record(path)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    yield log
+
+
+def _settings(**overrides: object) -> Settings:
+    return Settings.from_dict({"compactor": "off", "flush_interval": 0.02, **overrides})
+
+
+def _files(directory: Path) -> set[str]:
+    return {str(p) for p in directory.iterdir() if p.is_file()}
+
+
+@pytest.fixture
+def proc_fds() -> None:
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to map descriptors to paths")
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_open_and_durable_put_fsync_wal_manifest_and_new_directories(
+    fsyncs: FsyncLog, tmp_path: Path
+) -> None:
+    root = tmp_path / "db"
+    with Db.open(f"file://{root}", settings=_settings()) as db:
+        after_open = set(fsyncs.snapshot())
+        # Db.open wrote manifests and the fencing WAL SST into directories it created.
+        manifests = _files(root / "manifest")
+        assert manifests and manifests <= after_open
+        assert _files(root / "wal") <= after_open
+        assert {str(root / "manifest"), str(root / "wal")} <= after_open
+        # ... and the new directories' own entries, in the root and the root's parent.
+        assert {str(root), str(tmp_path)} <= after_open
+
+        wal_before = _files(root / "wal")
+        fsyncs.clear()
+        db.put(b"key", b"value")  # durable: returns once its WAL SST is in the store
+        after_put = fsyncs.snapshot()
+        new_wal = _files(root / "wal") - wal_before
+        assert new_wal, "a durable put must have written a WAL SST"
+        assert new_wal <= set(after_put)
+        assert str(root / "wal") in after_put
+        # The directory is fsynced after the file it names (the file's bytes first).
+        last_dir_sync = max(i for i, p in enumerate(after_put) if p == str(root / "wal"))
+        assert all(after_put.index(sst) < last_dir_sync for sst in new_wal)
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_file_sync_off_fsyncs_nothing(fsyncs: FsyncLog, tmp_path: Path) -> None:
+    root = tmp_path / "db"
+    with Db.open(f"file://{root}", settings=_settings(file_sync="off")) as db:
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+    assert fsyncs.snapshot() == []
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_store_put_copy_delete_fsync_file_and_directories(fsyncs: FsyncLog, tmp_path: Path) -> None:
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings())
+    fsyncs.clear()
+
+    store.put("a/b/obj", b"1", mode="create")
+    # The file, its directory, and each new directory's entry in its parent, up to the root.
+    assert fsyncs.snapshot() == [
+        str(root / "a" / "b" / "obj"),
+        str(root / "a" / "b"),
+        str(root / "a"),
+        str(root),
+    ]
+
+    fsyncs.clear()
+    store.put("a/b/obj", b"2")  # overwrite (temporary file renamed over the object)
+    assert fsyncs.snapshot() == [str(root / "a" / "b" / "obj"), str(root / "a" / "b")]
+
+    fsyncs.clear()
+    store.put("top", b"3", mode="create")
+    assert fsyncs.snapshot() == [str(root / "top"), str(root)]
+
+    fsyncs.clear()
+    store.copy("a/b/obj", "c/copy")  # a hard link renamed into a new directory
+    assert fsyncs.snapshot() == [str(root / "c" / "copy"), str(root / "c"), str(root)]
+
+    fsyncs.clear()
+    store.delete("a/b/obj")  # the unlink is a change of the directory
+    assert fsyncs.snapshot() == [str(root / "a" / "b")]
+
+    fsyncs.clear()
+    store.delete("nowhere/missing")  # idempotent; no directory to sync, no error
+    assert fsyncs.snapshot() == []
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_other_stores_and_file_sync_off_never_fsync(fsyncs: FsyncLog, tmp_path: Path) -> None:
+    for store in (
+        open_store("memory://", _settings()),
+        open_store(f"file://{tmp_path}/off", _settings(file_sync="off")),
+    ):
+        store.put("d/x", b"1", mode="create")
+        store.put("d/x", b"2")
+        store.copy("d/x", "e/y")
+        store.delete("d/x")
+    assert fsyncs.snapshot() == []
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_new_root_directories_are_synced_in_their_parents(fsyncs: FsyncLog, tmp_path: Path) -> None:
+    open_store(f"file://{tmp_path}/a/b/db", _settings())
+    assert sorted(fsyncs.snapshot()) == sorted(
+        [str(tmp_path), str(tmp_path / "a"), str(tmp_path / "a" / "b")]
+    )
+    fsyncs.clear()
+    open_store(f"file://{tmp_path}/a/b/db", _settings())  # exists: nothing new to sync
+    assert fsyncs.snapshot() == []
+
+
+def test_a_failed_fsync_is_never_acknowledged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = open_store(f"file://{tmp_path}/db", _settings())
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(NotDurable, match="could not be made durable") as info:
+        store.put("wal/1.sst", b"data", mode="create")
+    assert info.value.definite is False  # the object is there, but maybe not on disk
+    # A retried create would find its own bytes and report success: it must not retry.
+    with pytest.raises(NotDurable):
+        create_if_absent(store, "wal/2.sst", b"data", attempts=3)
+    with pytest.raises(StoreUnavailable, match="fsync of its directory failed"):
+        store.delete("wal/1.sst")
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys
+    from slatepy import Db, Settings
+
+    settings = Settings(compactor="off", file_sync=sys.argv[2])
+    with Db.open("file://" + sys.argv[1], settings=settings) as db:
+        for i in range(20):
+            db.put(b"key%04d" % i, b"v" * 100)
+    """
+)
+
+
+def _strace_fsyncs(tmp_path: Path, file_sync: str) -> int:
+    trace = tmp_path / f"strace-{file_sync}.txt"
+    root = tmp_path / f"db-{file_sync}"
+    subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=fsync,fdatasync",
+            "-o",
+            str(trace),
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(root),
+            file_sync,
+        ],
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+    calls = [
+        line
+        for line in trace.read_text().splitlines()
+        if ("fsync(" in line or "fdatasync(" in line) and "= 0" in line
+    ]
+    return len(calls)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_strace_counts_real_fsyncs_for_20_durable_puts(tmp_path: Path) -> None:
+    probe = subprocess.run(
+        ["strace", "-qq", "-e", "trace=none", "true"], check=False, capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"strace cannot trace here (ptrace denied?): {probe.stderr.decode()[:200]}")
+    # Each durable put writes one WAL SST: at least the SST and the wal/ directory are synced.
+    assert _strace_fsyncs(tmp_path, "fsync") >= 2 * 20
+    assert _strace_fsyncs(tmp_path, "off") == 0
