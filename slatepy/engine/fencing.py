@@ -79,7 +79,7 @@ class Fencing:
     and stops issuing new ones at its first lost slot, so once we hold ``n`` consecutive
     slots it can never write past them (seed, "Parallel Writes").
 
-    Safety against *newer* writers (RFC 0001, "Fencing"): we never create a slot above
+    Safety against *newer* writers (RFC 0008): we never create a slot above
     one that holds, or may come to hold, a newer epoch. Slots we lost are read (their epoch
     decides); the taken slots we jump over are covered by a manifest check made after the
     listing that found them (a newer writer bumps the epoch before it writes any SST, so if
