@@ -275,6 +275,7 @@ class Db(Closing):
             if self._compactor is not None:
                 self._compactor.close()
             self._wal.close()
+            self._store.drain()
 
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""

@@ -293,6 +293,7 @@ class DbReader(Closing):
                     else None
                 )
             )
+        self._store.drain()
 
     def _check_open(self) -> None:
         if self._closed:

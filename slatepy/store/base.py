@@ -94,6 +94,12 @@ class ObjectStore(abc.ABC):
         """
         return 0
 
+    def drain(self) -> None:
+        """Wait for work this store finishes in the background (two-phase completions).
+
+        Called on close, so a closed database leaves nothing half done that it started.
+        """
+
 
 class WrappingStore(ObjectStore):
     """Forwards every operation to ``inner``; wrappers override only what they change."""
@@ -138,3 +144,6 @@ class WrappingStore(ObjectStore):
 
     def recover(self) -> int:
         return self.inner.recover()
+
+    def drain(self) -> None:
+        self.inner.drain()

@@ -119,7 +119,8 @@ class TwoPhaseStore(WrappingStore):
             self._in_flight.discard(future)
 
     def drain(self) -> None:
-        """Wait until every background completion started so far has finished."""
+        """Wait until every background completion started so far has finished (or failed:
+        a failed one is left to the next read, list or recovery)."""
         with self._lock:
             pending = list(self._in_flight)
         wait(pending)

@@ -55,23 +55,27 @@ class Killed(StoreUnavailable):
 
 
 class KillableStore(WrappingStore):
-    """``inner`` until the ``kill_at``-th request (1-based; 0 never), then dead for good."""
+    """``inner`` until the actor is killed, then dead for good.
 
-    def __init__(self, inner: ObjectStore, kill_at: int) -> None:
+    The kill comes at the ``kill_at``-th request (1-based; 0 never) or, with ``kill_after``
+    a path prefix, right after the first PUT under it lands (``"manifest/"``: after the
+    epoch bump, before any fencing SST; ``"wal/"``: after the first fencing SST).
+    """
+
+    def __init__(self, inner: ObjectStore, kill_at: int, kill_after: str | None = None) -> None:
         super().__init__(inner)
         self.kill_at = kill_at
+        self.kill_after = kill_after
         self.requests = 0
+        self.dead = False
         self._lock = threading.Lock()
-
-    @property
-    def dead(self) -> bool:
-        return bool(self.kill_at) and self.requests >= self.kill_at
 
     def _tick(self) -> None:
         with self._lock:
             self.requests += 1
-            if self.kill_at and self.requests >= self.kill_at:
-                raise Killed(f"killed at request {self.kill_at}", definite=True)
+            self.dead |= bool(self.kill_at) and self.requests >= self.kill_at
+            if self.dead:
+                raise Killed("killed", definite=True)
 
     def get(self, path: str) -> bytes:
         self._tick()
@@ -91,7 +95,11 @@ class KillableStore(WrappingStore):
 
     def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
         self._tick()
-        return self.inner.put(path, data, mode=mode)
+        result = self.inner.put(path, data, mode=mode)
+        if self.kill_after is not None and path.startswith(self.kill_after):
+            with self._lock:
+                self.dead = True
+        return result
 
     def delete(self, path: str) -> None:
         self._tick()
@@ -192,13 +200,15 @@ class RacingRounds:
         rng = random.Random(roll)
         width = rng.choice(self.widths)
         self.widths_seen.add(width)
-        # Most writers live; some die at a request early in start-up or later on.
-        kill_at = 0 if rng.random() < 0.5 else rng.randrange(1, 40)
-        store = KillableStore(self.faulty, kill_at)
+        # Most writers live; some die between start-up steps or at a random request.
+        fate = rng.random()
+        kill_at = rng.randrange(1, 40) if fate < 0.25 else 0
+        kill_after = "manifest/" if fate > 0.85 else "wal/" if fate > 0.7 else None
+        store = KillableStore(self.faulty, kill_at, kill_after)
         settings = msgspec.structs.replace(self.base, max_parallel_writes=width)
         db: Db | None = None
         try:
-            time.sleep(rng.uniform(0, 0.05))
+            time.sleep(rng.uniform(0, self.round_seconds / 2))
             db = Db.open(store, settings=settings)
             if store.dead:
                 raise Killed("killed", definite=True)

@@ -222,3 +222,15 @@ def test_cli_create_table_and_recover(
     assert main(["dynamodb", "recover", two_phase.url]) == 0
     assert "recovered 1 pending two-phase writes" in capsys.readouterr().out
     assert base.records.pending() == [] and base.get("x/y") == b"z"
+
+
+def test_close_leaves_no_two_phase_write_half_done(two_phase: Backend) -> None:
+    """Completions run in the background after a create; ``close`` waits for them."""
+    store = twophase_of(two_phase.store())
+    db = Db.open(store, settings=two_phase.settings)
+    for i in range(5):
+        db.put(b"k%d" % i, b"v")
+    db.close()
+    assert store.records.pending() == []
+    strays = [m.path for m in store.list("") if m.path.count(".") > 1]
+    assert strays == [], "temporaries left behind"
