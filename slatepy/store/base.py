@@ -98,7 +98,9 @@ class ObjectStore(abc.ABC):
         """Wait for work this store finishes in the background (two-phase completions).
 
         Called on close, so a closed database leaves nothing half done that it started.
+        Stores that do all their work in the request itself have nothing to wait for.
         """
+        return None
 
 
 class WrappingStore(ObjectStore):
