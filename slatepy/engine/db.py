@@ -150,8 +150,7 @@ class Db(Closing):
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             # One WAL generation holds the whole batch, so it lands in one SST (atomic).
             generation = self._wal.append(entries, awaited=await_durable)
-            for key, _, value in entries:
-                self._memtable.put(key, seq, value)
+            self._memtable.apply(entries)
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
@@ -160,13 +159,12 @@ class Db(Closing):
         key = check_key(key)
         self._check_open()
         self._refresh_stale_view()
-        # Under the lock: a batch is applied to the memtable key by key, and a refresh
-        # swaps the view and prunes the memtable together; neither may be seen half done.
-        with self._lock:
-            version = self._memtable.get(key)
-            view = self._view
+        version = self._memtable.get(key)  # a batch is seen whole (Memtable.apply)
         if version is not None:
             return version[1]
+        # The view is read after the memtable: a refresh installs the new view before it
+        # prunes the memtable, so a pruned key is always in the view read here.
+        view = self._view
         try:
             found = get_compacted(self._tables, view, key)
         except NotFound:

@@ -2,12 +2,21 @@
 
 A dict gives O(1) point lookups; an ordered key list is maintained lazily for scans: new
 keys collect in an unsorted tail and are merged into the sorted list when a scan needs order
-(sorting two sorted runs is a linear merge in timsort). Callers serialise access.
+(sorting two sorted runs is a linear merge in timsort). Writers (and ``prune``) are
+serialised by their caller; :meth:`get` may run concurrently with them.
+
+Batches are all or nothing to :meth:`get` without a lock on the read path: :meth:`apply`
+raises ``_batching`` for the duration of a multi-key batch and holds ``_batch_lock``; a get
+that sees the flag waits for the batch. A get that missed the flag may see some of the
+batch's keys, but then every later get sees the flag or the finished batch: if one get saw a
+new value, no later get sees an old one.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from slatepy.format.block import Entry
 
@@ -18,9 +27,11 @@ Version = tuple[int, bytes | None]
 class Memtable:
     """Latest version per key, with ordered range reads."""
 
-    __slots__ = ("_data", "_new_keys", "_sorted", "size_bytes")
+    __slots__ = ("_batch_lock", "_batching", "_data", "_new_keys", "_sorted", "size_bytes")
 
     def __init__(self) -> None:
+        self._batch_lock = threading.Lock()
+        self._batching = False
         self._data: dict[bytes, Version] = {}
         self._sorted: list[bytes] = []
         self._new_keys: list[bytes] = []
@@ -40,6 +51,19 @@ class Memtable:
         self._data[key] = (seq, value)
         self.size_bytes += len(value or b"")
 
+    def apply(self, entries: Sequence[Entry]) -> None:
+        """Record a batch of versions, visible to :meth:`get` all at once (see the module)."""
+        if len(entries) == 1:
+            self.put(*entries[0])
+            return
+        with self._batch_lock:
+            self._batching = True
+            try:
+                for key, seq, value in entries:
+                    self.put(key, seq, value)
+            finally:
+                self._batching = False
+
     def prune(self, max_seq: int) -> int:
         """Drop versions with ``seq <= max_seq`` (they now live in compacted SSTs).
 
@@ -55,6 +79,9 @@ class Memtable:
         return dropped
 
     def get(self, key: bytes) -> Version | None:
+        if self._batching:
+            with self._batch_lock:
+                return self._data.get(key)
         return self._data.get(key)
 
     def range(self, start: bytes, end: bytes | None) -> list[Entry]:

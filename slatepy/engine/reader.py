@@ -113,12 +113,10 @@ class DbReader(Closing):
         """The value of ``key`` as of the reader's latest refresh, or None."""
         key = check_key(key)
         self._check_open()
-        with self._lock:  # a WAL SST (a batch) and an adopted view are applied whole
-            version = self._memtable.get(key)
-            view = self._view
+        version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
         if version is not None:
             return version[1]
-        found = get_compacted(self._tables, view, key)
+        found = get_compacted(self._tables, self._view, key)  # adopt sets view, then prunes
         return None if found is None else found[1]
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -159,8 +157,7 @@ class DbReader(Closing):
             # block must not leave the blocks before it (part of a batch) applied.
             meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
             with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-                for key, seq, value in entries:
-                    self._memtable.put(key, seq, value)
+                self._memtable.apply(entries)
                 self._wal_max_seq[wal_id] = meta.props.max_seq
                 self._wal_tail = wal_id
             expected += 1

@@ -217,12 +217,15 @@ class RacingRounds:
             self.ledger.count("opened")
             tag = b"w%d" % db.epoch
             opened = db
-            # As many threads as PUTs the writer may have in flight, so they overlap.
+            # As many threads as PUTs the writer may have in flight, so they overlap; thread t
+            # writes every width-th key from t.
             loops = [
                 threading.Thread(
-                    target=self._write_loop, args=(opened, store, tag, rng.random(), deadline)
+                    target=self._write_loop,
+                    args=(opened, store, tag, KEYS[t::width]),
+                    kwargs={"roll": rng.random(), "deadline": deadline},
                 )
-                for _ in range(width)
+                for t in range(width)
             ]
             for loop in loops:
                 loop.start()
@@ -239,12 +242,21 @@ class RacingRounds:
                 db._crash()  # like a process that ends without flushing
 
     def _write_loop(
-        self, db: Db, store: KillableStore, tag: bytes, roll: float, deadline: float
+        self,
+        db: Db,
+        store: KillableStore,
+        tag: bytes,
+        keys: list[bytes],
+        *,
+        roll: float,
+        deadline: float,
     ) -> None:
+        """Durable puts of ``keys`` until ``deadline``; each key has one thread per writer, so
+        its counters reach the WAL in the order they were taken."""
         rng = random.Random(roll)
         try:
             while time.monotonic() < deadline:
-                key = rng.choice(KEYS)
+                key = rng.choice(keys)
                 counter = self.ledger.issue(key)
                 db.put(key, tag + b"=%d" % counter)
                 self.ledger.acknowledge(key, counter)
