@@ -79,6 +79,22 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         reader_gap_timeout: Seconds a reader waits for a missing WAL SST below later ones
             before it reports the gap as corruption (when the gap is wider than any writer's
             in-flight window, so no live writer can still be filling it).
+        block_cache_bytes: Memory for decoded SST data blocks (per writer or reader).
+        meta_cache_bytes: Memory for SST index and filter partitions; the top-level index of
+            every SST in the current view is kept in memory besides (a few KB per SST).
+        scan_read_ahead_bytes: Largest ranged GET a scan issues while reading ahead.
+        disk_cache: Local disk cache of SST data from the object store: ``"auto"`` (on for
+            ``s3://``, ``gs://``, ``az://``; off for ``memory://`` and ``file://``), ``"on"``,
+            ``"off"``.
+        disk_cache_dir: Where the disk cache lives (shared by processes on one machine);
+            ``$XDG_CACHE_HOME/slatepy`` (or ``~/.cache/slatepy``) when unset.
+        disk_cache_bytes: Size bound of the disk cache; least recently used parts go first.
+        azure_account: Azure storage account; ``AZURE_STORAGE_ACCOUNT_NAME`` when unset.
+        azure_access_key: Azure account key; ``AZURE_STORAGE_ACCOUNT_KEY`` when unset.
+        azure_endpoint: Azure Blob endpoint URL (e.g. Azurite's); inferred when unset.
+        azure_use_emulator: Talk to a local Azurite with its well-known account;
+            ``AZURE_STORAGE_USE_EMULATOR`` when unset.
+        gcs_endpoint: Google Cloud Storage endpoint URL (an emulator); Google's when unset.
     """
 
     flush_interval: float = 0.1
@@ -112,6 +128,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gc_min_age: float = 3600.0
     file_sync: Literal["fsync", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
+    block_cache_bytes: int = 64 * 1024 * 1024
+    meta_cache_bytes: int = 64 * 1024 * 1024
+    scan_read_ahead_bytes: int = 8 * 1024 * 1024
+    disk_cache: Literal["auto", "on", "off"] = "auto"
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = 4 * 1024 * 1024 * 1024
+    azure_account: str | None = None
+    azure_access_key: str | None = None
+    azure_endpoint: str | None = None
+    azure_use_emulator: bool | None = None
+    gcs_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [
@@ -137,6 +164,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.gc_interval > 0, "gc_interval must be > 0"),
             (self.gc_min_age >= 0, "gc_min_age must be >= 0"),
             (self.reader_gap_timeout >= 0, "reader_gap_timeout must be >= 0"),
+            (self.block_cache_bytes >= 0, "block_cache_bytes must be >= 0"),
+            (self.meta_cache_bytes >= 1 << 20, "meta_cache_bytes must be >= 1 MiB"),
+            (
+                64 * 1024 <= self.scan_read_ahead_bytes <= 256 * 1024 * 1024,
+                "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
+            ),
+            (self.disk_cache_bytes >= 16 << 20, "disk_cache_bytes must be >= 16 MiB"),
         ]
         checks.append(
             (
