@@ -59,6 +59,8 @@ class BackgroundCompactor:
                 self.fenced = True
                 return
             except SlatepyError as exc:
+                if self._stop.is_set():
+                    return  # cancelled by close()
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
             self.passes += 1
 
@@ -71,5 +73,8 @@ class BackgroundCompactor:
             self.close()
 
     def close(self) -> None:
+        """Stop the loop; a compaction in progress is abandoned (its outputs go to GC), so
+        this returns in moments however much was written before."""
         self._stop.set()
+        self.compactor.cancel()
         self._thread.join()

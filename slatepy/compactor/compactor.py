@@ -16,8 +16,9 @@ flight").
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 
@@ -28,11 +29,15 @@ from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader
 from slatepy.errors import CompactionAbandoned
+from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.retry import with_retries
+
+CANCEL_CHECK_EVERY = 4096
+"""Merged entries between two looks at the cancel flag (a few ms of merging)."""
 
 
 class Compactor:
@@ -66,6 +71,13 @@ class Compactor:
         )
         self.epoch = claimed.manifest.compactor_epoch
         self.last_published: StoredManifest = claimed
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Make a compaction in progress stop soon with ``CompactionAbandoned`` (its outputs
+        are left to GC), and every later one at once. Closing a writer waits for nothing more
+        than a few thousand merged entries, however large the compaction."""
+        self._cancel.set()
 
     def run_once(self) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do."""
@@ -78,12 +90,13 @@ class Compactor:
         todo = plan(manifest, self._wal.contiguous_tail(manifest.wal_id_last_compacted), policy)
         if todo is None:
             return None
+        self._check_cancelled(todo)
         # GC deletes unreferenced outputs once they are gc_min_age old; publishing after half
         # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
         outputs = write_outputs(
-            merge_newest(plan_inputs(todo, manifest, self.tables)),
+            self._until_cancelled(todo, merge_newest(plan_inputs(todo, manifest, self.tables))),
             self.tables,
             self.policy,
             drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
@@ -111,6 +124,19 @@ class Compactor:
             raise
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
         return todo
+
+    def _check_cancelled(self, todo: Plan) -> None:
+        if self._cancel.is_set():
+            raise CompactionAbandoned(
+                f"compaction {todo} cancelled: the compactor is closing; its outputs are left "
+                "for the garbage collector"
+            )
+
+    def _until_cancelled(self, todo: Plan, entries: Iterator[Entry]) -> Iterator[Entry]:
+        for count, entry in enumerate(entries):
+            if count % CANCEL_CHECK_EVERY == 0:
+                self._check_cancelled(todo)
+            yield entry
 
     def run_until_idle(self, *, max_rounds: int = 1000) -> int:
         """Run compactions until none is left (or ``max_rounds``); return how many ran."""

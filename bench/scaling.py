@@ -1,0 +1,133 @@
+"""How reads, memory and close behave as the database grows (issue 18's table).
+
+    python -m bench.scaling --keys 100000 1000000 4000000 [--store file] [--name scaling]
+
+For each N, in a fresh process (so peak RSS is per size): write N keys (16-byte keys,
+100-byte values) in awaited batches of 1,000 with default settings (in-process compactor on),
+close, compact until idle, reopen, then 20,000 random gets and a full scan. Reports writes
+rows/s, the time ``close()`` took, random gets/s, scan rows/s, peak RSS, and the store requests
+the gets made. Writes ``bench/results/<name>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import location
+from slatepy import Db, Settings, WriteBatch
+from slatepy.compactor import Compactor
+from slatepy.store import open_store
+
+RESULTS = Path(__file__).parent / "results"
+GETS = 20_000
+VALUE = b"v" * 100
+
+
+def key(i: int) -> bytes:
+    return b"key%013d" % i
+
+
+def measure(keys: int, store: str) -> dict[str, Any]:
+    """One size, in this process."""
+    with location(store, compactor="in-process") as (url, settings):
+        start = time.perf_counter()
+        db = Db.open(url, settings=settings)
+        for first in range(0, keys, 1000):
+            batch = WriteBatch()
+            for i in range(first, min(first + 1000, keys)):
+                batch.put(key(i), VALUE)
+            db.write(batch)
+        written = time.perf_counter() - start
+        start = time.perf_counter()
+        db.close()
+        closed = time.perf_counter() - start
+        quiet = Settings.from_dict({**_fields(settings), "compactor": "off"})
+        Compactor(open_store(url, quiet), settings=quiet).run_until_idle()
+        with Db.open(url, settings=quiet) as db:
+            rng = random.Random(7)
+            probes = [key(rng.randrange(keys)) for _ in range(GETS)]
+            before = {k: v.requests for k, v in db.metrics.snapshot().items()}
+            start = time.perf_counter()
+            found = sum(db.get(k) is not None for k in probes)
+            gets = time.perf_counter() - start
+            requests = _requests_since(db, before)
+            start = time.perf_counter()
+            rows = sum(1 for _ in db.scan())
+            scanned = time.perf_counter() - start
+        assert found == GETS and rows == keys, (found, rows)
+    return {
+        "keys": keys,
+        "writes_rows_per_s": keys / written,
+        "close_s": closed,
+        "gets_per_s": GETS / gets,
+        "get_requests_per_1000": {k: v * 1000 / GETS for k, v in requests.items()},
+        "scan_rows_per_s": rows / scanned,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _fields(settings: Settings) -> dict[str, Any]:
+    return {f: getattr(settings, f) for f in settings.__struct_fields__}
+
+
+def _requests_since(db: Db, before: dict[str, int]) -> dict[str, int]:
+    now = {k: v.requests for k, v in db.metrics.snapshot().items()}
+    return {k: v - before.get(k, 0) for k, v in now.items() if v - before.get(k, 0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keys", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--store", default="file", choices=["memory", "file", "s3"])
+    parser.add_argument("--name", default="scaling")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(measure(args.one, args.store)))
+        return
+    rows = []
+    for keys in args.keys:
+        child = subprocess.run(
+            [sys.executable, "-m", "bench.scaling", "--one", str(keys), "--store", args.store],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if child.returncode != 0:
+            raise SystemExit(f"{keys} keys failed:\n{child.stderr}")
+        rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        print(_line(rows[-1]), flush=True)
+    command = "python -m bench.scaling " + " ".join(sys.argv[1:])
+    table = [
+        f"Run `{command}`.",
+        "",
+        "| keys | random gets/s | full scan rows/s | peak RSS | writes rows/s | close | "
+        "requests / 1,000 gets |",
+        "|---|---|---|---|---|---|---|",
+        *(_line(r) for r in rows),
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"command": command, "rows": rows}))
+    (RESULTS / f"{args.name}.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
+
+def _line(r: dict[str, Any]) -> str:
+    reqs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["get_requests_per_1000"].items()))
+    return (
+        f"| {r['keys']:,} | {r['gets_per_s']:,.0f} | {r['scan_rows_per_s']:,.0f} | "
+        f"{r['peak_rss_mb']:.0f} MB | {r['writes_rows_per_s']:,.0f} | {r['close_s']:.1f} s | "
+        f"{reqs or '-'} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
