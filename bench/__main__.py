@@ -28,8 +28,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.engines import ENGINES, median_ms, p99_ms
+from bench.proxy import LatencyProxy
 from slatepy import Settings
 from slatepy.store import ObjectStore, open_store
 from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
@@ -43,15 +45,20 @@ def key(i: int) -> bytes:
 
 
 @contextmanager
-def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]:
-    """Yields ``fresh(engine) -> (url, settings)``: a new empty location per engine."""
+def store_location(
+    name: str, latency_ms: float = 0.0
+) -> Iterator[Callable[[str], tuple[str, Settings]]]:
+    """Yields ``fresh(engine) -> (url, settings)``: a new empty location per engine.
+
+    With ``latency_ms`` an S3 store is reached through :class:`bench.proxy.LatencyProxy`
+    (that many ms ± a third of it per request), for both engines alike."""
     if name == "memory":
         yield lambda _: ("memory:///", Settings())
     elif name == "file":
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
     elif name in ("s3", "minio"):
-        with _s3_endpoint(name) as (endpoint, bucket):
+        with _s3_endpoint(name, latency_ms) as (endpoint, bucket):
             os.environ.update(
                 {
                     "AWS_ENDPOINT_URL": endpoint.url,
@@ -72,7 +79,7 @@ def store_location(name: str) -> Iterator[Callable[[str], tuple[str, Settings]]]
 
 
 @contextmanager
-def _s3_endpoint(name: str) -> Iterator[tuple[S3Endpoint, str]]:
+def _s3_endpoint(name: str, latency_ms: float = 0.0) -> Iterator[tuple[S3Endpoint, str]]:
     """moto in its own process (``s3``), or the MinIO of ``compose.yaml`` (``minio``: set
     ``SLATEPY_TEST_S3_ENDPOINT``, and ``SLATEPY_TEST_S3_ACCESS_KEY``/``_SECRET_KEY`` if they
     are not minioadmin; the bucket ``slatepy`` must exist)."""
@@ -91,7 +98,21 @@ def _s3_endpoint(name: str) -> Iterator[tuple[S3Endpoint, str]]:
         return
     with moto_server(separate_process=True) as endpoint:
         create_bucket(endpoint, "bench")
-        yield endpoint, "bench"
+        if not latency_ms:
+            yield endpoint, "bench"
+            return
+        target = urlsplit(endpoint.url)
+        assert target.hostname is not None and target.port is not None
+        delay = latency_ms / 1000
+        with LatencyProxy(target.hostname, target.port, delay=delay, jitter=delay / 3) as proxy:
+            yield (
+                S3Endpoint(
+                    proxy.url,
+                    access_key_id=endpoint.access_key_id,
+                    secret_access_key=endpoint.secret_access_key,
+                ),
+                "bench",
+            )
 
 
 def floor_ms(store: ObjectStore, samples: int = 50) -> dict[str, float]:
@@ -253,6 +274,12 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", default=["memory", "file", "s3"])
     parser.add_argument("--engines", nargs="+", default=["slatepy", "slatedb"])
     parser.add_argument("--name", default="latest")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="per-request delay added to s3 by a proxy on the wire (bench/proxy.py)",
+    )
     args = parser.parse_args()
     run: dict[str, Any] = {
         "command": "python -m bench "
@@ -265,6 +292,7 @@ def main() -> None:
                 *args.engines,
                 "--name",
                 args.name,
+                *([f"--latency-ms {args.latency_ms:g}"] if args.latency_ms else []),
             ]
         ),
         "machine": f"{platform.machine()}, {platform.python_version()}, {platform.platform()}",
@@ -272,7 +300,7 @@ def main() -> None:
         "stores": {},
     }
     for store_name in args.stores:
-        with store_location(store_name) as fresh:
+        with store_location(store_name, args.latency_ms) as fresh:
             url, settings = fresh("floor")
             data: dict[str, Any] = {"floor": floor_ms(open_store(url, settings)), "engines": {}}
             for engine_name in args.engines:

@@ -1,0 +1,132 @@
+"""A TCP proxy on 127.0.0.1 that makes a local S3 server (moto, MinIO) as slow as a real one.
+
+Each HTTP request pays ``delay`` ± ``jitter`` seconds before it reaches the server: the proxy
+holds the first bytes a client sends after the previous response (or on a new connection),
+which is where a request begins on a keep-alive HTTP/1.1 connection. Everything else streams
+through untouched, so bandwidth stays the server's. Because it sits on the wire, slatepy and
+SlateDB's Rust client pay the same latency in the same run (a Python store wrapper could only
+slow down slatepy).
+
+    with LatencyProxy("127.0.0.1", moto_port, delay=0.030, jitter=0.010) as proxy:
+        endpoint = proxy.url   # http://127.0.0.1:<port>
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from types import TracebackType
+
+CHUNK = 256 * 1024
+
+
+class LatencyProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port`` with per-request delay.
+
+    Attributes:
+        requests: Requests delayed so far (one per HTTP request on a connection).
+    """
+
+    def __init__(
+        self, target_host: str, target_port: int, *, delay: float, jitter: float = 0.0
+    ) -> None:
+        self.target = (target_host, target_port)
+        self.delay, self.jitter = delay, jitter
+        self.requests = 0
+        self.port = 0
+        self._rng = random.Random(0)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._server: asyncio.base_events.Server | None = None
+        self._thread = threading.Thread(target=self._serve, name="latency-proxy", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LatencyProxy:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the latency proxy did not start")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        """Close the listener and every open connection's tasks."""
+        if self._server is not None:
+            self._server.close()
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._connection, "127.0.0.1", 0)
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _connection(
+        self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.close()
+            return
+        responded = asyncio.Event()
+        responded.set()  # the first bytes of a connection start a request
+        await asyncio.gather(
+            self._upstream(client_reader, server_writer, responded),
+            self._downstream(server_reader, client_writer, responded),
+            return_exceptions=True,
+        )
+
+    async def _upstream(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        responded: asyncio.Event,
+    ) -> None:
+        try:
+            while data := await reader.read(CHUNK):
+                if responded.is_set():  # a new request begins
+                    responded.clear()
+                    self.requests += 1
+                    wait = self.delay + self._rng.uniform(-self.jitter, self.jitter)
+                    await asyncio.sleep(max(0.0, wait))
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def _downstream(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        responded: asyncio.Event,
+    ) -> None:
+        try:
+            while data := await reader.read(CHUNK):
+                responded.set()
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
