@@ -8,8 +8,12 @@ variables (``SLATEPY_FLUSH_INTERVAL=0.05``).
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
 import tomllib
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -141,6 +145,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gcs_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        # The constructor does not check types (only decoding does): a misspelt Literal
+        # such as compactor="background" would otherwise be accepted and silently ignored.
+        for name, annotation in _field_types().items():
+            _check_type(name, getattr(self, name), annotation)
         checks: list[tuple[bool, str]] = [
             (self.flush_interval > 0, "flush_interval must be > 0 seconds"),
             (self.flush_bytes >= 1024, "flush_bytes must be >= 1024"),
@@ -184,7 +192,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """Build settings from a mapping, converting strings such as ``"0.05"``."""
+        """Build settings from a mapping, converting strings such as ``"0.05"``.
+
+        Raises:
+            InvalidArgument: an unknown option (with the closest known name), a value of the
+                wrong type, or a value out of range.
+        """
+        for name in data:
+            if name not in cls.__struct_fields__:
+                raise InvalidArgument(
+                    f"unknown setting {name!r}{_did_you_mean(name, cls.__struct_fields__)}"
+                )
         try:
             return msgspec.convert(data, cls, strict=False)
         except msgspec.ValidationError as exc:
@@ -197,13 +215,52 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return cls.from_dict(tomllib.load(f))
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Self:
-        """Build settings from ``SLATEPY_<OPTION>`` variables, then apply ``overrides``."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Build settings from ``SLATEPY_<OPTION>`` variables, then apply ``overrides``.
+
+        Raises:
+            InvalidArgument: a ``SLATEPY_*`` variable names no option (a typo would otherwise
+                be ignored without a word); ``SLATEPY_TEST_*`` belongs to the test suite.
+        """
         env = os.environ if environ is None else environ
+        options = {f"SLATEPY_{name.upper()}": name for name in cls.__struct_fields__}
         data: dict[str, Any] = {}
-        for name in cls.__struct_fields__:
-            value = env.get(f"SLATEPY_{name.upper()}")
-            if value is not None:
-                data[name] = value
+        for variable, value in env.items():
+            if not variable.startswith("SLATEPY_") or variable.startswith(NOT_SETTINGS):
+                continue
+            if variable not in options:
+                raise InvalidArgument(
+                    f"environment variable {variable} names no setting"
+                    f"{_did_you_mean(variable, options)}"
+                )
+            data[options[variable]] = value
         data.update(overrides)
         return cls.from_dict(data)
+
+
+NOT_SETTINGS = ("SLATEPY_TEST_",)
+"""``SLATEPY_*`` variables that are not settings (the test suite's own)."""
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Settings)
+
+
+def _check_type(name: str, value: object, annotation: Any) -> None:
+    """Raise ``InvalidArgument`` unless ``value`` fits ``annotation`` (a field's type)."""
+    if typing.get_origin(annotation) is Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            choices = ", ".join(repr(a) for a in allowed)
+            raise InvalidArgument(f"{name}={value!r} is not one of {choices}")
+        return
+    try:
+        msgspec.convert(value, annotation, strict=True)
+    except msgspec.ValidationError as exc:
+        raise InvalidArgument(f"{name}={value!r}: {exc}") from None

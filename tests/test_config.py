@@ -39,3 +39,29 @@ def test_toml(tmp_path: Path) -> None:
 def test_bad_settings_are_invalid_arguments(bad: dict[str, object]) -> None:
     with pytest.raises(InvalidArgument):
         Settings.from_dict(bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"compactor": "background"}, "compactor='background' is not one of 'in-process', 'off'"),
+        ({"cas": "DynamoDB"}, "cas='DynamoDB' is not one of 'conditional', 'dynamodb'"),
+        ({"flush_interval": "fast"}, "flush_interval='fast'"),
+        ({"max_parallel_writes": 2.5}, "max_parallel_writes=2.5"),
+        ({"s3_allow_http": "yes"}, "s3_allow_http='yes'"),
+    ],
+)
+def test_the_constructor_checks_types_and_allowed_values(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(")):
+        Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_options_and_variables_are_rejected_with_a_suggestion() -> None:
+    with pytest.raises(InvalidArgument, match="did you mean 'flush_interval'"):
+        Settings.from_dict({"flush_intervall": 1})
+    with pytest.raises(InvalidArgument, match="did you mean 'SLATEPY_GC_MIN_AGE'"):
+        Settings.from_env({"SLATEPY_GC_MIN_AGEE": "1"})
+    # The test suite's own variables are not settings.
+    assert Settings.from_env({"SLATEPY_TEST_S3_ENDPOINT": "http://x"}) == Settings()
