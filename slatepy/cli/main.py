@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,12 +13,20 @@ from slatepy.errors import SlatepyError
 from slatepy.store.url import open_store
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("slatepy")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slatepy",
         description="slatepy: an LSM key-value store on object storage. Store settings come "
         "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT) and AWS_*.",
     )
+    parser.add_argument("--version", action="version", version=f"slatepy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
     demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))

@@ -128,3 +128,10 @@ def test_compactor_command_runs_until_interrupted(tmp_path: Path) -> None:
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert "compactor epoch 1" in out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("slatepy 0.")
