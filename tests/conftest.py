@@ -1,8 +1,10 @@
-"""Shared fixtures: backends (memory, file, S3 over HTTP via moto, MinIO when configured)."""
+"""Shared fixtures: backends (memory, file, S3 over HTTP via moto, Azure Blob via Azurite,
+MinIO when configured)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +16,13 @@ from hypothesis import HealthCheck, settings
 from slatepy.config import Settings
 from slatepy.store import ObjectStore, open_store
 from slatepy.store.dynamodb import create_table
+from slatepy.testing.azurite import (
+    AzureEndpoint,
+    azurite_server,
+    create_container,
+    find_azurite,
+    install_dir,
+)
 from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
 
 settings.register_profile(
@@ -53,6 +62,42 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
             s3_settings(endpoint, dynamodb_table=TEST_TABLE, dynamodb_endpoint=endpoint.url)
         )
         yield endpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _disk_cache_in_a_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests that open remote stores with default settings get the disk cache (on for s3://
+    and az://) under a temporary directory, not ``~/.cache/slatepy``; Azurite's install
+    location is pinned first, as it also derives from ``XDG_CACHE_HOME``."""
+    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "SLATEPY_TEST_AZURITE_HOME")}
+    os.environ["SLATEPY_TEST_AZURITE_HOME"] = str(install_dir())
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def azure_endpoint() -> Iterator[AzureEndpoint]:
+    """One Azurite on 127.0.0.1 for the session, with the test container.
+
+    Azurite is installed on first use when npm is present (``.ci/run`` installs it ahead);
+    the azure tests skip only where Node.js, or both Azurite and npm, are missing.
+    """
+    if shutil.which("node") is None:
+        pytest.skip("azure tests need Node.js to run Azurite (`node` is not on PATH)")
+    if find_azurite() is None and shutil.which("npm") is None:
+        pytest.skip("azure tests need Azurite: no azurite-blob installed and no npm to install it")
+    with azurite_server() as endpoint:
+        create_container(endpoint, TEST_BUCKET)
+        yield endpoint
+
+
+def azure_settings(endpoint: AzureEndpoint, **overrides: object) -> Settings:
+    return Settings.from_dict({**endpoint.settings_fields(), **overrides})
 
 
 def _minio_endpoint() -> S3Endpoint | None:
@@ -100,6 +145,7 @@ BACKENDS = [
     "file",
     pytest.param("s3", marks=pytest.mark.s3),
     pytest.param("s3-dynamodb", marks=pytest.mark.s3),
+    pytest.param("azure", marks=pytest.mark.azure),
 ]
 if os.environ.get("SLATEPY_TEST_S3_ENDPOINT"):
     BACKENDS.append(pytest.param("minio", marks=pytest.mark.s3))
@@ -113,6 +159,15 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     if name == "file":
         return Backend(name, f"file://{tmp_path}/db", fast)
     prefix = f"t-{uuid.uuid4().hex[:12]}"
+    cache = str(tmp_path / "disk-cache")  # the disk cache is on for remote stores: not ~/.cache
+    if name == "azure":
+        settings = azure_settings(
+            request.getfixturevalue("azure_endpoint"),
+            flush_interval=0.02,
+            compactor="off",
+            disk_cache_dir=cache,
+        )
+        return Backend(name, f"az://{TEST_BUCKET}/{prefix}", settings)
     if name == "s3-dynamodb":
         endpoint = request.getfixturevalue("s3_endpoint")
         settings = s3_settings(
@@ -122,6 +177,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
             cas="dynamodb",
             dynamodb_table=TEST_TABLE,
             dynamodb_endpoint=endpoint.url,
+            disk_cache_dir=cache,
         )
         return Backend(name, f"s3://{TEST_BUCKET}/{prefix}", settings)
     if name == "s3":
@@ -133,7 +189,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     return Backend(
         name,
         f"s3://{TEST_BUCKET}/{prefix}",
-        s3_settings(endpoint, flush_interval=0.02, compactor="off"),
+        s3_settings(endpoint, flush_interval=0.02, compactor="off", disk_cache_dir=cache),
     )
 
 

@@ -1,4 +1,5 @@
-"""``slatepy inspect URL``: the manifest, snapshots, levels, the WAL and what GC would delete."""
+"""``slatepy inspect URL``: the manifest, snapshots, levels, the WAL, what GC would delete, and
+the requests the report cost (with the disk cache's hit rate)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from collections import Counter
 
 from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.table import TableReader
+from slatepy.engine.table import TableReader, compacted_path
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.disk_cache import DiskCachedStore
+from slatepy.store.metrics import MetricsStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.stack import open_stack
 
 
 def sst_summary(tables: TableReader, path: str) -> str:
@@ -38,13 +42,39 @@ def handles_summary(handles: tuple[SstHandle, ...]) -> str:
     )
 
 
+def run_summary(store: MetricsStore, settings: Settings) -> list[str]:
+    """What reading through ``store`` cost so far: requests, and the disk cache's hit rate."""
+    ops = store.metrics.snapshot()
+    counts = ", ".join(f"{kind}={s.requests}" for kind, s in sorted(ops.items())) or "none"
+    lines = [f"requests this run: {counts}"]
+    if not isinstance(store, DiskCachedStore):
+        lines.append(f"disk cache: off for this store (disk_cache={settings.disk_cache!r})")
+        return lines
+    usage = store.cache.usage()
+    lines += [
+        f"disk cache: on, {store.cache.root}: {usage.files} files, "
+        f"{usage.bytes / 2**20:.1f} of {store.cache.max_bytes / 2**20:.0f} MiB",
+        f"  this run: {store.metrics.cache_snapshot().describe()}",
+    ]
+    return lines
+
+
 def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = None) -> str:
-    """A human-readable report of the database at ``store`` (reads only; GC as a dry run)."""
+    """A human-readable report of the database at ``store`` (reads only; GC as a dry run).
+
+    Reads go through the stack a reader uses (retries, metrics, and the disk cache where the
+    settings enable it: on by default for s3://, gs://, az://), so the report ends with the
+    requests it cost and the cache's hit rate for this run. The properties of up to ``limit``
+    L0 SSTs are read from their footers: one ranged GET each when not cached.
+    """
+    settings = settings or Settings()
+    store = open_stack(store, settings)
     lines: list[str] = [f"database: {store.url}"]
     stored = ManifestStore(store).load()
     if stored is None:
         lines.append("no manifest: this location holds no slatepy database")
         return "\n".join(lines)
+    tables = TableReader(store, cache_bytes=1 << 20)
     m = stored.manifest
     lines += [
         f"manifest {stored.id} (format {m.format_version})",
@@ -61,7 +91,10 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
         )
         lines.append(f"    {s.id} manifest={s.manifest_id} expires={expiry}")
     lines.append(f"L0: {len(m.l0)} SSTs")
-    lines += [f"  {h.id} {handles_summary((h,))}" for h in m.l0]
+    for n, h in enumerate(m.l0):
+        lines.append(f"  {h.id} {handles_summary((h,))}")
+        if n < limit:
+            lines.append(f"    {sst_summary(tables, compacted_path(h.id))}")
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
@@ -76,7 +109,6 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     shown = entries[-limit:] if limit else []
     if len(entries) > len(shown):
         lines.append(f"  (showing the last {len(shown)})")
-    tables = TableReader(store, cache_bytes=1 << 20)
     for wal_id, meta in shown:
         lines.append(f"  {wal_id:>8} {sst_summary(tables, meta.path)}")
     report = GarbageCollector(store, settings=settings).collect(dry_run=True)
@@ -86,4 +118,5 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     )
     reasons = Counter(d.reason for d in report.deletions)
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
+    lines += run_summary(store, settings)
     return "\n".join(lines)

@@ -27,10 +27,10 @@ from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.disk_cache import DiskCachedStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
-from slatepy.store.retry import with_retries
-from slatepy.store.url import open_store
+from slatepy.store.stack import open_stack
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -75,7 +75,11 @@ class Db(Closing):
             from slatepy.gc import GarbageCollector
 
             self._compactor = BackgroundCompactor(
-                Compactor(store, settings=settings),
+                # Compaction reads what it is about to replace: not worth the disk cache.
+                Compactor(
+                    store.uncached() if isinstance(store, DiskCachedStore) else store,
+                    settings=settings,
+                ),
                 gc=GarbageCollector(store, settings=settings),
                 on_publish=self._adopt_published,
             )
@@ -95,8 +99,7 @@ class Db(Closing):
             FencedError: a newer writer opened the database while this one was starting.
         """
         settings = settings or Settings()
-        inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
-        store = MetricsStore(with_retries(inner, settings.request_attempts))
+        store = open_stack(url, settings)
         return cls(
             store, settings, ManifestStore(store, attempts=settings.manifest_update_attempts)
         )

@@ -40,8 +40,7 @@ from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
-from slatepy.store.retry import with_retries
-from slatepy.store.url import open_store
+from slatepy.store.stack import open_stack
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +83,7 @@ class DbReader(Closing):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
-        inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
-        return cls(MetricsStore(with_retries(inner, settings.request_attempts)), settings)
+        return cls(open_stack(url, settings), settings)
 
     @property
     def manifest_id(self) -> int:

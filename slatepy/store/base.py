@@ -51,6 +51,16 @@ class ObjectStore(abc.ABC):
         """Whether ``put(mode=IfMatch(...))`` is atomic on this backend."""
         return True
 
+    @property
+    def supports_suffix(self) -> bool:
+        """Whether ``get_suffix`` is one request on this backend.
+
+        Where it is not (Azure Blob has no suffix ranges), ``get_suffix`` still works but
+        costs a HEAD for the size and then a range GET, so a caller that already knows the
+        object's size (a listing, a manifest) should call ``get_range`` instead.
+        """
+        return True
+
     @abc.abstractmethod
     def get(self, path: str) -> bytes:
         """Return the whole object. Raises ``NotFound``."""
@@ -116,6 +126,10 @@ class WrappingStore(ObjectStore):
     @property
     def supports_if_match(self) -> bool:
         return self.inner.supports_if_match
+
+    @property
+    def supports_suffix(self) -> bool:
+        return self.inner.supports_suffix
 
     def get(self, path: str) -> bytes:
         return self.inner.get(path)

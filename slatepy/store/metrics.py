@@ -1,7 +1,8 @@
 """A wrapping store that counts requests and bytes per operation kind.
 
 Benchmarks, the demo and the closing notes quote these counts; they are what an object
-store bills for.
+store bills for. A store stack with a local disk cache (RFC 0010) also counts the cache's
+hits, misses and bytes here, beside the requests it saved or made.
 """
 
 from __future__ import annotations
@@ -27,10 +28,71 @@ class OpStats:
 
 
 @dataclass(slots=True)
+class CacheStats:
+    """Counters of a local disk cache of object data, as seen by one store stack.
+
+    A *part* is one aligned range of an object (or one cached suffix read); hits and misses
+    count parts, so ``hit_rate`` is the share of parts a read needed that the disk had.
+
+    Attributes:
+        hits: Parts served from the disk cache.
+        misses: Parts fetched from the store (and then written to the cache).
+        hit_bytes: Bytes served from the disk cache.
+        fetched_bytes: Bytes fetched from the store for missing parts.
+        evictions: Cache files this stack deleted to keep the cache under its size bound.
+        evicted_bytes: Bytes of those files.
+        corrupt: Cached parts that failed verification; each was deleted and refetched.
+        errors: Local I/O failures (disk full, permissions); the read went to the store.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    hit_bytes: int = 0
+    fetched_bytes: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    corrupt: int = 0
+    errors: int = 0
+
+    @property
+    def hit_rate(self) -> float | None:
+        """``hits / (hits + misses)``, or None when the cache was not consulted."""
+        looked_up = self.hits + self.misses
+        return self.hits / looked_up if looked_up else None
+
+    def copy(self) -> CacheStats:
+        return CacheStats(
+            self.hits,
+            self.misses,
+            self.hit_bytes,
+            self.fetched_bytes,
+            self.evictions,
+            self.evicted_bytes,
+            self.corrupt,
+            self.errors,
+        )
+
+    def describe(self) -> str:
+        """One line for CLI output: hit rate, hits, misses and bytes."""
+        rate = self.hit_rate
+        shown = "n/a" if rate is None else f"{rate:.1%}"
+        return (
+            f"hit rate {shown}: {self.hits} hits ({self.hit_bytes} bytes), "
+            f"{self.misses} misses ({self.fetched_bytes} bytes fetched), "
+            f"{self.evictions} evictions, {self.corrupt} corrupt, {self.errors} errors"
+        )
+
+
+@dataclass(slots=True)
 class StoreMetrics:
-    """Per-kind counters, safe to update from several threads."""
+    """Per-kind request counters and disk-cache counters, safe to update from several threads.
+
+    ``ops`` counts requests that reached the object store (a read the disk cache answered is
+    not one); ``cache`` counts what the disk cache did, when the stack has one.
+    """
 
     ops: dict[str, OpStats] = field(default_factory=dict)
+    cache: CacheStats = field(default_factory=CacheStats)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, kind: str, *, sent: int = 0, received: int = 0, error: bool = False) -> None:
@@ -49,9 +111,39 @@ class StoreMetrics:
                 for k, v in self.ops.items()
             }
 
+    def record_cache(
+        self,
+        *,
+        hits: int = 0,
+        misses: int = 0,
+        hit_bytes: int = 0,
+        fetched_bytes: int = 0,
+        evictions: int = 0,
+        evicted_bytes: int = 0,
+        corrupt: int = 0,
+        errors: int = 0,
+    ) -> None:
+        """Add to the disk-cache counters."""
+        with self._lock:
+            c = self.cache
+            c.hits += hits
+            c.misses += misses
+            c.hit_bytes += hit_bytes
+            c.fetched_bytes += fetched_bytes
+            c.evictions += evictions
+            c.evicted_bytes += evicted_bytes
+            c.corrupt += corrupt
+            c.errors += errors
+
+    def cache_snapshot(self) -> CacheStats:
+        """A copy of the disk-cache counters at this moment."""
+        with self._lock:
+            return self.cache.copy()
+
     def reset(self) -> None:
         with self._lock:
             self.ops.clear()
+            self.cache = CacheStats()
 
     def requests(self, kind: str) -> int:
         with self._lock:
@@ -63,6 +155,9 @@ class StoreMetrics:
         rows = [f"{'operation':<12}{'requests':>10}{'errors':>8}{'bytes out':>14}{'bytes in':>14}"]
         for kind, s in sorted(self.snapshot().items()):
             rows.append(f"{kind:<12}{s.requests:>10}{s.errors:>8}{s.bytes_out:>14}{s.bytes_in:>14}")
+        cache = self.cache_snapshot()
+        if cache != CacheStats():
+            rows.append(f"disk cache: {cache.describe()}")
         return "\n".join(rows)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import obstore
 from obstore import exceptions as obx
-from obstore.store import LocalStore
+from obstore.store import AzureStore, LocalStore
 from obstore.store import ObjectStore as RawStore
 
 from slatepy.errors import (
@@ -23,9 +23,18 @@ from slatepy.errors import (
 from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutMode
 from slatepy.store.fsync import FileSync
 
+if TYPE_CHECKING:
+    from obstore import GetOptions
+
 T = TypeVar("T")
 
 _MISSING_BUCKET_MARKERS = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not")
+
+# How often the HEAD + range GET replacement of a suffix read starts over because the object
+# was replaced between the two requests (its ETag changed). Slatepy's objects are written once,
+# so a second attempt is already a rarity; the bound keeps an object rewritten in a loop from
+# holding a reader forever.
+_SUFFIX_FALLBACK_ATTEMPTS = 3
 
 
 class ObstoreStore(ObjectStore):
@@ -42,6 +51,9 @@ class ObstoreStore(ObjectStore):
         self._raw = raw
         self._url = url
         self._sync = file_sync
+        # obstore refuses suffix ranges on Azure ("Azure does not support suffix range
+        # requests"); other backends that turn out to refuse them switch on first refusal.
+        self._suffix = not isinstance(raw, AzureStore)
 
     @property
     def url(self) -> str:
@@ -51,6 +63,10 @@ class ObstoreStore(ObjectStore):
     def supports_if_match(self) -> bool:
         # LocalStore implements If-Match writes non-atomically (measured; see DESIGN §2).
         return not isinstance(self._raw, LocalStore)
+
+    @property
+    def supports_suffix(self) -> bool:
+        return self._suffix
 
     def get(self, path: str) -> bytes:
         return self._call(path, False, lambda: obstore.get(self._raw, path).bytes().to_bytes())
@@ -63,21 +79,64 @@ class ObstoreStore(ObjectStore):
         )
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        if not ranges:
-            return []
-        starts = [s for s, _ in ranges]
-        ends = [max(s, e) for s, e in ranges]
-        parts = self._call(
-            path, False, lambda: obstore.get_ranges(self._raw, path, starts=starts, ends=ends)
+        # obstore rejects empty ranges (ValueError), so only non-empty ones are requested.
+        wanted = [(s, e) for s, e in ranges if e > s]
+        if not wanted:
+            return [b""] * len(ranges)
+        starts = [s for s, _ in wanted]
+        ends = [e for _, e in wanted]
+        parts = iter(
+            self._call(
+                path, False, lambda: obstore.get_ranges(self._raw, path, starts=starts, ends=ends)
+            )
         )
-        return [p.to_bytes() for p in parts]
+        return [next(parts).to_bytes() if e > s else b"" for s, e in ranges]
 
     def get_suffix(self, path: str, length: int) -> bytes:
-        def run() -> bytes:
-            result = obstore.get(self._raw, path, options={"range": {"suffix": length}})
-            return result.bytes().to_bytes()
+        """Return the last ``length`` bytes: one suffix GET, or a HEAD and a range GET.
 
-        return self._call(path, False, run)
+        The two-request form serves backends without suffix ranges (``supports_suffix`` is
+        False). Its GET carries the HEAD's ETag as ``If-Match``, so the bytes always come from
+        the object whose size was measured, never from a replacement written in between.
+        """
+        if length <= 0:
+            self.head(path)  # still NotFound for a missing object, like a suffix GET
+            return b""
+        if self._suffix:
+
+            def run() -> bytes:
+                result = obstore.get(self._raw, path, options={"range": {"suffix": length}})
+                return result.bytes().to_bytes()
+
+            try:
+                return self._call(path, False, run)
+            except UnsupportedStore:
+                self._suffix = False
+        return self._suffix_by_head(path, length)
+
+    def _suffix_by_head(self, path: str, length: int) -> bytes:
+        for _ in range(_SUFFIX_FALLBACK_ATTEMPTS):
+            meta = self.head(path)
+            start = max(0, meta.size - length)
+            if start == meta.size:
+                return b""  # an empty object: a range GET of nothing is refused (416)
+            options: GetOptions = {"range": {"offset": start}}
+            if meta.e_tag is not None:
+                options["if_match"] = meta.e_tag
+
+            def run(options: GetOptions = options) -> bytes:
+                return obstore.get(self._raw, path, options=options).bytes().to_bytes()
+
+            try:
+                return self._call(path, False, run)
+            except PreconditionFailed:
+                continue  # replaced between HEAD and GET: measure the new object
+        raise StoreUnavailable(
+            f"reading the end of {path} on {self._url}: the object was replaced "
+            f"{_SUFFIX_FALLBACK_ATTEMPTS} times while it was being read; retry later",
+            path=path,
+            definite=True,
+        )
 
     def head(self, path: str) -> ObjectMeta:
         return _meta(self._call(path, False, lambda: obstore.head(self._raw, path)))
@@ -145,8 +204,11 @@ class ObstoreStore(ObjectStore):
             raise AlreadyExists(f"object already exists: {path}", path=path) from exc
         except obx.PreconditionError as exc:
             raise PreconditionFailed(f"precondition failed for {path}", path=path) from exc
-        except obx.NotSupportedError as exc:
-            raise UnsupportedStore(f"{self._url} does not support this operation: {exc}") from exc
+        except (obx.NotSupportedError, NotImplementedError) as exc:
+            # NotImplementedError: e.g. LocalStore's If-Match puts (supports_if_match is False).
+            raise UnsupportedStore(
+                f"{self._url} does not support this operation: {_first_line(exc)}"
+            ) from exc
         except (obx.PermissionDeniedError, obx.UnauthenticatedError) as exc:
             raise StoreUnavailable(
                 f"access to {self._url} denied for {path}: {_first_line(exc)}",

@@ -1,7 +1,9 @@
 """Build an ``ObjectStore`` from a URL and ``Settings``.
 
 Supported: ``memory://``, ``file:///abs/path``, ``s3://bucket[/prefix]`` (S3, MinIO and other
-S3-compatible stores), ``gs://bucket[/prefix]``, ``az://container[/prefix]``.
+S3-compatible stores), ``gs://bucket[/prefix]``, ``az://container[/prefix]`` (Azure Blob, or
+Azurite with ``azure_use_emulator``). Each scheme's options come from ``Settings`` first, then
+the provider's usual environment variables (``AWS_*``, ``AZURE_STORAGE_*``, ``GOOGLE_*``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,25 @@ from slatepy.store.fsync import FileSync
 from slatepy.store.obstore_store import ObstoreStore
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, RetryConfig, S3Config
+    from obstore.store import AzureConfig, ClientConfig, GCSConfig, RetryConfig, S3Config
 
 SUPPORTED_SCHEMES = ("memory", "file", "s3", "gs", "az")
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+"""The storage account every Azurite (the Azure Storage emulator) serves."""
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+"""Azurite's well-known account key (public, documented by Microsoft; not a secret)."""
+AZURITE_DEFAULT_URL = "http://127.0.0.1:10000"
+"""Where Azurite's blob service listens unless told otherwise (``AZURITE_BLOB_STORAGE_URL``)."""
+
+_TRUE = ("1", "true", "yes", "on")
+_AZURE_KEY_VARIABLES = (
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_MASTER_KEY",
+)
 
 
 def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
@@ -72,11 +90,9 @@ def _open(url: str, settings: Settings) -> ObjectStore:
         if scheme == "s3":
             return ObstoreStore(_s3(bucket, prefix, settings, client, retry), _strip(url))
         if scheme == "gs":
-            gcs = GCSStore(bucket, prefix=prefix, client_options=client, retry_config=retry)
-            return ObstoreStore(gcs, _strip(url))
+            return ObstoreStore(_gcs(bucket, prefix, settings, client, retry), _strip(url))
         if scheme == "az":
-            az = AzureStore(bucket, prefix=prefix, client_options=client, retry_config=retry)
-            return ObstoreStore(az, _strip(url))
+            return ObstoreStore(_azure(bucket, prefix, settings, client, retry), _strip(url))
     except InvalidArgument:
         raise
     except Exception as exc:
@@ -116,6 +132,89 @@ def _s3(
     if allow_http is None:
         allow_http = bool(endpoint and endpoint.startswith("http://"))
     return S3Store(
+        bucket,
+        prefix=prefix,
+        config=config,
+        client_options={**client, "allow_http": allow_http},
+        retry_config=retry,
+    )
+
+
+def _azure(
+    container: str,
+    prefix: str | None,
+    settings: Settings,
+    client: ClientConfig,
+    retry: RetryConfig,
+) -> AzureStore:
+    """An ``AzureStore`` configured from ``azure_*`` settings, then the ``AZURE_*`` variables.
+
+    With ``azure_use_emulator`` (or ``AZURE_STORAGE_USE_EMULATOR=true``) the account and key
+    default to Azurite's well-known ones and the endpoint to
+    ``$AZURITE_BLOB_STORAGE_URL/devstoreaccount1`` (``http://127.0.0.1:10000/...``), but an
+    explicit ``azure_endpoint`` wins, so an Azurite on any port works. obstore's own emulator
+    switch is always passed as off: it would ignore the endpoint in favour of the environment.
+
+    Raises:
+        InvalidArgument: no storage account is configured.
+    """
+    env = os.environ
+    emulator = settings.azure_use_emulator
+    if emulator is None:
+        emulator = env.get("AZURE_STORAGE_USE_EMULATOR", "").strip().lower() in _TRUE
+    account = settings.azure_account or env.get("AZURE_STORAGE_ACCOUNT_NAME")
+    key = settings.azure_access_key or next(
+        (env[k] for k in _AZURE_KEY_VARIABLES if env.get(k)), None
+    )
+    endpoint = (
+        settings.azure_endpoint or env.get("AZURE_STORAGE_ENDPOINT") or env.get("AZURE_ENDPOINT")
+    )
+    if emulator:
+        account = account or AZURITE_ACCOUNT
+        key = key or AZURITE_KEY
+        if not endpoint:
+            base = env.get("AZURITE_BLOB_STORAGE_URL") or AZURITE_DEFAULT_URL
+            endpoint = f"{base.rstrip('/')}/{account}"
+    if not account:
+        raise InvalidArgument(
+            "az:// needs an Azure storage account (Account name missing): set azure_account "
+            "(SLATEPY_AZURE_ACCOUNT) or AZURE_STORAGE_ACCOUNT_NAME, or azure_use_emulator "
+            "(AZURE_STORAGE_USE_EMULATOR=true) for Azurite"
+        )
+    # Other credentials (SAS, tokens, managed identity) come from obstore's AZURE_* reading.
+    config: AzureConfig = {"account_name": account, "use_emulator": False}
+    if key:
+        config["account_key"] = key
+    if endpoint:
+        config["endpoint"] = endpoint
+    allow_http = bool(endpoint and endpoint.startswith("http://"))
+    return AzureStore(
+        container,
+        prefix=prefix,
+        config=config,
+        client_options={**client, "allow_http": allow_http},
+        retry_config=retry,
+    )
+
+
+def _gcs(
+    bucket: str,
+    prefix: str | None,
+    settings: Settings,
+    client: ClientConfig,
+    retry: RetryConfig,
+) -> GCSStore:
+    """A ``GCSStore``; ``gcs_endpoint`` (then ``GOOGLE_BASE_URL``) points it at an emulator.
+
+    Credentials are obstore's: ``GOOGLE_SERVICE_ACCOUNT*``, ``GOOGLE_APPLICATION_CREDENTIALS``
+    or ``GOOGLE_BEARER_TOKEN``, else the instance metadata server.
+    """
+    endpoint = settings.gcs_endpoint or os.environ.get("GOOGLE_BASE_URL")
+    config: GCSConfig = {}
+    if endpoint:
+        config["base_url"] = endpoint
+    allow_http = bool(endpoint and endpoint.startswith("http://"))
+    return GCSStore(
         bucket,
         prefix=prefix,
         config=config,
