@@ -271,6 +271,11 @@ class TwoPhaseStore(WrappingStore):
         return self.inner.list(prefix, offset=offset)
 
     def delete(self, path: str) -> None:
-        """Delete the object, then its record (the seed's transactional-store GC)."""
+        """Delete the object, then its record (the seed's transactional-store GC).
+
+        Background completions started here finish first: one still copying could otherwise
+        put the object back after the delete.
+        """
+        self.drain()
         self.inner.delete(path)
         self.records.delete(path)

@@ -17,6 +17,7 @@ from slatepy.errors import AlreadyExists, NotFound
 from slatepy.format.sst import SstBuilder
 from slatepy.gc import GarbageCollector
 from slatepy.store import MetricsStore, ObjectStore, open_store
+from slatepy.store.base import WrappingStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.twophase import TwoPhaseStore
 from tests.conftest import Backend, make_backend
@@ -234,3 +235,29 @@ def test_close_leaves_no_two_phase_write_half_done(two_phase: Backend) -> None:
     assert store.records.pending() == []
     strays = [m.path for m in store.list("") if m.path.count(".") > 1]
     assert strays == [], "temporaries left behind"
+
+
+class SlowCopy(WrappingStore):
+    """Holds every copy (step 3 of a background completion) until ``release`` is set."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.release = threading.Event()
+
+    def copy(self, source: str, destination: str) -> None:
+        assert self.release.wait(10)
+        self.inner.copy(source, destination)
+
+
+def test_a_delete_is_not_undone_by_a_completion_still_copying(two_phase: Backend) -> None:
+    base = twophase_of(two_phase.store())
+    slow = SlowCopy(base.inner)
+    store = TwoPhaseStore(slow, base.records)
+    store.put("slot", b"first", mode="create")  # durable; the copy waits in the background
+    deleting = threading.Thread(target=store.delete, args=("slot",))
+    deleting.start()
+    deleting.join(0.3)  # the delete waits for the completion (before: it ran at once)
+    slow.release.set()
+    deleting.join(10)
+    store.put("slot", b"again", mode="create")
+    assert store.get("slot") == b"again"
