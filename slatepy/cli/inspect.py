@@ -19,9 +19,10 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 
 
-def sst_summary(tables: TableReader, path: str) -> str:
-    """One line about an SST, read from its footer and meta only (one or two ranged GETs)."""
-    meta = tables.meta(path)
+def sst_summary(tables: TableReader, path: str, *, size: int | None = None) -> str:
+    """One line about an SST, read from its footer and top index only (one ranged GET;
+    no suffix request when ``size`` is known)."""
+    meta = tables.meta(path, size=size)
     props = meta.props
     keys = f"{props.first_key!r}..{props.last_key!r}" if props.entry_count else "(empty)"
     return (
@@ -94,7 +95,7 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     for n, h in enumerate(m.l0):
         lines.append(f"  {h.id} {handles_summary((h,))}")
         if n < limit:
-            lines.append(f"    {sst_summary(tables, compacted_path(h.id))}")
+            lines.append(f"    {sst_summary(tables, compacted_path(h.id), size=h.object_size)}")
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
@@ -110,7 +111,7 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     if len(entries) > len(shown):
         lines.append(f"  (showing the last {len(shown)})")
     for wal_id, meta in shown:
-        lines.append(f"  {wal_id:>8} {sst_summary(tables, meta.path)}")
+        lines.append(f"  {wal_id:>8} {sst_summary(tables, meta.path, size=meta.size)}")
     report = GarbageCollector(store, settings=settings).collect(dry_run=True)
     lines.append(
         f"GC would delete {len(report.deletions)} objects, {report.bytes} bytes "

@@ -1,7 +1,8 @@
 """Compaction execution: stream-merge the inputs of a plan into new SSTs.
 
-Inputs are read in large sequential chunks through ``TableReader.scan_all`` (uncached:
-compaction must not evict the read path's hot blocks) and merged with :func:`merge_newest`;
+Inputs are read in large sequential chunks through ``TableReader.scan_all`` (uncached, and
+not pinned: compaction must not evict the read path's hot blocks, nor keep the indexes of
+the SSTs it is about to replace) and merged with :func:`merge_newest`;
 output SSTs are cut at ``target_sst_bytes``, so memory holds one output SST and one chunk
 per input (together at most ``READ_AHEAD_BYTES``) at a time.
 Outputs are written create-if-absent under ``compacted/`` with fresh random ids; they become
@@ -33,11 +34,13 @@ def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Ite
     if isinstance(plan, WalToL0):
         wal = NumberedObjects(tables.store, WAL_DIR, WAL_SUFFIX)
         ids = range(plan.last_wal_id, plan.first_wal_id - 1, -1)
-        sources = [[wal.path(i)] for i in ids]
+        sources: list[list[tuple[str, int | None]]] = [[(wal.path(i), None)] for i in ids]
     else:
-        sources = [[compacted_path(h.id)] for h in manifest.l0 if h.id in plan.l0_ids]
+        sources = [
+            [(compacted_path(h.id), h.object_size)] for h in manifest.l0 if h.id in plan.l0_ids
+        ]
         sources += [
-            [compacted_path(h.id) for h in run.ssts]
+            [(compacted_path(h.id), h.object_size) for h in run.ssts]
             for run in manifest.sorted_runs
             if run.id in plan.run_ids
         ]
@@ -46,10 +49,15 @@ def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Ite
     return [_chain(tables, paths, chunk) for paths in sources]
 
 
-def _chain(tables: TableReader, paths: list[str], chunk: int) -> Iterator[Entry]:
-    """The entries of SSTs with disjoint, increasing key ranges, ``chunk`` bytes at a time."""
-    for path in paths:
-        yield from tables.scan_all(path, chunk_bytes=chunk)
+def _chain(tables: TableReader, paths: list[tuple[str, int | None]], chunk: int) -> Iterator[Entry]:
+    """The entries of SSTs with disjoint, increasing key ranges, ``chunk`` bytes at a time.
+
+    Sizes come from the manifest where it has them (compacted SSTs), so opening those is a
+    plain range GET; WAL SSTs are opened with a suffix GET, which for most of them returns
+    the whole object.
+    """
+    for path, size in paths:
+        yield from tables.scan_all(path, chunk_bytes=chunk, size=size)
 
 
 def write_outputs(

@@ -1,4 +1,4 @@
-"""A byte-bounded LRU cache shared by SST metas and decoded blocks."""
+"""A byte-bounded LRU cache, used for decoded data blocks and for SST index partitions."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ V = TypeVar("V")
 
 
 class LruCache(Generic[V]):
-    """Least-recently-used eviction once the summed ``size`` of the entries passes ``capacity``."""
+    """Least-recently-used eviction once the summed ``size`` of the entries passes ``capacity``.
+
+    Safe to share between threads. ``hits`` and ``misses`` count :meth:`get` calls only, so
+    they measure what callers asked for, not the cache's own bookkeeping. The entry put last
+    always stays, even when it alone exceeds ``capacity`` (a caller is about to use it).
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -20,6 +25,9 @@ class LruCache(Generic[V]):
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, key: Hashable) -> V | None:
         with self._lock:
@@ -33,14 +41,27 @@ class LruCache(Generic[V]):
 
     def put(self, key: Hashable, value: V, size: int) -> None:
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._size -= old[1]
-            self._entries[key] = (value, size)
-            self._size += size
-            while self._size > self.capacity and len(self._entries) > 1:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self._size -= evicted
+            self._put(key, value, size)
+
+    def add(self, key: Hashable, value: V, size: int) -> bool:
+        """Insert ``value`` unless ``key`` is present (then leave the entry, and its recency,
+        alone); return whether it was inserted. Used to seed the cache with bytes read in
+        passing, which must never replace what a caller already decoded."""
+        with self._lock:
+            if key in self._entries:
+                return False
+            self._put(key, value, size)
+            return True
+
+    def _put(self, key: Hashable, value: V, size: int) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._size -= old[1]
+        self._entries[key] = (value, size)
+        self._size += size
+        while self._size > self.capacity and len(self._entries) > 1:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._size -= evicted
 
     @property
     def size(self) -> int:

@@ -54,7 +54,12 @@ class Db(Closing):
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings)
         self._manifests = manifests
-        self._tables = TableReader(store)
+        self._tables = TableReader(
+            store,
+            block_cache_bytes=settings.block_cache_bytes,
+            meta_cache_bytes=settings.meta_cache_bytes,
+            scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+        )
         self._view = start.manifest
         self._view_time = time.monotonic()
         self._replayed_max_seq = dict(start.wal_max_seq)

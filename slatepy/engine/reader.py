@@ -53,7 +53,12 @@ class DbReader(Closing):
         self._settings = settings
         self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
-        self._tables = TableReader(store)
+        self._tables = TableReader(
+            store,
+            block_cache_bytes=settings.block_cache_bytes,
+            meta_cache_bytes=settings.meta_cache_bytes,
+            scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+        )
         self._lock = threading.Lock()  # view, memtable and WAL position change together
         self._poll_lock = threading.Lock()
         self._closed = False

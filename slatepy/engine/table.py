@@ -1,22 +1,47 @@
-"""Reading SSTs from the store: metas and blocks, cached.
+"""Reading SSTs from the store: top-level indexes pinned, partitions and blocks cached.
 
-An SST's meta (index, filter, properties) costs one suffix GET (a second ranged GET only
-when the meta exceeds ``META_PREFETCH``); after that a point lookup costs at most one ranged
-GET of one block, and none when the key range or the bloom filter rules the SST out.
+Costs, whatever the size of the SST (RFC 0009):
+
+* Open (once per SST): one ranged GET of the object's last ``META_PREFETCH`` bytes, which
+  holds the footer, the top-level index and the properties (a second GET only when they are
+  larger). With the object's size known (a manifest's ``SstHandle.object_size``) that is a
+  plain range GET ``[size - prefetch, size)``; only without it a suffix GET, which Azure does
+  not have. The decoded top level stays in memory ("pinned") and is counted.
+* Point get: at most one GET of one index partition (cached in a byte-bounded LRU, and often
+  already read with the tail) and one GET of one block; none once cached. The partition's
+  bloom filter rules out most absent keys before any block is read.
+* Scan: consecutive blocks in chunks of one ranged GET each, 64 KiB growing to
+  ``scan_read_ahead_bytes``; while the caller consumes one chunk, a background thread loads
+  the next (at most two chunks in memory per scan). The thread exists only while the scan
+  reads from the store and is joined when the iterator is exhausted, closed or collected.
 """
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 
 from slatepy.engine.cache import LruCache
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, decode_block
-from slatepy.format.sst import FOOTER_SIZE, SstMeta, decode_footer, decode_meta
+from slatepy.format.sst import (
+    FOOTER_SIZE,
+    Partition,
+    SstTop,
+    decode_footer,
+    decode_partition,
+    decode_top,
+)
 from slatepy.store.base import ObjectStore
 
 META_PREFETCH = 64 * 1024
+"""Bytes read at the end of an SST when it is opened; covers the footer, top-level index and
+properties of SSTs up to several GB, and the partitions too of SSTs of a few MB."""
+TOP_FRACTION = 4096
+"""With the size known, the open reads at least ``size // TOP_FRACTION`` bytes."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 COMPACTED_DIR = "compacted"
@@ -27,129 +52,531 @@ def compacted_path(sst_id: str) -> str:
     return f"{COMPACTED_DIR}/{sst_id}.sst"
 
 
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    """Counters of one :class:`TableReader` since it was created.
+
+    Attributes:
+        ssts_opened: Top-level indexes read and decoded (one per SST, unless released).
+        pinned_ssts: SSTs whose top level is held in memory now.
+        pinned_bytes: Approximate bytes of those top levels.
+        partitions_decoded: Index partitions (filter included) verified and decoded.
+        partition_reads: Ranged GETs issued for partitions (a scan reads runs of them).
+        block_reads: Ranged GETs issued for data blocks (one block, or a scan's chunk).
+        tail_reads: GETs issued to open SSTs (the footer and top level).
+        bytes_read: Bytes those GETs returned.
+        meta_hits: Partition lookups answered by the meta cache.
+        meta_misses: Partition lookups that had to read the store.
+        meta_cache_bytes: Bytes held by the meta cache now.
+        block_hits: Block lookups answered by the block cache.
+        block_misses: Block lookups that were not cached.
+        block_cache_bytes: Bytes held by the block cache now.
+        read_ahead_threads: Background read-ahead threads started by scans.
+    """
+
+    ssts_opened: int = 0
+    pinned_ssts: int = 0
+    pinned_bytes: int = 0
+    partitions_decoded: int = 0
+    partition_reads: int = 0
+    block_reads: int = 0
+    tail_reads: int = 0
+    bytes_read: int = 0
+    meta_hits: int = 0
+    meta_misses: int = 0
+    meta_cache_bytes: int = 0
+    block_hits: int = 0
+    block_misses: int = 0
+    block_cache_bytes: int = 0
+    read_ahead_threads: int = 0
+
+    @property
+    def store_reads(self) -> int:
+        """Every GET this reader issued."""
+        return self.partition_reads + self.block_reads + self.tail_reads
+
+
+@dataclass(slots=True)
+class _Counters:
+    """The mutable counters behind :class:`TableStats` (updated from scan threads too)."""
+
+    ssts_opened: int = 0
+    partitions_decoded: int = 0
+    partition_reads: int = 0
+    block_reads: int = 0
+    tail_reads: int = 0
+    bytes_read: int = 0
+    read_ahead_threads: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 class TableReader:
-    """Cached access to SSTs of one store (safe to share between threads)."""
+    """Cached access to the SSTs of one store (safe to share between threads).
 
-    def __init__(self, store: ObjectStore, *, cache_bytes: int = 64 * 1024 * 1024) -> None:
+    Memory: the pinned top levels (a few KB per SST, see :meth:`retain`), the meta cache of
+    index partitions (``meta_cache_bytes``), the block cache (``block_cache_bytes``), and up
+    to two read-ahead chunks per running scan.
+
+    Args:
+        store: Where the SSTs are.
+        cache_bytes: The old single knob: block cache size, and an eighth of it (at least
+            1 MiB) for the meta cache, where the explicit sizes below are not given.
+        block_cache_bytes: Bytes of decoded data blocks (``Settings.block_cache_bytes``).
+        meta_cache_bytes: Bytes of decoded index partitions (``Settings.meta_cache_bytes``).
+        scan_read_ahead_bytes: Largest GET a scan issues (``Settings.scan_read_ahead_bytes``).
+        meta_prefetch: Bytes read at the end of an SST to open it.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        cache_bytes: int = 64 * 1024 * 1024,
+        block_cache_bytes: int | None = None,
+        meta_cache_bytes: int | None = None,
+        scan_read_ahead_bytes: int = SCAN_READ_AHEAD_MAX,
+        meta_prefetch: int = META_PREFETCH,
+    ) -> None:
         self.store = store
-        self._metas: LruCache[SstMeta] = LruCache(max(cache_bytes // 8, 1 << 20))
-        self._blocks: LruCache[Block] = LruCache(cache_bytes)
+        blocks = cache_bytes if block_cache_bytes is None else block_cache_bytes
+        metas = max(cache_bytes // 8, 1 << 20) if meta_cache_bytes is None else meta_cache_bytes
+        self._blocks: LruCache[Block] = LruCache(blocks)
+        # Decoded partitions, or their raw bytes when they came with an SST's tail and are
+        # not decoded yet (decoding verifies them).
+        self._metas: LruCache[Partition | bytes] = LruCache(metas)
+        self._tops: dict[str, SstTop] = {}
+        self._pinned_bytes = 0
+        self._lock = threading.Lock()
+        self._followed: object = None
+        self._live: frozenset[str] = frozenset()
+        self.scan_read_ahead_bytes = max(SCAN_READ_AHEAD_MIN, scan_read_ahead_bytes)
+        self._prefetch = max(FOOTER_SIZE, meta_prefetch)
+        self._counts = _Counters()
 
-    def meta(self, path: str) -> SstMeta:
-        cached = self._metas.get(path)
-        if cached is not None:
-            return cached
-        tail = self.store.get_suffix(path, META_PREFETCH)
-        footer = decode_footer(tail)
-        start = len(tail) - FOOTER_SIZE - footer.meta_len
-        if start >= 0:
-            meta_bytes = tail[start : len(tail) - FOOTER_SIZE]
-        else:
-            meta_bytes = self.store.get_range(
-                path, footer.meta_offset, footer.meta_offset + footer.meta_len
-            )
-        meta = decode_meta(footer, meta_bytes)
-        self._metas.put(path, meta, meta.size_in_memory)
-        return meta
+    # -- opening ------------------------------------------------------------------------
 
-    def block(self, path: str, meta: SstMeta, index: int) -> Block:
+    def top(self, path: str, *, size: int | None = None) -> SstTop:
+        """The SST's properties and top-level index, read once and then kept in memory.
+
+        Args:
+            size: The object's size when the caller knows it: the tail is then read with a
+                plain range GET (stores without suffix ranges need that), and a mismatch with
+                the footer is reported as corruption.
+
+        Raises:
+            NotFound: no object at ``path``.
+            CorruptionError: naming ``path``.
+        """
+        top = self._tops.get(path)
+        if top is not None:
+            return top
+        top, tail, tail_start = self._open(path, size)
+        with self._lock:
+            pinned = self._tops.get(path)
+            if pinned is not None:
+                return pinned
+            self._tops[path] = top
+            self._pinned_bytes += top.size_in_memory
+        # Partitions that came with the tail are kept undecoded until a lookup needs one.
+        for p in range(top.partition_count - 1, -1, -1):
+            start, end = top.offsets[p], top.offsets[p + 1]
+            if start < tail_start:
+                break
+            self._metas.add((path, p), tail[start - tail_start : end - tail_start], end - start)
+        return top
+
+    def meta(self, path: str, *, size: int | None = None) -> SstTop:
+        """Same as :meth:`top` (the name callers used before RFC 0009)."""
+        return self.top(path, size=size)
+
+    def _open(self, path: str, size: int | None) -> tuple[SstTop, bytes, int]:
+        """Read and decode the SST's top level; also return the bytes read and where they
+        start in the object (for callers that can use more of them)."""
+        try:
+            if size is not None:
+                if size < FOOTER_SIZE:
+                    raise CorruptionError(f"{size} bytes is too small for an SST")
+                # The top level grows with the SST (~0.01% of it with 4 KiB blocks), so a
+                # known size lets one GET cover it for SSTs of any size.
+                start = max(0, size - max(self._prefetch, size // TOP_FRACTION))
+                tail = self._read(path, start, size, "tail_reads")
+                if len(tail) != size - start:
+                    raise CorruptionError("the object is shorter than its recorded size")
+            else:
+                tail = self.store.get_suffix(path, self._prefetch)
+                self._count("tail_reads", len(tail))
+            footer = decode_footer(tail)
+            if size is not None and footer.object_size != size:
+                raise CorruptionError(
+                    f"the footer says {footer.object_size} bytes, but {size} were expected"
+                )
+            start = footer.object_size - len(tail)
+            if start < 0 or (start > 0 and len(tail) < self._prefetch):
+                raise CorruptionError("footer offsets do not match the object size")
+            if footer.top_offset < start:
+                head = self._read(path, footer.top_offset, start, "tail_reads")
+                if len(head) != start - footer.top_offset:
+                    raise CorruptionError("the object is shorter than its footer says")
+                tail, start = head + tail, footer.top_offset
+            section = memoryview(tail)[footer.top_offset - start : len(tail) - FOOTER_SIZE]
+            top = decode_top(footer, section)
+        except CorruptionError as exc:
+            raise _named(path, exc) from exc
+        self._count("ssts_opened")
+        return top, tail, start
+
+    # -- point reads --------------------------------------------------------------------
+
+    def get(
+        self, path: str, key: bytes, *, size: int | None = None
+    ) -> tuple[int, bytes | None] | None:
+        """``(seq, value)`` of ``key`` in the SST at ``path`` (value None = tombstone).
+
+        Args:
+            size: The object's size if known (see :meth:`top`); used only to open the SST.
+        """
+        top = self._tops.get(path) or self.top(path, size=size)
+        if not top.may_hold(key):
+            return None
+        part = self.partition(path, top, top.partition_for(key))
+        if not part.may_contain(key):
+            return None
+        j = part.block_for(key)
+        if j is None:
+            return None
+        return self._block(path, part, j).get(key)
+
+    def partition(self, path: str, top: SstTop, index: int) -> Partition:
+        """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
         key = (path, index)
-        cached = self._blocks.get(key)
-        if cached is not None:
-            return cached
-        handle = meta.blocks[index]
-        data = self.store.get_range(path, handle.offset, handle.offset + handle.length)
-        block = _decode_checked(path, meta, index, data)
-        self._blocks.put(key, block, block.size_in_memory)
+        found = self._metas.get(key)
+        if isinstance(found, Partition):
+            return found
+        if found is None:
+            found = self._read(path, top.offsets[index], top.offsets[index + 1], "partition_reads")
+        part = self._decode_partition(path, top, index, found)
+        self._metas.put(key, part, part.size_in_memory)
+        return part
+
+    def _block(self, path: str, part: Partition, j: int) -> Block:
+        index = part.first_block + j
+        key = (path, index)
+        block = self._blocks.get(key)
+        if block is None:
+            data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
+            block = _decode_block(path, index, part.first_keys[j], data)
+            self._blocks.put(key, block, block.size_in_memory)
         return block
 
-    def get(self, path: str, key: bytes) -> tuple[int, bytes | None] | None:
-        """``(seq, value)`` of ``key`` in the SST at ``path`` (value None = tombstone)."""
-        meta = self.meta(path)
-        if not meta.may_contain(key):
-            return None
-        index = meta.block_for(key)
-        if index is None:
-            return None
-        return self.block(path, meta, index).get(key)
+    # -- scans --------------------------------------------------------------------------
 
-    def scan(self, path: str, start: bytes, end: bytes | None) -> Iterator[Entry]:
+    def scan(
+        self, path: str, start: bytes, end: bytes | None, *, size: int | None = None
+    ) -> Iterator[Entry]:
         """Entries with ``start <= key < end`` in key order.
 
-        Blocks not in the cache are fetched with read-ahead: one ranged GET covers the next
-        consecutive blocks of the range, starting at ``SCAN_READ_AHEAD_MIN`` bytes and doubling
-        up to ``SCAN_READ_AHEAD_MAX`` as the scan goes on, so a long scan costs a few large
-        GETs instead of one round trip per 4 KiB block, and a short one reads little extra.
+        Blocks not in the cache are read in chunks of consecutive blocks, one ranged GET
+        each, starting at ``SCAN_READ_AHEAD_MIN`` bytes and doubling up to
+        ``scan_read_ahead_bytes``, so a long scan costs a few large GETs and a short one reads
+        little extra. Once a chunk needed the store, the next one is loaded by a background
+        thread while this one is consumed. Blocks read go to the block cache.
         """
-        meta = self.meta(path)
-        props = meta.props
+        top = self._tops.get(path) or self.top(path, size=size)
+        props = top.props
         if props.first_key is None or props.last_key is None:
             return
         if props.last_key < start or (end is not None and props.first_key >= end):
             return
-        first = meta.block_for(start) or 0
-        stop = len(meta.blocks)
-        if end is not None:
-            stop = bisect_left(meta.first_keys, end, first)
-        read_ahead = SCAN_READ_AHEAD_MIN
-        for index in range(first, stop):
-            block = self._blocks.get((path, index))
-            if block is None:
-                self._fetch(path, meta, index, _chunk_end(meta, index, stop, read_ahead))
-                read_ahead = min(read_ahead * 2, SCAN_READ_AHEAD_MAX)
-                block = self.block(path, meta, index)
-            for entry in block.entries():
-                if entry[0] < start:
-                    continue
-                if end is not None and entry[0] >= end:
-                    return
-                yield entry
+        loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
+        yield from self._stream(loader, start, end, background=True)
 
-    def _fetch(self, path: str, meta: SstMeta, first: int, last: int) -> None:
-        """Read blocks ``first..last`` with one ranged GET into the cache."""
-        blocks = meta.blocks
-        base = blocks[first].offset
-        data = self.store.get_range(path, base, blocks[last].offset + blocks[last].length)
-        for index in range(first, last + 1):
-            handle = blocks[index]
-            piece = data[handle.offset - base : handle.offset - base + handle.length]
-            block = _decode_checked(path, meta, index, piece)
-            self._blocks.put((path, index), block, block.size_in_memory)
-
-    def scan_all(self, path: str, *, chunk_bytes: int) -> Iterator[Entry]:
-        """Every entry in key order, for compaction: blocks are fetched ``chunk_bytes`` at a
-        time (one ranged GET per chunk instead of one per block) and bypass the cache, so a
-        compaction neither floods the store with requests nor evicts the read path's blocks.
+    def scan_all(self, path: str, *, chunk_bytes: int, size: int | None = None) -> Iterator[Entry]:
+        """Every entry in key order, for compaction: ``chunk_bytes`` per ranged GET, and
+        nothing goes through or into the caches (nor is the SST pinned), so a compaction
+        neither floods the store with requests nor evicts the read path's blocks. An SST
+        that fits in the bytes read to open it (most WAL SSTs) costs that one GET.
         """
-        meta = self.meta(path)
-        blocks = meta.blocks
-        first = 0
-        while first < len(blocks):
-            last = _chunk_end(meta, first, len(blocks), chunk_bytes)
-            base = blocks[first].offset
-            data = self.store.get_range(path, base, blocks[last].offset + blocks[last].length)
-            for index in range(first, last + 1):
-                handle = blocks[index]
-                piece = data[handle.offset - base : handle.offset - base + handle.length]
-                yield from _decode_checked(path, meta, index, piece).entries()
-            first = last + 1
+        top = self._tops.get(path)
+        tail, tail_start = b"", 0
+        if top is None:
+            top, tail, tail_start = self._open(path, size)
+        if top.props.block_count == 0:
+            return
+        loader = _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
+        yield from self._stream(loader, b"", None, background=False, chunk_bytes=chunk_bytes)
+
+    def _stream(
+        self,
+        loader: _ChunkLoader,
+        start: bytes,
+        end: bytes | None,
+        *,
+        background: bool,
+        chunk_bytes: int | None = None,
+    ) -> Iterator[Entry]:
+        """Decode chunk after chunk; with ``background``, load the next chunk in a thread
+        once a chunk needed the store (so warm and short scans never start one)."""
+        budget = chunk_bytes or SCAN_READ_AHEAD_MIN
+        limit = chunk_bytes or self.scan_read_ahead_bytes
+        chunk: _Chunk | None = loader.load(loader.first_block(start), budget)
+        pool: ThreadPoolExecutor | None = None
+        try:
+            while chunk is not None:
+                budget = min(budget * 2, limit)
+                following = chunk.first + len(chunk.first_keys)
+                ahead: Future[_Chunk | None] | None = None
+                if background and chunk.fetched and not chunk.done:
+                    if pool is None:
+                        pool = ThreadPoolExecutor(1, thread_name_prefix="slatepy-read-ahead")
+                        self._count("read_ahead_threads")
+                    ahead = pool.submit(loader.load, following, budget)
+                for k in range(len(chunk.first_keys)):
+                    block = loader.block(chunk, k)
+                    keys = block.keys
+                    lo = bisect_left(keys, start) if keys[0] < start else 0
+                    if end is not None and keys[-1] >= end:
+                        hi = bisect_left(keys, end)
+                        yield from zip(
+                            keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi], strict=True
+                        )
+                        return
+                    if lo:
+                        yield from zip(keys[lo:], block.seqs[lo:], block.values[lo:], strict=True)
+                    else:
+                        yield from zip(keys, block.seqs, block.values, strict=True)
+                if chunk.done:
+                    return
+                chunk = ahead.result() if ahead is not None else loader.load(following, budget)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- view tracking, counters ----------------------------------------------------------
+
+    @property
+    def followed(self) -> object:
+        """The token last passed to :meth:`retain` (view.py passes the manifest)."""
+        return self._followed
+
+    def retain(self, token: object, paths: Collection[str]) -> None:
+        """Release the pinned top levels of SSTs in neither ``paths`` nor the previous call's.
+
+        Callers pass the SSTs of the view they read from whenever the view changes (with
+        the view as ``token``), so memory follows the live SSTs; the previous view's stay
+        pinned, as scans and gets that started on it may still be running.
+        """
+        live = frozenset(paths)
+        with self._lock:
+            keep = live | self._live
+            for path in [p for p in self._tops if p not in keep]:
+                self._pinned_bytes -= self._tops.pop(path).size_in_memory
+            self._followed, self._live = token, live
+
+    def stats(self) -> TableStats:
+        """A snapshot of the counters (see :class:`TableStats`)."""
+        c = self._counts
+        with c.lock:
+            counted = {f.name: getattr(c, f.name) for f in fields(_Counters) if f.name != "lock"}
+        return TableStats(
+            pinned_ssts=len(self._tops),
+            pinned_bytes=self._pinned_bytes,
+            meta_hits=self._metas.hits,
+            meta_misses=self._metas.misses,
+            meta_cache_bytes=self._metas.size,
+            block_hits=self._blocks.hits,
+            block_misses=self._blocks.misses,
+            block_cache_bytes=self._blocks.size,
+            **counted,
+        )
+
+    def _count(self, name: str, received: int = 0) -> None:
+        c = self._counts
+        with c.lock:
+            setattr(c, name, getattr(c, name) + 1)
+            c.bytes_read += received
+
+    def _read(self, path: str, start: int, end: int, counter: str) -> bytes:
+        data = self.store.get_range(path, start, end)
+        self._count(counter, len(data))
+        return data
+
+    def _decode_partition(
+        self, path: str, top: SstTop, index: int, raw: bytes | memoryview
+    ) -> Partition:
+        try:
+            part = decode_partition(top, index, raw)
+        except CorruptionError as exc:
+            raise _named(path, exc) from exc
+        self._count("partitions_decoded")
+        return part
 
 
-def _chunk_end(meta: SstMeta, first: int, stop: int, chunk_bytes: int) -> int:
-    """The last block of the run of blocks from ``first`` (before ``stop``) within
-    ``chunk_bytes`` (always at least ``first`` itself)."""
-    blocks = meta.blocks
-    last = first
-    while (
-        last + 1 < stop
-        and blocks[last + 1].offset + blocks[last + 1].length - blocks[first].offset <= chunk_bytes
-    ):
-        last += 1
-    return last
+@dataclass(slots=True)
+class _Chunk:
+    """A run of consecutive blocks of one scan: the cached ones held (so they cannot be
+    evicted before use) and one read covering the others.
+
+    Block ``k`` (SST-wide ``first + k``) occupies ``[offsets[k], offsets[k+1])``; when
+    ``blocks[k]`` is None its bytes are ``data[offsets[k] - base : offsets[k+1] - base]``.
+    """
+
+    first: int
+    offsets: list[int]
+    first_keys: list[bytes]
+    blocks: list[Block | None]
+    data: bytes
+    base: int
+    done: bool
+    fetched: bool
 
 
-def _decode_checked(path: str, meta: SstMeta, index: int, data: bytes) -> Block:
-    block = decode_block(data)
-    if block.keys[0] != meta.blocks[index].first_key:
-        raise CorruptionError(f"{path}: block {index} disagrees with the index")
+class _ChunkLoader:
+    """Plans and reads the chunks of one scan. Used by one thread at a time: the consumer,
+    or the read-ahead thread while the consumer decodes the previous chunk.
+
+    ``cached`` scans look blocks and partitions up in the reader's caches and fill them;
+    uncached ones (compaction) do neither and read partitions in runs held only here.
+    """
+
+    def __init__(
+        self,
+        reader: TableReader,
+        path: str,
+        top: SstTop,
+        end: bytes | None,
+        *,
+        cached: bool,
+        tail: bytes,
+        tail_start: int,
+    ) -> None:
+        self._reader = reader
+        self._path = path
+        self._top = top
+        self._end = end
+        self._cached = cached
+        self._tail = tail
+        self._tail_start = tail_start
+        self._part: Partition | None = None
+        self._raw: dict[int, bytes] = {}  # partitions read in a run, not yet decoded
+        self._last_partition = top.partition_count - 1 if end is None else top.partition_for(end)
+        self._fetched = False
+
+    def first_block(self, start: bytes) -> int:
+        """SST-wide index of the block where a scan from ``start`` begins."""
+        part = self._partition(self._top.partition_for(start))
+        j = part.block_for(start)
+        return part.first_block + (j or 0)
+
+    def load(self, first: int, budget: int) -> _Chunk | None:
+        """The chunk of blocks from ``first`` spanning at most ``budget`` bytes (at least one
+        block), or None when the scan has no block at ``first``."""
+        self._fetched = False
+        top, cache, path, end = self._top, self._reader._blocks, self._path, self._end
+        offsets: list[int] = []
+        keys: list[bytes] = []
+        blocks: list[Block | None] = []
+        count = top.props.block_count
+        index = first
+        done = True
+        limit = last_end = 0
+        while index < count:
+            part = self._part
+            if part is None or not 0 <= index - part.first_block < len(part.first_keys):
+                part = self._partition(top.partition_of_block(index))
+            j = index - part.first_block
+            key = part.first_keys[j]
+            if end is not None and key >= end:
+                break
+            if not offsets:
+                limit = part.offsets[j] + budget
+            elif part.offsets[j + 1] > limit:
+                done = False
+                break
+            offsets.append(part.offsets[j])
+            keys.append(key)
+            blocks.append(cache.get((path, index)) if self._cached else None)
+            last_end = part.offsets[j + 1]
+            index += 1
+        if not keys:
+            return None
+        offsets.append(last_end)
+        missing = [k for k, b in enumerate(blocks) if b is None]
+        data, base = b"", 0
+        if missing:
+            base = offsets[missing[0]]
+            data = self._bytes(base, offsets[missing[-1] + 1], "block_reads")
+        return _Chunk(first, offsets, keys, blocks, data, base, done, self._fetched)
+
+    def block(self, chunk: _Chunk, k: int) -> Block:
+        """Block ``k`` of ``chunk``, decoded (and cached, in a cached scan) if it was read."""
+        block = chunk.blocks[k]
+        if block is None:
+            index = chunk.first + k
+            start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
+            block = _decode_block(
+                self._path, index, chunk.first_keys[k], memoryview(chunk.data)[start:end]
+            )
+            if self._cached:
+                self._reader._blocks.put((self._path, index), block, block.size_in_memory)
+        return block
+
+    def _partition(self, p: int) -> Partition:
+        reader, top = self._reader, self._top
+        part: Partition | None = None
+        if self._cached:
+            found = reader._metas.get((self._path, p))
+            if isinstance(found, Partition):
+                part = found
+            elif found is not None:
+                self._raw[p] = found
+        if part is None:
+            raw = self._raw.pop(p, None)
+            if raw is None:
+                raw = self._read_partitions(p)
+            part = reader._decode_partition(self._path, top, p, raw)
+            if self._cached:
+                reader._metas.put((self._path, p), part, part.size_in_memory)
+        self._part = part
+        return part
+
+    def _read_partitions(self, p: int) -> bytes:
+        """Read partition ``p`` and, in the same GET, the following ones the scan will need
+        (up to the scan's largest chunk); keep those for later; return ``p``'s bytes."""
+        offsets = self._top.offsets
+        last = p
+        budget = self._reader.scan_read_ahead_bytes
+        while last < self._last_partition and offsets[last + 2] - offsets[p] <= budget:
+            last += 1
+        data = self._bytes(offsets[p], offsets[last + 1], "partition_reads")
+        for q in range(p + 1, last + 1):
+            self._raw[q] = data[offsets[q] - offsets[p] : offsets[q + 1] - offsets[p]]
+        return data[: offsets[p + 1] - offsets[p]]
+
+    def _bytes(self, start: int, end: int, counter: str) -> bytes:
+        """Bytes ``[start, end)``: from the tail read at open if it has them, else one GET."""
+        if start >= self._tail_start and self._tail:
+            return self._tail[start - self._tail_start : end - self._tail_start]
+        self._fetched = True
+        data = self._reader._read(self._path, start, end, counter)
+        if len(data) != end - start:
+            raise CorruptionError(
+                f"{self._path}: the object ended before byte {end}", path=self._path
+            )
+        return data
+
+
+def _decode_block(path: str, index: int, first_key: bytes, data: bytes | memoryview) -> Block:
+    try:
+        block = decode_block(data)
+    except CorruptionError as exc:
+        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
+    if block.keys[0] != first_key:
+        raise CorruptionError(f"{path}: block {index} disagrees with the index", path=path)
     return block
+
+
+def _named(path: str, exc: CorruptionError) -> CorruptionError:
+    """``exc`` with the object's path in its message and ``path`` attribute."""
+    if exc.path is not None:
+        return CorruptionError(str(exc), path=exc.path)
+    return CorruptionError(f"{path}: {exc}", path=path)

@@ -1,7 +1,9 @@
 """Reading the compacted part of a database (L0 and sorted runs) as one manifest names it.
 
 Shared by the writer (``Db``) and readers (``DbReader``): both put their memtable in front
-of what is here.
+of what is here. Every read passes the SST's size from the manifest, so opening an SST is a
+plain range GET (no suffix request: Azure has none), and tells the table reader which view it
+reads, so the top-level indexes it keeps in memory follow the live SSTs (RFC 0009).
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 
 def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | None:
     """The newest ``(seq, value)`` of ``key`` in the compacted SSTs of ``view``."""
+    if tables.followed is not view:
+        _follow(tables, view)
     for handle in view.l0:
         if handle.first_key <= key <= handle.last_key:
-            found = tables.get(compacted_path(handle.id), key)
+            found = tables.get(compacted_path(handle.id), key, size=handle.object_size)
             if found is not None:
                 return found
     for run in view.sorted_runs:
         in_run = _run_sst_for(run, key)
         if in_run is not None:
-            found = tables.get(compacted_path(in_run.id), key)
+            found = tables.get(compacted_path(in_run.id), key, size=in_run.object_size)
             if found is not None:
                 return found
     return None
@@ -36,7 +40,9 @@ def scan_compacted(
     tables: TableReader, view: Manifest, start: bytes, end: bytes | None
 ) -> list[Iterator[Entry]]:
     """Entry streams (newest source first) of ``start <= key < end`` in ``view``."""
-    sources = [tables.scan(compacted_path(h.id), start, end) for h in view.l0]
+    if tables.followed is not view:
+        _follow(tables, view)
+    sources = [tables.scan(compacted_path(h.id), start, end, size=h.object_size) for h in view.l0]
     sources += [_scan_run(tables, run, start, end) for run in view.sorted_runs]
     return sources
 
@@ -60,12 +66,22 @@ def _scan_run(
 ) -> Iterator[Entry]:
     for handle in run.ssts:
         if handle.last_key >= start and (end is None or handle.first_key < end):
-            yield from tables.scan(compacted_path(handle.id), start, end)
+            yield from tables.scan(compacted_path(handle.id), start, end, size=handle.object_size)
+
+
+def _follow(tables: TableReader, view: Manifest) -> None:
+    """Tell ``tables`` the SSTs of the view now read, so it can release the rest."""
+    tables.retain(view, [compacted_path(i) for i in compacted_ids(view)])
+
+
+def _first_key(handle: SstHandle) -> bytes:
+    return handle.first_key
 
 
 def _run_sst_for(run: SortedRun, key: bytes) -> SstHandle | None:
     """The only SST of a sorted run whose key range can hold ``key``."""
-    i = bisect_right([h.first_key for h in run.ssts], key) - 1
+    # bisect with key= builds no list: a get costs O(log n) whatever the run's length.
+    i = bisect_right(run.ssts, key, key=_first_key) - 1
     if i >= 0 and key <= run.ssts[i].last_key:
         return run.ssts[i]
     return None

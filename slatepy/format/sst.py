@@ -1,25 +1,30 @@
 """Sorted string tables: the format of WAL objects and compacted tables alike.
 
-Layout (integers little-endian)::
+Version 2 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 
-    data block*                          see slatepy.format.block
-    index     count u32, then per block: offset u64 | length u32 | key_len u16 | first_key
-    filter    bloom filter bytes (slatepy.format.bloom); empty when the SST has no keys
-    props     msgpack SstProperties
-    footer    magic "SLATESST" | version u16 | reserved u16 | meta_offset u64 |
-              index_len u32 | filter_len u32 | props_len u32 |
-              meta_checksum u64 (XXH3-64 of index|filter|props) |
-              footer_checksum u64 (XXH3-64 of the footer bytes before it)
+    data block*    see slatepy.format.block
+    partition*     one per run of consecutive data blocks (cut once its block entries reach
+                   about ``block_size`` bytes):
+                     count u32 | count x (offset u64 | length u32 | key_len u16 | first_key) |
+                     filter_len u32 | filter (bloom over the keys of those blocks; may be empty) |
+                     checksum u64 (XXH3-64 of the partition's bytes before it)
+    top index      count u32 | count x (offset u64 | length u32 | data_offset u64 |
+                                        first_block u32 | key_len u16 | first_key)
+    props          msgpack SstProperties
+    footer         magic "SLATESST" | version u16 (=2) | reserved u16 (=0) | meta_offset u64 |
+                   partitions_len u32 | top_len u32 | props_len u32 |
+                   meta_checksum u64 (XXH3-64 of top index|props) |
+                   footer_checksum u64 (XXH3-64 of the footer bytes before it)
 
-The footer is fixed-size, so a reader fetches a suffix of the object, finds the meta
-section (index, filter, properties) in it, and afterwards needs one ranged read per block.
-Everything here is a pure function of bytes; I/O lives in the engine.
+A point lookup needs the top index (small: one entry per partition, so a reader keeps it in
+memory for every SST it reads) and ONE partition, whatever the size of the SST; the old
+version 1 (RFC 0002: one flat index and one filter for the whole SST) made every lookup after
+a cache miss decode the index and filter of the whole SST. Readers accept versions 1 and 2;
+writers write 2. Everything here is a pure function of bytes; I/O lives in the engine.
 """
 
 from __future__ import annotations
 
-import struct
-from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,92 +33,82 @@ import msgspec
 from slatepy.errors import CorruptionError, InvalidArgument
 from slatepy.format.block import BlockBuilder, Entry, decode_block
 from slatepy.format.bloom import BloomFilter, build_filter
-from slatepy.format.checksum import checksum
+from slatepy.format.checksum import append_checksum, checksum
+from slatepy.format.sst_index import (
+    COUNT,
+    FOOTER,
+    FOOTER_CHECKSUM,
+    FOOTER_SIZE,
+    HANDLE,
+    SST_FORMAT_VERSION,
+    SST_MAGIC,
+    SUPPORTED_VERSIONS,
+    TOP_ENTRY,
+    BlockHandle,
+    Footer,
+    Partition,
+    SstProperties,
+    SstTop,
+    decode_footer,
+    decode_partition,
+    decode_top,
+)
 
-SST_MAGIC = b"SLATESST"
-SST_FORMAT_VERSION = 1
-FOOTER = struct.Struct("<8sHHQIIIQ")
-FOOTER_CHECKSUM = struct.Struct("<Q")
-FOOTER_SIZE = FOOTER.size + FOOTER_CHECKSUM.size
-_INDEX_ENTRY = struct.Struct("<QIH")
-_COUNT = struct.Struct("<I")
+__all__ = [
+    "FOOTER",
+    "FOOTER_CHECKSUM",
+    "FOOTER_SIZE",
+    "SST_FORMAT_VERSION",
+    "SST_MAGIC",
+    "SUPPORTED_VERSIONS",
+    "BlockHandle",
+    "EncodedSst",
+    "Footer",
+    "Partition",
+    "SstBuilder",
+    "SstMeta",
+    "SstProperties",
+    "SstTop",
+    "decode_footer",
+    "decode_partition",
+    "decode_sst",
+    "decode_top",
+]
 
 
-class SstProperties(msgspec.Struct, frozen=True, array_like=True):
-    """Facts about an SST, stored inside it.
+class SstMeta(msgspec.Struct, frozen=True):
+    """An SST's top-level index with every partition decoded (what a whole-object decode or
+    the builder knows); readers over a store hold only the top and a few partitions."""
 
-    ``writer_epoch`` is the epoch of the writer that produced the SST; it is how a writer
-    that loses a WAL slot learns whether it was fenced (the seed keeps it in object
-    metadata; we keep it in the object so every store can carry it). Encoded as a msgpack
-    array in field order; new fields are only ever appended, with defaults.
-    """
-
-    entry_count: int
-    tombstone_count: int
-    first_key: bytes | None
-    last_key: bytes | None
-    min_seq: int
-    max_seq: int
-    writer_epoch: int
-    block_count: int
-    data_size: int
-
-
-@dataclass(frozen=True, slots=True)
-class BlockHandle:
-    """Where a block lives in its SST."""
-
-    offset: int
-    length: int
-    first_key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Footer:
-    """The decoded fixed-size tail of an SST."""
-
-    meta_offset: int
-    index_len: int
-    filter_len: int
-    props_len: int
-    meta_checksum: int
+    top: SstTop
+    partitions: tuple[Partition, ...]
 
     @property
-    def meta_len(self) -> int:
-        return self.index_len + self.filter_len + self.props_len
+    def props(self) -> SstProperties:
+        return self.top.props
 
     @property
     def object_size(self) -> int:
-        return self.meta_offset + self.meta_len + FOOTER_SIZE
+        return self.top.object_size
 
-
-@dataclass(frozen=True, slots=True)
-class SstMeta:
-    """Everything but the data blocks: enough to route any lookup to one block."""
-
-    blocks: tuple[BlockHandle, ...]
-    first_keys: list[bytes]
-    bloom: BloomFilter | None
-    props: SstProperties
-    object_size: int
+    @property
+    def blocks(self) -> tuple[BlockHandle, ...]:
+        """Every block's handle, in order (built on each call)."""
+        return tuple(p.handle(j) for p in self.partitions for j in range(len(p.first_keys)))
 
     def block_for(self, key: bytes) -> int | None:
-        """Index of the only block that can hold ``key``, or None."""
-        i = bisect_right(self.first_keys, key) - 1
-        return i if i >= 0 else None
+        """SST-wide index of the only block that can hold ``key``, or None."""
+        if not self.partitions or key < self.top.first_keys[0]:
+            return None
+        part = self.partitions[self.top.partition_for(key)]
+        j = part.block_for(key)
+        return None if j is None else part.first_block + j
 
     def may_contain(self, key: bytes) -> bool:
         """False when the key is certainly not in this SST (range or filter says so)."""
-        props = self.props
-        if props.first_key is None or props.last_key is None:
+        if not self.top.may_hold(key):
             return False
-        if key < props.first_key or key > props.last_key:
-            return False
-        return self.bloom is None or self.bloom.may_contain(key)
-
-    @property
-    def size_in_memory(self) -> int:
-        return sum(len(k) + 80 for k in self.first_keys) + self.object_size // 64 + 256
+        return self.partitions[self.top.partition_for(key)].may_contain(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +120,15 @@ class EncodedSst:
 
 
 class SstBuilder:
-    """Builds an SST from entries added in strictly increasing key order.
+    """Builds a version 2 SST from entries added in strictly increasing key order.
+
+    Memory: the encoded data blocks, the encoded partitions, and the keys of the open
+    partition (for its filter) only; a partition's filter is built when it closes.
 
     Args:
         writer_epoch: Epoch recorded in the properties (0 for compactor output).
-        block_size: Target encoded block size; a block closes once it reaches it.
+        block_size: Target encoded block size; a block closes once it reaches it, and an
+            index partition once its block entries do.
         bloom_bits_per_key: Filter bits per key; 0 writes no filter (WAL SSTs: they are
             only ever read whole, and the filter cost a third of the write path's CPU).
     """
@@ -141,13 +140,33 @@ class SstBuilder:
         self._block = BlockBuilder()
         self._parts: list[bytes] = []
         self._offset = 0
-        self._handles: list[BlockHandle] = []
         self._block_first: bytes | None = None
-        self._keys: list[bytes] = []
+        self._first_key: bytes | None = None
         self._last_key: bytes | None = None
+        self._count = 0
         self._tombstones = 0
         self._min_seq: int | None = None
         self._max_seq = 0
+        # The open partition.
+        self._p_entries: list[bytes] = []
+        self._p_size = 0
+        self._p_offsets: list[int] = []
+        self._p_first_keys: list[bytes] = []
+        self._p_keys: list[bytes] | None = [] if bloom_bits_per_key else None
+        self._p_data_offset = 0
+        self._blocks = 0
+        # Closed partitions: their bytes, and (relative offset, length, data offset,
+        # first block, first key) for the top-level index.
+        self._partitions: list[bytes] = []
+        self._partitions_len = 0
+        # The top-level index, in parallel lists (partition offsets relative to the first
+        # partition, as the data's end is not known yet).
+        self._t_offsets: list[int] = []
+        self._t_lengths: list[int] = []
+        self._t_data_offsets: list[int] = []
+        self._t_first_blocks: list[int] = []
+        self._t_first_keys: list[bytes] = []
+        self._decoded: list[Partition] = []
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Add one entry (``value`` None for a tombstone)."""
@@ -157,10 +176,14 @@ class SstBuilder:
             raise InvalidArgument("SST keys must be added in strictly increasing order")
         if self._block_first is None:
             self._block_first = key
+            if self._first_key is None:
+                self._first_key = key
         block = self._block
         block.add(key, seq, value)
-        self._keys.append(key)
+        if self._p_keys is not None:
+            self._p_keys.append(key)
         self._last_key = key
+        self._count += 1
         if value is None:
             self._tombstones += 1
         if self._min_seq is None or seq < self._min_seq:
@@ -179,146 +202,132 @@ class SstBuilder:
         return self._offset + self._block.encoded_size
 
     def _close_block(self) -> None:
-        if not len(self._block) or self._block_first is None:
+        first = self._block_first
+        if not len(self._block) or first is None:
             return
         data = self._block.finish()
-        self._handles.append(BlockHandle(self._offset, len(data), self._block_first))
+        entry = HANDLE.pack(self._offset, len(data), len(first)) + first
+        self._p_entries.append(entry)
+        self._p_size += len(entry)
+        self._p_offsets.append(self._offset)
+        self._p_first_keys.append(first)
         self._parts.append(data)
         self._offset += len(data)
         self._block_first = None
+        if self._p_size >= self._block_size:
+            self._close_partition()
+
+    def _close_partition(self) -> None:
+        count = len(self._p_entries)
+        if not count:
+            return
+        keys = self._p_keys
+        bloom = build_filter(keys, len(keys), self._bits_per_key) if keys else b""
+        encoded = append_checksum(
+            b"".join([COUNT.pack(count), *self._p_entries, COUNT.pack(len(bloom)), bloom])
+        )
+        self._t_offsets.append(self._partitions_len)
+        self._t_lengths.append(len(encoded))
+        self._t_data_offsets.append(self._p_data_offset)
+        self._t_first_blocks.append(self._blocks)
+        self._t_first_keys.append(self._p_first_keys[0])
+        self._p_offsets.append(self._offset)
+        self._decoded.append(
+            Partition(
+                len(self._decoded),
+                self._blocks,
+                self._p_offsets,
+                self._p_first_keys,
+                BloomFilter(bloom) if bloom else None,
+                len(bloom),
+            )
+        )
+        self._partitions.append(encoded)
+        self._partitions_len += len(encoded)
+        self._blocks += count
+        self._p_entries, self._p_size, self._p_offsets, self._p_first_keys = [], 0, [], []
+        if keys is not None:
+            self._p_keys = []
+        self._p_data_offset = self._offset
 
     def finish(self) -> EncodedSst:
         """Encode the SST (an SST with no entries is valid: fencing SSTs are empty)."""
         self._close_block()
-        keys = self._keys
+        self._close_partition()
+        data_end = self._offset
         props = SstProperties(
-            entry_count=len(keys),
+            entry_count=self._count,
             tombstone_count=self._tombstones,
-            first_key=keys[0] if keys else None,
-            last_key=keys[-1] if keys else None,
+            first_key=self._first_key,
+            last_key=self._last_key,
             min_seq=self._min_seq or 0,
             max_seq=self._max_seq,
             writer_epoch=self._epoch,
-            block_count=len(self._handles),
-            data_size=self._offset,
+            block_count=self._blocks,
+            data_size=data_end,
         )
-        index = _encode_index(self._handles)
-        bloom = b""
-        if keys and self._bits_per_key:
-            bloom = build_filter(keys, len(keys), self._bits_per_key)
-        props_bytes = msgspec.msgpack.encode(props)
-        meta = index + bloom + props_bytes
+        offsets = [data_end + rel for rel in self._t_offsets]
+        keys = self._t_first_keys
+        top_parts = [COUNT.pack(len(keys))]
+        for offset, length, data_offset, first_block, key in zip(
+            offsets, self._t_lengths, self._t_data_offsets, self._t_first_blocks, keys, strict=True
+        ):
+            top_parts.append(TOP_ENTRY.pack(offset, length, data_offset, first_block, len(key)))
+            top_parts.append(key)
+        top = b"".join(top_parts)
+        meta = top + msgspec.msgpack.encode(props)
         footer = FOOTER.pack(
             SST_MAGIC,
             SST_FORMAT_VERSION,
             0,
-            self._offset,
-            len(index),
-            len(bloom),
-            len(props_bytes),
+            data_end,
+            self._partitions_len,
+            len(top),
+            len(meta) - len(top),
             checksum(meta),
         )
         footer += FOOTER_CHECKSUM.pack(checksum(footer))
-        data = b"".join([*self._parts, meta, footer])
-        sst_meta = SstMeta(
-            blocks=tuple(self._handles),
-            first_keys=[h.first_key for h in self._handles],
-            bloom=BloomFilter(bloom) if bloom else None,
-            props=props,
-            object_size=len(data),
+        data = b"".join([*self._parts, *self._partitions, meta, footer])
+        offsets.append(data_end + self._partitions_len)
+        self._t_data_offsets.append(data_end)
+        self._t_first_blocks.append(self._blocks)
+        sst_top = SstTop(
+            SST_FORMAT_VERSION,
+            len(data),
+            props,
+            keys,
+            offsets,
+            self._t_data_offsets,
+            self._t_first_blocks,
         )
-        return EncodedSst(data, sst_meta)
-
-
-def _encode_index(handles: list[BlockHandle]) -> bytes:
-    parts = [_COUNT.pack(len(handles))]
-    for h in handles:
-        parts.append(_INDEX_ENTRY.pack(h.offset, h.length, len(h.first_key)))
-        parts.append(h.first_key)
-    return b"".join(parts)
-
-
-def decode_footer(tail: bytes | memoryview) -> Footer:
-    """Decode the footer from the last ``FOOTER_SIZE`` bytes of ``tail``."""
-    if len(tail) < FOOTER_SIZE:
-        raise CorruptionError(f"SST: {len(tail)} bytes is too short for a footer")
-    raw = bytes(tail[len(tail) - FOOTER_SIZE :])
-    (expected,) = FOOTER_CHECKSUM.unpack_from(raw, FOOTER.size)
-    if checksum(raw[: FOOTER.size]) != expected:
-        raise CorruptionError("SST: footer checksum mismatch")
-    magic, version, _, meta_offset, index_len, filter_len, props_len, meta_sum = FOOTER.unpack_from(
-        raw
-    )
-    if magic != SST_MAGIC:
-        raise CorruptionError("SST: bad magic; this is not a slatepy SST")
-    if version != SST_FORMAT_VERSION:
-        raise CorruptionError(f"SST: unsupported format version {version}")
-    return Footer(meta_offset, index_len, filter_len, props_len, meta_sum)
-
-
-def decode_meta(footer: Footer, meta: bytes | memoryview) -> SstMeta:
-    """Decode index, filter and properties (``meta`` is exactly the meta section)."""
-    if len(meta) != footer.meta_len or checksum(meta) != footer.meta_checksum:
-        raise CorruptionError("SST: meta section checksum mismatch")
-    raw = bytes(meta)
-    index = raw[: footer.index_len]
-    bloom = raw[footer.index_len : footer.index_len + footer.filter_len]
-    try:
-        props = msgspec.msgpack.decode(
-            raw[footer.index_len + footer.filter_len :], type=SstProperties
-        )
-    except msgspec.DecodeError as exc:
-        raise CorruptionError(f"SST: bad properties: {exc}") from exc
-    handles = _decode_index(index, footer.meta_offset)
-    if len(handles) != props.block_count:
-        raise CorruptionError("SST: index and properties disagree on the block count")
-    return SstMeta(
-        blocks=handles,
-        first_keys=[h.first_key for h in handles],
-        bloom=BloomFilter(bloom) if bloom else None,
-        props=props,
-        object_size=footer.object_size,
-    )
-
-
-def _decode_index(index: bytes, data_end: int) -> tuple[BlockHandle, ...]:
-    if len(index) < _COUNT.size:
-        raise CorruptionError("SST: index too short")
-    (count,) = _COUNT.unpack_from(index)
-    pos = _COUNT.size
-    handles: list[BlockHandle] = []
-    expected_offset = 0
-    for _ in range(count):
-        if pos + _INDEX_ENTRY.size > len(index):
-            raise CorruptionError("SST: index entry runs past the index")
-        offset, length, key_len = _INDEX_ENTRY.unpack_from(index, pos)
-        pos += _INDEX_ENTRY.size
-        if offset != expected_offset or pos + key_len > len(index):
-            raise CorruptionError("SST: index entries are not contiguous")
-        handles.append(BlockHandle(offset, length, index[pos : pos + key_len]))
-        pos += key_len
-        expected_offset = offset + length
-    if pos != len(index) or expected_offset != data_end:
-        raise CorruptionError("SST: index does not cover the data section exactly")
-    return tuple(handles)
+        return EncodedSst(data, SstMeta(sst_top, tuple(self._decoded)))
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
-    """Decode a whole SST held in memory: its meta and an iterator over all entries.
+    """Decode a whole SST held in memory (version 1 or 2): its meta and an iterator over all
+    entries.
 
-    Every block's checksum is verified as the iterator reaches it.
+    Every checksum is verified: footer, top level and every partition here, each block's as
+    the iterator reaches it.
     """
     footer = decode_footer(data)
     if footer.object_size != len(data):
         raise CorruptionError("SST: footer offsets do not match the object size")
-    meta = decode_meta(footer, memoryview(data)[footer.meta_offset : len(data) - FOOTER_SIZE])
+    view = memoryview(data)
+    top = decode_top(footer, view[footer.top_offset : len(data) - FOOTER_SIZE])
+    partitions = tuple(
+        decode_partition(top, p, view[top.offsets[p] : top.offsets[p + 1]])
+        for p in range(top.partition_count)
+    )
+    meta = SstMeta(top, partitions)
 
     def entries() -> Iterator[Entry]:
-        view = memoryview(data)
-        for handle in meta.blocks:
-            block = decode_block(view[handle.offset : handle.offset + handle.length])
-            if block.keys[0] != handle.first_key:
-                raise CorruptionError("SST: block's first key disagrees with the index")
-            yield from block.entries()
+        for part in partitions:
+            offsets = part.offsets
+            for j, first_key in enumerate(part.first_keys):
+                block = decode_block(view[offsets[j] : offsets[j + 1]])
+                if block.keys[0] != first_key:
+                    raise CorruptionError("SST: block's first key disagrees with the index")
+                yield from block.entries()
 
     return meta, entries()

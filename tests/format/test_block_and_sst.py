@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from slatepy.errors import CorruptionError, InvalidArgument
 from slatepy.format.block import BlockBuilder, decode_block
 from slatepy.format.bloom import BloomFilter, build_filter
-from slatepy.format.sst import FOOTER_SIZE, SstBuilder, decode_footer, decode_meta, decode_sst
+from slatepy.format.sst import (
+    FOOTER_SIZE,
+    SstBuilder,
+    decode_footer,
+    decode_partition,
+    decode_sst,
+    decode_top,
+)
 
 keys = st.binary(min_size=1, max_size=40)
 values = st.none() | st.binary(max_size=300)
@@ -52,14 +59,19 @@ def test_block_round_trip(block_keys: list[bytes]) -> None:
     assert block.get(b"\xff" * 41) is None
 
 
-def test_meta_is_read_from_a_suffix_alone() -> None:
+def test_top_level_is_read_from_a_suffix_alone() -> None:
     table = {b"k%05d" % i: (i, b"v" * 50) for i in range(2000)}
     data = build(table, block_size=4096)
     footer = decode_footer(data[-FOOTER_SIZE:])
-    assert footer.object_size == len(data)
-    meta = decode_meta(footer, data[footer.meta_offset : len(data) - FOOTER_SIZE])
-    assert meta.props.block_count == len(meta.blocks) > 10
-    assert meta.props.first_key == b"k00000" and meta.props.last_key == b"k01999"
+    assert footer.object_size == len(data) and footer.version == 2
+    top = decode_top(footer, data[footer.top_offset : len(data) - FOOTER_SIZE])
+    assert top.props.first_key == b"k00000" and top.props.last_key == b"k01999"
+    assert top.props.block_count > 10 and top.partition_count >= 1
+    parts = [
+        decode_partition(top, p, data[top.offsets[p] : top.offsets[p + 1]])
+        for p in range(top.partition_count)
+    ]
+    assert sum(len(p.first_keys) for p in parts) == top.props.block_count
 
 
 def test_empty_sst_is_a_valid_fencing_sst() -> None:
@@ -99,10 +111,15 @@ def _decode_everything(data: bytes) -> list[tuple[bytes, int, bytes | None]]:
     return list(entries)
 
 
-def test_flipping_any_byte_of_an_sst_is_detected() -> None:
-    table = {b"key%04d" % i: (i, b"value%04d" % i) for i in range(120)}
-    table[b"key0005"] = (5, None)
-    data = build(table, block_size=256)
+@pytest.mark.parametrize("bits_per_key", [10, 0])
+def test_flipping_any_byte_of_an_sst_is_detected(bits_per_key: int) -> None:
+    """Every byte of a version 2 SST with several partitions (with and without filters)."""
+    builder = SstBuilder(writer_epoch=7, block_size=128, bloom_bits_per_key=bits_per_key)
+    for i in range(120):
+        builder.add(b"key%04d" % i, i, None if i == 5 else b"value%04d" % i)
+    encoded = builder.finish()
+    assert encoded.meta.top.partition_count >= 3
+    data = encoded.data
     expected = _decode_everything(data)
     rng = random.Random(1)
     for position in range(len(data)):

@@ -1,0 +1,388 @@
+"""Reading SSTs through TableReader (RFC 0009): bounded metadata work per get whatever the
+SST's size, footers read without suffix requests, coalesced read-ahead scans in a background
+thread that never outlives its iterator, old (version 1) SSTs, and corrupt bytes."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+
+import pytest
+
+from slatepy.engine.table import TableReader
+from slatepy.errors import CorruptionError
+from slatepy.format.block import Entry
+from slatepy.format.sst import SstBuilder
+from slatepy.store import MetricsStore, open_store
+from slatepy.store.base import ObjectStore, WrappingStore
+from tests.conftest import Backend
+from tests.format.v1sst import build_v1
+
+PATH = "compacted/t.sst"
+
+
+def entries(n: int, value_size: int = 40) -> list[Entry]:
+    return [(b"key%08d" % i, i + 1, b"v" * value_size) for i in range(n)]
+
+
+@cache
+def sst(n: int, block_size: int = 512, value_size: int = 40) -> bytes:
+    builder = SstBuilder(writer_epoch=1, block_size=block_size)
+    return builder.add_all(entries(n, value_size)).finish().data
+
+
+def store_with(data: bytes, path: str = PATH) -> MetricsStore:
+    store = MetricsStore(open_store("memory://"))
+    store.put(path, data)
+    store.metrics.reset()
+    return store
+
+
+class NoSuffix(WrappingStore):
+    """A store without suffix reads (Azure Blob): ``get_suffix`` must never be called."""
+
+    def get_suffix(self, path: str, length: int) -> bytes:
+        raise AssertionError(f"suffix request for {path}")
+
+
+def read_ahead_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("slatepy-read-ahead")]
+
+
+# -- point gets: O(1) index and filter work, whatever the SST's size ------------------------
+
+
+@pytest.mark.parametrize("n", [20_000, 200_000])
+def test_a_cold_get_decodes_one_partition_and_makes_two_requests_at_most(n: int) -> None:
+    data = sst(n)
+    store = store_with(data)
+    reader = TableReader(store, meta_cache_bytes=1 << 20, block_cache_bytes=1 << 20)
+    top = reader.top(PATH, size=len(data))
+    assert store.metrics.requests("get_range") == 1  # footer, top level, props: one GET
+    assert top.partition_count > 20 * (n // 20_000)
+    # The pinned top level is a small fraction of the SST, and the whole point: per get, one
+    # partition (a few hundred block handles and their filter), never the SST's index.
+    assert reader.stats().pinned_bytes < len(data) // 40
+    rng = random.Random(n)
+    keys = [b"key%08d" % rng.randrange(n) for _ in range(300)]
+    keys += [b"key%08dx" % rng.randrange(n) for _ in range(100)]  # absent, inside the range
+    worst_decodes = worst_requests = worst_bytes = 0
+    for key in keys:
+        before, requests = reader.stats(), store.metrics.requests("get_range")
+        found = reader.get(PATH, key)
+        assert (found is not None) == (not key.endswith(b"x"))
+        after = reader.stats()
+        worst_decodes = max(worst_decodes, after.partitions_decoded - before.partitions_decoded)
+        worst_requests = max(worst_requests, store.metrics.requests("get_range") - requests)
+        worst_bytes = max(worst_bytes, after.bytes_read - before.bytes_read)
+        # Warm: the same key again decodes nothing and reads nothing.
+        requests = store.metrics.requests("get_range")
+        assert reader.get(PATH, key) == found
+        assert reader.stats().partitions_decoded == after.partitions_decoded
+        assert store.metrics.requests("get_range") == requests
+    assert worst_decodes == 1
+    assert worst_requests == 2  # the partition, then the block
+    assert worst_bytes < 8 * 512  # one partition and one block, not an SST-wide index
+    assert reader.stats().partitions_decoded > 50  # the meta cache is smaller than the SST's
+
+
+def test_get_bounds_do_not_grow_with_the_sst() -> None:
+    """The same bound (requests, partition decodes, bytes) for two SSTs 10x apart."""
+    results = []
+    for n in (20_000, 200_000):
+        data = sst(n)
+        store = store_with(data)
+        reader = TableReader(store, meta_cache_bytes=64 * 1024, block_cache_bytes=64 * 1024)
+        reader.top(PATH, size=len(data))
+        store.metrics.reset()
+        rng = random.Random(7)
+        start = reader.stats()
+        for _ in range(200):
+            reader.get(PATH, b"key%08d" % rng.randrange(n))
+        stats = reader.stats()
+        results.append(
+            (
+                stats.partitions_decoded - start.partitions_decoded,
+                store.metrics.requests("get_range"),
+                (stats.bytes_read - start.bytes_read) // 200,
+            )
+        )
+    (small_decodes, small_requests, small_bytes), (large_decodes, large_requests, large_bytes) = (
+        results
+    )
+    assert small_decodes <= 200 and large_decodes <= 200
+    assert small_requests <= 400 and large_requests <= 400
+    assert large_bytes < 2 * small_bytes + 512
+
+
+def test_a_small_sst_is_served_from_the_bytes_read_to_open_it() -> None:
+    """Partitions that come with the tail cost no request: one GET to open, one per block."""
+    data = sst(2000)
+    store = store_with(data)
+    reader = TableReader(store)
+    assert reader.get(PATH, b"key%08d" % 1234, size=len(data)) == (1235, b"v" * 40)
+    assert store.metrics.requests("get_range") == 2
+
+
+# -- footers without suffix requests (Azure) -----------------------------------------------
+
+
+def test_with_the_size_known_no_suffix_request_is_made() -> None:
+    data = sst(20_000)
+    inner = store_with(data)
+    store = NoSuffix(inner)
+    reader = TableReader(store, meta_prefetch=4096)  # smaller than the top level: 2 GETs
+    assert reader.get(PATH, b"key%08d" % 5, size=len(data)) == (6, b"v" * 40)
+    scan = TableReader(store)
+    got = list(scan.scan(PATH, b"key00000010", b"key00000020", size=len(data)))
+    assert [k for k, _, _ in got] == [b"key%08d" % i for i in range(10, 20)]
+    assert list(TableReader(store).scan_all(PATH, chunk_bytes=1 << 20, size=len(data))) == (
+        entries(20_000)
+    )
+    with pytest.raises(AssertionError, match="suffix"):
+        TableReader(store).get(PATH, b"key00000005")  # size unknown: the suffix fallback
+
+
+def test_without_the_size_one_suffix_request_opens_the_sst() -> None:
+    data = sst(20_000)
+    store = store_with(data)
+    reader = TableReader(store)
+    reader.top(PATH)
+    assert store.metrics.requests("get_range") == 1
+    assert reader.stats().tail_reads == 1
+
+
+def test_a_size_that_disagrees_with_the_footer_is_corruption_naming_the_object() -> None:
+    data = sst(2000)
+    store = store_with(data)
+    for size in (len(data) - 1, len(data) + 10, 20):
+        with pytest.raises(CorruptionError) as caught:
+            TableReader(store).top(PATH, size=size)
+        assert caught.value.path == PATH and PATH in str(caught.value)
+
+
+# -- scans: few large requests, read ahead in a thread that does not outlive the scan ------
+
+
+def test_a_full_scan_is_a_few_large_requests() -> None:
+    data = sst(40_000, block_size=4096, value_size=100)  # ~5 MB
+    store = store_with(data)
+    read_ahead = 1 << 20
+    reader = TableReader(store, scan_read_ahead_bytes=read_ahead)
+    assert list(reader.scan(PATH, b"", None, size=len(data))) == entries(40_000, 100)
+    requests = store.metrics.requests("get_range")
+    # 64 KiB, 128 KiB, ... up to 1 MiB per GET, plus the tail and one run of partitions.
+    assert requests <= len(data) // read_ahead + 5 + 2, requests
+    assert reader.stats().read_ahead_threads == 1
+    assert read_ahead_threads() == []
+    store.metrics.reset()
+    assert list(reader.scan(PATH, b"key00039990", None)) == entries(40_000, 100)[39990:]
+    assert store.metrics.requests("get_range") == 0  # the first scan filled the block cache
+
+
+def test_scans_honour_their_bounds_across_partitions() -> None:
+    rows = entries(5000)
+    data = sst(5000, block_size=128)
+    store = store_with(data)
+    warm = TableReader(store)
+    rng = random.Random(3)
+    for _ in range(60):
+        a, b = sorted(rng.randrange(-5, 5005) for _ in range(2))
+        start = b"" if a < 0 else b"key%08d" % a + (b"" if a % 2 else b"!")
+        end = None if b >= 5000 else b"key%08d" % b
+        expected = [r for r in rows if r[0] >= start and (end is None or r[0] < end)]
+        assert list(TableReader(store).scan(PATH, start, end)) == expected
+        assert list(warm.scan(PATH, start, end, size=len(data))) == expected
+
+
+class Slow(WrappingStore):
+    """Range reads take ``delay`` seconds and are logged."""
+
+    def __init__(self, inner: ObjectStore, delay: float) -> None:
+        super().__init__(inner)
+        self.delay = delay
+        self.ranges: list[tuple[int, int]] = []
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        time.sleep(self.delay)
+        self.ranges.append((start, end))
+        return super().get_range(path, start, end)
+
+
+def test_read_ahead_loads_the_next_chunk_in_the_background_and_no_further() -> None:
+    data = sst(40_000, block_size=4096, value_size=100)
+    store = Slow(store_with(data), 0.01)
+    reader = TableReader(store, scan_read_ahead_bytes=256 * 1024)
+    reader.top(PATH, size=len(data))
+    opened = len(store.ranges)
+    it = reader.scan(PATH, b"", None)
+    next(it)  # chunk 0 read synchronously; chunk 1 now loads in the background
+    deadline = time.monotonic() + 5
+    while len(store.ranges) < opened + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)  # partitions run, chunk 0, chunk 1 (the consumer does not ask)
+    assert len(store.ranges) == opened + 3
+    assert read_ahead_threads() == ["slatepy-read-ahead_0"]
+    time.sleep(0.2)
+    assert len(store.ranges) == opened + 3  # bounded: nothing beyond the next chunk
+    it.close()
+    assert read_ahead_threads() == []
+
+
+def test_the_read_ahead_thread_ends_with_its_iterator() -> None:
+    data = sst(40_000, block_size=4096, value_size=100)
+    store = store_with(data)
+    baseline = threading.active_count()
+
+    def partly(reader: TableReader) -> Iterator[Entry]:
+        it = reader.scan(PATH, b"", None)
+        for _ in range(3000):  # past the first 64 KiB chunk
+            next(it)
+        return it
+
+    reader = TableReader(store, scan_read_ahead_bytes=256 * 1024)
+    it = partly(reader)
+    assert read_ahead_threads()
+    it.close()  # closed early
+    assert read_ahead_threads() == []
+    it = partly(TableReader(store))
+    del it  # dropped without close: collected
+    gc.collect()
+    assert read_ahead_threads() == []
+    for _ in range(20):
+        assert len(list(TableReader(store).scan(PATH, b"", None))) == 40_000  # exhausted
+    assert threading.active_count() == baseline
+    assert read_ahead_threads() == []
+
+
+def test_a_warm_or_short_scan_starts_no_thread() -> None:
+    data = sst(40_000, block_size=4096, value_size=100)
+    store = store_with(data)
+    reader = TableReader(store)
+    assert len(list(reader.scan(PATH, b"key00001000", b"key00001100"))) == 100
+    assert reader.stats().read_ahead_threads == 0
+    list(reader.scan(PATH, b"", None))
+    started = reader.stats().read_ahead_threads
+    list(reader.scan(PATH, b"", None))  # all cached now
+    assert reader.stats().read_ahead_threads == started
+
+
+def test_errors_in_the_read_ahead_thread_reach_the_consumer() -> None:
+    data = bytearray(sst(40_000, block_size=4096, value_size=100))
+    data[2_000_000] ^= 0xFF  # a block far enough to be read ahead
+    store = store_with(bytes(data))
+    with pytest.raises(CorruptionError) as caught:
+        list(TableReader(store).scan(PATH, b"", None))
+    assert caught.value.path == PATH
+    assert read_ahead_threads() == []
+
+
+def test_scan_all_bypasses_the_caches_and_reads_small_ssts_in_one_request() -> None:
+    data = sst(300)
+    store = store_with(data)
+    reader = TableReader(store)
+    assert list(reader.scan_all(PATH, chunk_bytes=64 * 1024)) == entries(300)
+    assert store.metrics.requests("get_range") == 1  # the tail held the whole object
+    stats = reader.stats()
+    assert stats.block_cache_bytes == stats.meta_cache_bytes == stats.pinned_ssts == 0
+    big = sst(40_000, block_size=4096, value_size=100)
+    store = store_with(big)
+    reader = TableReader(store)
+    assert list(reader.scan_all(PATH, chunk_bytes=1 << 20)) == entries(40_000, 100)
+    assert store.metrics.requests("get_range") <= len(big) // (1 << 20) + 3
+    assert reader.stats().block_cache_bytes == 0
+
+
+# -- version 1 SSTs (databases written before RFC 0009) ------------------------------------
+
+
+def test_v1_ssts_still_read() -> None:
+    rows = [(k, s, None if s % 13 == 0 else v) for k, s, v in entries(20_000)]
+    data = build_v1(rows, writer_epoch=2, block_size=512)
+    store = store_with(data)
+    reader = TableReader(store, meta_cache_bytes=1 << 20)
+    assert reader.top(PATH, size=len(data)).version == 1
+    for key, seq, value in random.Random(1).sample(rows, 200):
+        assert reader.get(PATH, key) == (seq, value)
+    assert reader.get(PATH, b"key00000005x") is None
+    assert list(reader.scan(PATH, b"key00001000", b"key00001500")) == rows[1000:1500]
+    assert list(TableReader(store).scan(PATH, b"", None, size=len(data))) == rows
+    assert list(TableReader(store).scan_all(PATH, chunk_bytes=1 << 16)) == rows
+
+
+# -- pinned top levels follow the view -----------------------------------------------------
+
+
+def test_retain_releases_the_top_levels_of_ssts_that_left_the_view() -> None:
+    store = MetricsStore(open_store("memory://"))
+    for name in "abc":
+        store.put(f"{name}.sst", sst(2000))
+    reader = TableReader(store)
+    for name in "abc":
+        reader.top(f"{name}.sst")
+    assert reader.stats().pinned_ssts == 3
+    view1, view2 = object(), object()
+    reader.retain(view1, ["a.sst", "b.sst"])
+    assert reader.stats().pinned_ssts == 2
+    reader.retain(view2, ["b.sst"])  # a.sst stays while view1's readers may run
+    assert reader.stats().pinned_ssts == 2
+    reader.retain(view2, ["b.sst"])
+    reader.retain(object(), ["b.sst"])
+    assert reader.stats().pinned_ssts == 1
+    assert reader.stats().pinned_bytes == reader.top("b.sst").size_in_memory + 0
+
+
+# -- corrupt bytes: a typed error naming the object, never wrong data ----------------------
+
+
+def test_flipping_any_byte_of_a_v2_sst_in_the_store_is_detected() -> None:
+    rows = [(b"key%04d" % i, i + 1, None if i % 9 == 0 else b"val%04d" % i) for i in range(90)]
+    data = SstBuilder(writer_epoch=1, block_size=128).add_all(rows).finish().data
+    rng = random.Random(5)
+    for position in range(len(data)):
+        corrupt = bytearray(data)
+        corrupt[position] ^= 1 << rng.randrange(8)
+        store = open_store("memory://")
+        store.put(PATH, bytes(corrupt))
+        reader = TableReader(store)
+        try:
+            got = [reader.get(PATH, k, size=len(data)) for k, _, _ in rows]
+            got_absent = [reader.get(PATH, k + b"!") for k, _, _ in rows[::7]]
+            scanned = list(reader.scan(PATH, b"", None))
+        except CorruptionError as exc:
+            assert exc.path == PATH
+            continue
+        assert got == [(s, v) for _, s, v in rows] and not any(got_absent)
+        assert scanned == rows
+        pytest.fail(f"flipping byte {position} went undetected")
+
+
+# -- request counts on every backend ---------------------------------------------------------
+
+
+def test_request_counts_on_each_backend(backend: Backend) -> None:
+    """Open = one range GET (no suffix, no HEAD: the size is known), a cold get <= 2 more, a
+    warm get none, a full scan a few GETs; the same on memory, file, S3 over HTTP, Azure."""
+    data = sst(20_000, block_size=4096, value_size=100)  # ~2.6 MB
+    raw = backend.store()
+    raw.put(PATH, data)
+    store = MetricsStore(NoSuffix(raw))
+    reader = TableReader(store, scan_read_ahead_bytes=1 << 20)
+    reader.top(PATH, size=len(data))
+    assert {k: s.requests for k, s in store.metrics.snapshot().items()} == {"get_range": 1}
+    for i in (5, 19_999, 12_345):
+        store.metrics.reset()
+        assert reader.get(PATH, b"key%08d" % i) == (i + 1, b"v" * 100)
+        assert store.metrics.requests("get_range") <= 2
+        store.metrics.reset()
+        assert reader.get(PATH, b"key%08d" % i) == (i + 1, b"v" * 100)
+        assert store.metrics.snapshot() == {}
+    store.metrics.reset()
+    scan = TableReader(store, scan_read_ahead_bytes=1 << 20).scan(PATH, b"", None, size=len(data))
+    assert list(scan) == entries(20_000, 100)
+    assert set(store.metrics.snapshot()) == {"get_range"}
+    assert store.metrics.requests("get_range") <= len(data) // (1 << 20) + 5 + 2
+    assert read_ahead_threads() == []
