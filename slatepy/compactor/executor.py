@@ -34,7 +34,12 @@ def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Ite
     if isinstance(plan, WalToL0):
         wal = NumberedObjects(tables.store, WAL_DIR, WAL_SUFFIX)
         ids = range(plan.last_wal_id, plan.first_wal_id - 1, -1)
-        sources: list[list[tuple[str, int | None]]] = [[(wal.path(i), None)] for i in ids]
+        sizes: dict[int, int] = {}
+        if not tables.store.supports_suffix:
+            # One LIST instead of a HEAD per WAL SST to find where each footer is (Azure).
+            listed = wal.entries(after=plan.first_wal_id - 1)
+            sizes = {i: meta.size for i, meta in listed if i <= plan.last_wal_id}
+        sources: list[list[tuple[str, int | None]]] = [[(wal.path(i), sizes.get(i))] for i in ids]
     else:
         sources = [
             [(compacted_path(h.id), h.object_size)] for h in manifest.l0 if h.id in plan.l0_ids
