@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from bench.engines import ENGINES, median_ms, p99_ms
@@ -46,7 +46,7 @@ def key(i: int) -> bytes:
 
 @contextmanager
 def store_location(
-    name: str, latency_ms: float = 0.0
+    name: str, latency_ms: float = 0.0, disk_cache: Literal["auto", "on", "off"] = "auto"
 ) -> Iterator[Callable[[str], tuple[str, Settings]]]:
     """Yields ``fresh(engine) -> (url, settings)``: a new empty location per engine.
 
@@ -58,7 +58,10 @@ def store_location(
         with tempfile.TemporaryDirectory() as tmp:
             yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
     elif name in ("s3", "minio"):
-        with _s3_endpoint(name, latency_ms) as (endpoint, bucket):
+        with (
+            _s3_endpoint(name, latency_ms) as (endpoint, bucket),
+            tempfile.TemporaryDirectory() as cache_dir,  # every run starts with a cold cache
+        ):
             os.environ.update(
                 {
                     "AWS_ENDPOINT_URL": endpoint.url,
@@ -72,6 +75,8 @@ def store_location(
                 s3_endpoint=endpoint.url,
                 s3_access_key_id=endpoint.access_key_id,
                 s3_secret_access_key=endpoint.secret_access_key,
+                disk_cache=disk_cache,
+                disk_cache_dir=cache_dir,
             )
             yield lambda engine: (f"s3://{bucket}/{engine}-{uuid.uuid4().hex[:6]}", settings)
     else:
@@ -280,6 +285,12 @@ def main() -> None:
         default=0.0,
         help="per-request delay added to s3 by a proxy on the wire (bench/proxy.py)",
     )
+    parser.add_argument(
+        "--disk-cache",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="slatepy's local disk cache for s3 (auto = on; in a fresh directory per run)",
+    )
     args = parser.parse_args()
     run: dict[str, Any] = {
         "command": "python -m bench "
@@ -293,6 +304,7 @@ def main() -> None:
                 "--name",
                 args.name,
                 *([f"--latency-ms {args.latency_ms:g}"] if args.latency_ms else []),
+                *([f"--disk-cache {args.disk_cache}"] if args.disk_cache != "auto" else []),
             ]
         ),
         "machine": f"{platform.machine()}, {platform.python_version()}, {platform.platform()}",
@@ -300,7 +312,7 @@ def main() -> None:
         "stores": {},
     }
     for store_name in args.stores:
-        with store_location(store_name, args.latency_ms) as fresh:
+        with store_location(store_name, args.latency_ms, args.disk_cache) as fresh:
             url, settings = fresh("floor")
             data: dict[str, Any] = {"floor": floor_ms(open_store(url, settings)), "engines": {}}
             for engine_name in args.engines:
