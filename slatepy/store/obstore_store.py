@@ -22,6 +22,7 @@ from slatepy.errors import (
 )
 from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutMode
 from slatepy.store.fsync import FileSync
+from slatepy.store.local_read import LocalReads
 
 if TYPE_CHECKING:
     from obstore import GetOptions
@@ -45,12 +46,22 @@ class ObstoreStore(ObjectStore):
         url: The URL to report (without credentials).
         file_sync: For a ``LocalStore``: fsyncs every put, copy and delete before it returns
             (``Settings.file_sync="fsync"``). ``None`` leaves durability to the backend.
+        local_reads: For a ``LocalStore``: serves reads from the files directly (see
+            :mod:`slatepy.store.local_read`).
     """
 
-    def __init__(self, raw: RawStore, url: str, *, file_sync: FileSync | None = None) -> None:
+    def __init__(
+        self,
+        raw: RawStore,
+        url: str,
+        *,
+        file_sync: FileSync | None = None,
+        local_reads: LocalReads | None = None,
+    ) -> None:
         self._raw = raw
         self._url = url
         self._sync = file_sync
+        self._local = local_reads
         # obstore refuses suffix ranges on Azure ("Azure does not support suffix range
         # requests"); other backends that turn out to refuse them switch on first refusal.
         self._suffix = not isinstance(raw, AzureStore)
@@ -69,11 +80,15 @@ class ObstoreStore(ObjectStore):
         return self._suffix
 
     def get(self, path: str) -> bytes:
+        if self._local is not None:
+            return self._local.get(path)
         return self._call(path, False, lambda: obstore.get(self._raw, path).bytes().to_bytes())
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
+        if self._local is not None:
+            return self._local.get_ranges(path, [(start, end)])[0]
         return self._call(
             path, False, lambda: obstore.get_range(self._raw, path, start=start, end=end).to_bytes()
         )
@@ -83,6 +98,9 @@ class ObstoreStore(ObjectStore):
         wanted = [(s, e) for s, e in ranges if e > s]
         if not wanted:
             return [b""] * len(ranges)
+        if self._local is not None:
+            local = iter(self._local.get_ranges(path, wanted))
+            return [next(local) if e > s else b"" for s, e in ranges]
         starts = [s for s, _ in wanted]
         ends = [e for _, e in wanted]
         parts = iter(
@@ -102,6 +120,8 @@ class ObstoreStore(ObjectStore):
         if length <= 0:
             self.head(path)  # still NotFound for a missing object, like a suffix GET
             return b""
+        if self._local is not None:
+            return self._local.get_suffix(path, length)
         if self._suffix:
 
             def run() -> bytes:

@@ -19,6 +19,7 @@ from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, UnsupportedStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.fsync import FileSync
+from slatepy.store.local_read import LocalReads
 from slatepy.store.obstore_store import ObstoreStore
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ def _open(url: str, settings: Settings) -> ObjectStore:
             raw = LocalStore(path, mkdir=True)
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
-        return ObstoreStore(raw, f"file://{path}", file_sync=sync)
+        local = LocalReads(path, f"file://{path}")
+        return ObstoreStore(raw, f"file://{path}", file_sync=sync, local_reads=local)
     bucket, prefix = parts.hostname or "", parts.path.strip("/") or None
     if scheme in ("gs", "az", "s3") and not bucket:
         raise InvalidArgument(f"{scheme}:// URLs need a bucket or container name: {url!r}")
