@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,16 @@ if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
 
 STALL_POLL_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
+_OPEN: weakref.WeakSet[Db] = weakref.WeakSet()
+"""Databases not closed yet, so that interpreter exit can flush what they buffered."""
+
+
+@atexit.register
+def _flush_open_databases() -> None:
+    for db in list(_OPEN):
+        db._flush_at_exit()
 
 
 class Db(Closing):
@@ -88,6 +101,7 @@ class Db(Closing):
                 gc=GarbageCollector(store, settings=settings),
                 on_publish=self._adopt_published,
             )
+        _OPEN.add(self)
 
     @classmethod
     def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> Db:
@@ -267,6 +281,7 @@ class Db(Closing):
             if self._closed:
                 return
             self._closed = True
+        _OPEN.discard(self)
         try:
             self._wal.flush()
         except SlatepyError as exc:
@@ -283,8 +298,29 @@ class Db(Closing):
             self._wal.close()
             self._store.drain()
 
+    def _flush_at_exit(self) -> None:
+        """At interpreter exit, make buffered writes of a database nobody closed durable.
+
+        Only the WAL buffer is flushed (background threads are left to the interpreter), so a
+        process that forgot ``close()`` loses nothing it wrote and says so; a store that is
+        gone by then costs its request timeout, once.
+        """
+        if self._closed or not self._wal.buffered():
+            return
+        buffered = self._wal.buffered()
+        log.warning(
+            "database %s was not closed: flushing %d buffered writes at exit (call close())",
+            self.url,
+            buffered,
+        )
+        try:
+            self._wal.flush()
+        except SlatepyError as exc:
+            log.error("%d unawaited writes to %s are lost at exit: %s", buffered, self.url, exc)
+
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
+        _OPEN.discard(self)
         with self._lock:
             self._closed = True
         if self._compactor is not None:

@@ -129,6 +129,11 @@ class WalWriter:
                 self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
                 self.check()
 
+    def buffered(self) -> int:
+        """Entries in the open generation (written, not yet sealed into a WAL SST)."""
+        with self._cond:
+            return len(self._buffer)
+
     def unwritten_unawaited(self) -> int:
         """Unawaited entries that failed or can no longer be written (after a failure)."""
         with self._cond:
