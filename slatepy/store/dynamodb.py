@@ -13,12 +13,18 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
-
 from slatepy.config import Settings
 from slatepy.errors import CorruptionError, InvalidArgument, NotFound, StoreUnavailable
+
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError as exc:  # an optional extra: only cas="dynamodb" needs it
+    raise InvalidArgument(
+        'cas="dynamodb" and the slatepy dynamodb commands need boto3: '
+        'pip install "slatepy[dynamodb]"'
+    ) from exc
 from slatepy.store.metrics import StoreMetrics
 
 if TYPE_CHECKING:
