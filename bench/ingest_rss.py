@@ -3,6 +3,8 @@
     python -m bench.ingest_rss --keys 2000000
 
 Target (issue 6): peak RSS below ``max_unflushed_bytes`` + block cache + 300 MB.
+``--trace`` prints RSS, the memtable's accounted bytes and L0 every 200,000 keys (where the
+memory goes, RFC 0011).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def rss_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--keys", type=int, default=2_000_000)
+    parser.add_argument("--trace", action="store_true")
     args = parser.parse_args()
     base = rss_mb()
     with location("file", compactor="in-process") as (url, settings):
@@ -40,6 +43,14 @@ def main() -> None:
                 db.write(batch)
                 if first % 100_000 == 0:
                     peak = max(peak, rss_mb())
+                if args.trace and first % 200_000 == 0:
+                    print(
+                        f"{first:>9} keys: RSS {rss_mb():.0f} MB, memtable "
+                        f"{db._memtable.size_bytes / 2**20:.0f} MB accounted "
+                        f"({len(db._memtable)} entries), L0 {len(db._view.l0)} SSTs "
+                        f"{sum(h.object_size for h in db._view.l0) / 2**20:.0f} MB",
+                        flush=True,
+                    )
             elapsed = time.perf_counter() - start
             memtable = db._memtable.size_bytes / 2**20
         max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

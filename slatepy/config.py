@@ -40,8 +40,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         writer_snapshot_ttl: Seconds the writer's start-up snapshot protects the WAL.
         max_parallel_writes: WAL PUTs a writer keeps in flight at once (stored in the
             manifest; a new writer fences with that many consecutive SSTs).
-        max_unflushed_bytes: Bytes of written-but-not-yet-compacted data (the writer's
-            memtable) at which writes block until compaction catches up.
+        max_unflushed_bytes: Memory of written-but-not-yet-compacted data (the writer's
+            memtable, Python's per-entry overhead included; RFC 0011) at which writes block
+            until compaction catches up.
         write_stall_timeout: Seconds a blocked write waits for compaction before it fails
             with ``WriteStalled``.
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.

@@ -18,6 +18,9 @@ from slatepy.manifest.record import Manifest
 
 log = logging.getLogger(__name__)
 
+MAX_ROUNDS_PER_PASS = 16
+"""Compactions in one pass before GC gets its turn and the interval sleep."""
+
 
 class BackgroundCompactor:
     """Runs ``compactor.run_until_idle`` every ``compaction_interval`` and ``gc.collect`` every
@@ -49,8 +52,13 @@ class BackgroundCompactor:
         next_gc = time.monotonic() + settings.gc_interval
         while not self._stop.wait(settings.compaction_interval):
             try:
-                if self.compactor.run_until_idle(max_rounds=16) and self._on_publish:
-                    self._on_publish(self.compactor.last_published.manifest)
+                # Hand each published manifest to the writer at once: it prunes its memtable
+                # then, which keeps the writer under max_unflushed_bytes while writes go on.
+                for _ in range(MAX_ROUNDS_PER_PASS):
+                    if self._stop.is_set() or self.compactor.run_once() is None:
+                        break
+                    if self._on_publish:
+                        self._on_publish(self.compactor.last_published.manifest)
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + settings.gc_interval
                     self.gc.collect()

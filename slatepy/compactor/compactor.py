@@ -100,7 +100,6 @@ class Compactor:
             self.tables,
             self.policy,
             drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
-            split=isinstance(todo, L0ToRun),
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
         )

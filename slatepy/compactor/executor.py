@@ -3,8 +3,9 @@
 Inputs are read in large sequential chunks through ``TableReader.scan_all`` (uncached, and
 not pinned: compaction must not evict the read path's hot blocks, nor keep the indexes of
 the SSTs it is about to replace) and merged with :func:`merge_newest`;
-output SSTs are cut at ``target_sst_bytes``, so memory holds one output SST and one chunk
-per input (together at most ``READ_AHEAD_BYTES``) at a time.
+output SSTs are cut at ``target_sst_bytes`` (a WalToL0's too: its outputs are several L0
+SSTs with disjoint key ranges, RFC 0011), so memory holds one output SST and one chunk per
+input (together at most ``READ_AHEAD_BYTES``) at a time, whatever the size of the inputs.
 Outputs are written create-if-absent under ``compacted/`` with fresh random ids; they become
 part of the database only when the manifest update publishing them succeeds.
 """
@@ -71,11 +72,15 @@ def write_outputs(
     policy: CompactionPolicy,
     *,
     drop_tombstones: bool,
-    split: bool,
     block_size: int,
     bloom_bits_per_key: int,
 ) -> list[SstHandle]:
-    """Write the merged stream as SSTs (cut at the target size when ``split``)."""
+    """Write the merged stream as SSTs in key order, cut at ``policy.target_sst_bytes``.
+
+    The outputs have disjoint, increasing key ranges: as L0 SSTs (WalToL0) a key is in at
+    most one of them, so their order among themselves does not matter to reads; as a sorted
+    run (L0ToRun) they are its SSTs in order.
+    """
     handles: list[SstHandle] = []
     builder: SstBuilder | None = None
 
@@ -91,7 +96,7 @@ def write_outputs(
                 writer_epoch=0, block_size=block_size, bloom_bits_per_key=bloom_bits_per_key
             )
         builder.add(key, seq, value)
-        if split and builder.estimated_size >= policy.target_sst_bytes:
+        if builder.estimated_size >= policy.target_sst_bytes:
             handles.append(_store(builder.finish(), tables))
             builder = None
     if builder is not None:

@@ -3,7 +3,8 @@
 Two kinds of work, in priority order:
 
 1. ``WalToL0``: merge the WAL SSTs after ``wal_id_last_compacted`` (up to
-   ``max_wal_ssts`` of them) into one L0 SST.
+   ``max_wal_ssts`` of them) into L0 SSTs cut at ``target_sst_bytes``, with disjoint key
+   ranges (one, unless the WAL tail is larger than that).
 2. ``L0ToRun``: once ``l0_trigger`` L0 SSTs exist, merge all of L0 with the newest sorted runs
    whose size is at most ``size_ratio`` times what is being merged so far (size-tiered), into
    one new sorted run. Tombstones are dropped only when the output includes the oldest run,

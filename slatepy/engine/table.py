@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 
 from slatepy.engine.cache import LruCache
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, Entry, decode_block
+from slatepy.format.block import Block, Entry, IndexedBlock, decode_block, open_block
 from slatepy.format.sst import (
     FOOTER_SIZE,
     Partition,
@@ -42,6 +42,8 @@ META_PREFETCH = 64 * 1024
 properties of SSTs up to several GB, and the partitions too of SSTs of a few MB."""
 TOP_FRACTION = 4096
 """With the size known, the open reads at least ``size // TOP_FRACTION`` bytes."""
+PROMOTE_AFTER_HITS = 2
+"""Cache hits (gets) after which a raw cached block is decoded whole (see ``_block``)."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 COMPACTED_DIR = "compacted"
@@ -140,7 +142,7 @@ class TableReader:
         self.store = store
         blocks = cache_bytes if block_cache_bytes is None else block_cache_bytes
         metas = max(cache_bytes // 8, 1 << 20) if meta_cache_bytes is None else meta_cache_bytes
-        self._blocks: LruCache[Block] = LruCache(blocks)
+        self._blocks: LruCache[Block | IndexedBlock] = LruCache(blocks)
         # Decoded partitions, or their raw bytes when they came with an SST's tail and are
         # not decoded yet (decoding verifies them).
         self._metas: LruCache[Partition | bytes] = LruCache(metas)
@@ -244,7 +246,7 @@ class TableReader:
         j = part.block_for(key)
         if j is None:
             return None
-        return self._block(path, part, j).get(key)
+        return self._block(path, top, part, j).get(key)
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -258,13 +260,32 @@ class TableReader:
         self._metas.put(key, part, part.size_in_memory)
         return part
 
-    def _block(self, path: str, part: Partition, j: int) -> Block:
+    def _block(self, path: str, top: SstTop, part: Partition, j: int) -> Block | IndexedBlock:
+        """Block ``j`` of ``part`` for a point lookup: from the cache, or read and verified.
+
+        A version 3 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
+        only the keys the lookup compares are parsed, and it costs its encoded size); when a
+        scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
+        decoded whole and replaces itself there, so hot blocks are searched with a list
+        bisect and cold ones never parsed. A legacy (version 1/2) block is decoded whole.
+        """
         index = part.first_block + j
         key = (path, index)
         block = self._blocks.get(key)
-        if block is None:
+        if type(block) is Block:  # the warm path first
+            return block
+        if isinstance(block, IndexedBlock):
+            block.hits += 1  # racy under threads, but only a heuristic
+            if block.hits >= PROMOTE_AFTER_HITS:
+                # Hot: worth decoding once, as a list bisect beats a search of the bytes.
+                block = _named_decode(path, index, block)
+                self._blocks.put(key, block, block.size_in_memory)
+        elif block is None:
             data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
-            block = _decode_block(path, index, part.first_keys[j], data)
+            if top.indexed_blocks:
+                block = _open_block(path, index, part.first_keys[j], data)
+            else:
+                block = _decode_block(path, index, part.first_keys[j], data, indexed=False)
             self._blocks.put(key, block, block.size_in_memory)
         return block
 
@@ -423,7 +444,7 @@ class _Chunk:
     first: int
     offsets: list[int]
     first_keys: list[bytes]
-    blocks: list[Block | None]
+    blocks: list[Block | IndexedBlock | None]
     data: bytes
     base: int
     done: bool
@@ -474,7 +495,7 @@ class _ChunkLoader:
         top, cache, path, end = self._top, self._reader._blocks, self._path, self._end
         offsets: list[int] = []
         keys: list[bytes] = []
-        blocks: list[Block | None] = []
+        blocks: list[Block | IndexedBlock | None] = []
         count = top.props.block_count
         index = first
         done = True
@@ -510,11 +531,22 @@ class _ChunkLoader:
     def block(self, chunk: _Chunk, k: int) -> Block:
         """Block ``k`` of ``chunk``, decoded (and cached, in a cached scan) if it was read."""
         block = chunk.blocks[k]
+        if isinstance(block, IndexedBlock):  # cached by a get: verified, parse its entries
+            decoded = _named_decode(self._path, chunk.first + k, block)
+            if self._cached:
+                self._reader._blocks.put(
+                    (self._path, chunk.first + k), decoded, decoded.size_in_memory
+                )
+            return decoded
         if block is None:
             index = chunk.first + k
             start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
             block = _decode_block(
-                self._path, index, chunk.first_keys[k], memoryview(chunk.data)[start:end]
+                self._path,
+                index,
+                chunk.first_keys[k],
+                memoryview(chunk.data)[start:end],
+                indexed=self._top.indexed_blocks,
             )
             if self._cached:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
@@ -565,14 +597,34 @@ class _ChunkLoader:
         return data
 
 
-def _decode_block(path: str, index: int, first_key: bytes, data: bytes | memoryview) -> Block:
+def _decode_block(
+    path: str, index: int, first_key: bytes, data: bytes | memoryview, *, indexed: bool
+) -> Block:
     try:
-        block = decode_block(data)
+        block = decode_block(data, indexed=indexed)
     except CorruptionError as exc:
         raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
     if block.keys[0] != first_key:
         raise CorruptionError(f"{path}: block {index} disagrees with the index", path=path)
     return block
+
+
+def _open_block(path: str, index: int, first_key: bytes, data: bytes | memoryview) -> IndexedBlock:
+    try:
+        block = open_block(data)
+        found = block.first_key
+    except CorruptionError as exc:
+        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
+    if found != first_key:
+        raise CorruptionError(f"{path}: block {index} disagrees with the index", path=path)
+    return block
+
+
+def _named_decode(path: str, index: int, block: IndexedBlock) -> Block:
+    try:
+        return block.decode()
+    except CorruptionError as exc:
+        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
 
 
 def _named(path: str, exc: CorruptionError) -> CorruptionError:

@@ -1,14 +1,24 @@
 """Data blocks: the unit an SST is read in.
 
-Layout (all integers little-endian)::
+Two layouts (all integers little-endian); the SST's format version says which one its
+blocks have (docs/rfcs/0009-sst-format-v2.md, "Indexed blocks")::
 
     entry*   flags u8 | key_len u16 | value_len u32 | seq u64 | key | value
+    offsets  count x u32          where each entry starts         (SST version 3 only)
     count    u32
     checksum u64                  XXH3-64 of everything before it
 
 ``flags`` bit 0 marks a tombstone (its value is empty). Keys are strictly increasing
-within a block. A decoded block keeps keys, sequence numbers and values in parallel lists so
-a lookup is one ``bisect`` and no per-entry objects are built.
+within a block. SSTs of versions 1 and 2 have no offsets array ("legacy" blocks).
+
+Two decoded forms:
+
+* :class:`Block` (:func:`decode_block`): every entry parsed into parallel lists, for scans
+  and compaction, and for gets on legacy blocks.
+* :class:`IndexedBlock` (:func:`open_block`, version 3 only): the verified raw bytes; a
+  point lookup binary-searches the offsets array, reading only the keys it compares, and
+  parses one entry. It costs O(log n) instead of O(n) Python work, and as little memory as
+  the encoded block.
 """
 
 from __future__ import annotations
@@ -16,27 +26,37 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from dataclasses import dataclass
+from itertools import accumulate, islice
 
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
 
 ENTRY_HEADER = struct.Struct("<BHIQ")
 COUNT = struct.Struct("<I")
+OFFSET = struct.Struct("<I")
+KEY_LEN = struct.Struct("<H")
 FLAG_TOMBSTONE = 0x01
 BLOCK_OVERHEAD = COUNT.size + CHECKSUM_SIZE
 _pack_header = ENTRY_HEADER.pack
-ENTRY_OVERHEAD = ENTRY_HEADER.size
+ENTRY_OVERHEAD = ENTRY_HEADER.size + OFFSET.size
+_HEADER_SIZE = ENTRY_HEADER.size
 
 Entry = tuple[bytes, int, bytes | None]
 """``(key, seq, value)``; ``value`` is ``None`` for a tombstone."""
 
 
 class BlockBuilder:
-    """Accumulates sorted entries and encodes them as one block."""
+    """Accumulates sorted entries and encodes them as one block.
 
-    __slots__ = ("_count", "_parts", "_size")
+    Args:
+        indexed: Write the offsets array (SST version 3); False writes the legacy layout
+            (only tests that build old SSTs need it).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_count", "_indexed", "_parts", "_size")
+
+    def __init__(self, *, indexed: bool = True) -> None:
+        self._indexed = indexed
         self._parts: list[bytes] = []
         self._size = 0
         self._count = 0
@@ -47,7 +67,7 @@ class BlockBuilder:
     @property
     def encoded_size(self) -> int:
         """Size of the block if it were finished now."""
-        return self._size + BLOCK_OVERHEAD
+        return self._size + BLOCK_OVERHEAD + (OFFSET.size * self._count if self._indexed else 0)
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Append an entry; the caller guarantees keys arrive in increasing order."""
@@ -61,9 +81,13 @@ class BlockBuilder:
 
     def finish(self) -> bytes:
         """Encode the block and reset the builder."""
-        self._parts.append(COUNT.pack(self._count))
-        data = append_checksum(b"".join(self._parts))
-        self.__init__()  # type: ignore[misc]
+        parts = self._parts
+        if self._indexed:  # entry starts, summed in C rather than on every add
+            starts = accumulate(map(len, parts), initial=0)
+            parts.append(struct.pack(f"<{self._count}I", *islice(starts, self._count)))
+        parts.append(COUNT.pack(self._count))
+        data = append_checksum(b"".join(parts))
+        self.__init__(indexed=self._indexed)  # type: ignore[misc]
         return data
 
 
@@ -87,6 +111,10 @@ class Block:
         return list(zip(self.keys[start:], self.seqs[start:], self.values[start:], strict=True))
 
     @property
+    def first_key(self) -> bytes:
+        return self.keys[0]
+
+    @property
     def size_in_memory(self) -> int:
         """Rough memory footprint, for cache accounting."""
         return (
@@ -96,30 +124,135 @@ class Block:
         )
 
 
-def decode_block(data: bytes | memoryview) -> Block:
-    """Verify and decode a block.
+class IndexedBlock:
+    """A verified version 3 block kept as its raw bytes: point lookups binary-search the
+    offsets array and parse only the entries they compare.
 
-    Raises:
-        CorruptionError: checksum mismatch or a structurally impossible layout.
+    Built by :func:`open_block` (which verifies the checksum and the framing); every read
+    below is bounds-checked, so even bytes that pass the checksum but are inconsistent
+    raise ``CorruptionError``, never return data from outside an entry.
     """
+
+    __slots__ = ("count", "data", "entries_end", "hits")
+
+    def __init__(self, data: bytes, count: int, entries_end: int) -> None:
+        self.data = data
+        """The block's bytes (entries, offsets, count; the checksum may follow)."""
+        self.count = count
+        self.entries_end = entries_end
+        """Where the entries end and the offsets array starts."""
+        self.hits = 0
+        """Lookups served from a cache so far (the reader decodes hot blocks whole)."""
+
+    def _key_at(self, i: int) -> bytes:
+        data = self.data
+        (pos,) = OFFSET.unpack_from(data, self.entries_end + 4 * i)
+        (key_len,) = KEY_LEN.unpack_from(data, pos + 1)
+        start = pos + _HEADER_SIZE
+        end = start + key_len
+        if end > self.entries_end:
+            raise CorruptionError(f"data block: entry {i} runs past the entries")
+        return data[start:end]
+
+    @property
+    def first_key(self) -> bytes:
+        try:
+            return self._key_at(0)
+        except struct.error as exc:
+            raise CorruptionError(f"data block: bad entry offset: {exc}") from exc
+
+    def get(self, key: bytes) -> tuple[int, bytes | None] | None:
+        """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone).
+
+        Reads about log2(count) keys and parses one entry.
+        """
+        data = self.data
+        entries_end = self.entries_end
+        unpack_offset = OFFSET.unpack_from
+        unpack_key_len = KEY_LEN.unpack_from
+        lo, hi = 0, self.count
+        try:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                (pos,) = unpack_offset(data, entries_end + 4 * mid)
+                (key_len,) = unpack_key_len(data, pos + 1)
+                start = pos + _HEADER_SIZE
+                if data[start : start + key_len] < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == self.count:
+                return None
+            (pos,) = unpack_offset(data, entries_end + 4 * lo)
+            flags, key_len, value_len, seq = ENTRY_HEADER.unpack_from(data, pos)
+        except struct.error as exc:
+            raise CorruptionError(f"data block: bad entry offset: {exc}") from exc
+        start = pos + _HEADER_SIZE
+        value_start = start + key_len
+        end = value_start + value_len
+        if end > entries_end or flags & ~FLAG_TOMBSTONE:
+            raise CorruptionError("data block: entry runs past the entries or has unknown flags")
+        if data[start:value_start] != key:
+            return None
+        return seq, None if flags & FLAG_TOMBSTONE else data[value_start:end]
+
+    def decode(self) -> Block:
+        """Every entry, as a :class:`Block` (for scans over a cached block)."""
+        return _parse(self.data, self.count, self.entries_end, indexed=True)
+
+    @property
+    def size_in_memory(self) -> int:
+        """Rough memory footprint, for cache accounting: the bytes plus object overhead."""
+        return len(self.data) + 120
+
+
+def _frame(data: bytes | memoryview, indexed: bool) -> tuple[bytes, int, int]:
+    """Verify the checksum and the count: ``(raw, count, entries_end)``; ``raw`` is ``data``
+    itself when that is ``bytes`` (its checksum trailing), else a copy of the body."""
     body = verify_checksummed(data, "data block")
     size = len(body)
     if size < COUNT.size:
         raise CorruptionError("data block: too short for an entry count")
     (count,) = COUNT.unpack_from(body, size - COUNT.size)
-    entries_end = size - COUNT.size
-    if count == 0 or count * ENTRY_HEADER.size > entries_end:
+    per_entry = ENTRY_HEADER.size + (OFFSET.size if indexed else 0)
+    if count == 0 or count * per_entry > size - COUNT.size:
         raise CorruptionError(f"data block: impossible entry count {count}")
-    raw = bytes(body[:entries_end])
+    entries_end = size - COUNT.size - (OFFSET.size * count if indexed else 0)
+    return data if isinstance(data, bytes) else bytes(body), count, entries_end
+
+
+def open_block(data: bytes | memoryview) -> IndexedBlock:
+    """Verify a version 3 block and wrap it for point lookups (no entry is parsed).
+
+    Raises:
+        CorruptionError: checksum mismatch or an impossible entry count.
+    """
+    raw, count, entries_end = _frame(data, True)
+    return IndexedBlock(raw, count, entries_end)
+
+
+def decode_block(data: bytes | memoryview, *, indexed: bool = True) -> Block:
+    """Verify and decode every entry of a block (``indexed``: version 3 layout, with the
+    offsets array; False for the blocks of version 1 and 2 SSTs).
+
+    Raises:
+        CorruptionError: checksum mismatch or a structurally impossible layout.
+    """
+    raw, count, entries_end = _frame(data, indexed)
+    return _parse(raw, count, entries_end, indexed=indexed)
+
+
+def _parse(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
     keys: list[bytes] = []
     seqs: list[int] = []
     values: list[bytes | None] = []
-    pos = 0
+    pos = last = 0
     unpack = ENTRY_HEADER.unpack_from
     header_size = ENTRY_HEADER.size
     for _ in range(count):
         if pos + header_size > entries_end:
             raise CorruptionError("data block: entry header runs past the entries")
+        last = pos
         flags, key_len, value_len, seq = unpack(raw, pos)
         key_start = pos + header_size
         value_start = key_start + key_len
@@ -131,4 +264,11 @@ def decode_block(data: bytes | memoryview) -> Block:
         values.append(None if flags & FLAG_TOMBSTONE else raw[value_start:pos])
     if pos != entries_end:
         raise CorruptionError("data block: entries do not fill the entry area")
+    # The offsets array is not used here; its ends are checked (the whole of it is covered
+    # by the checksum, and lookups bounds-check every offset they follow).
+    if indexed and (
+        OFFSET.unpack_from(raw, entries_end)[0] != 0
+        or OFFSET.unpack_from(raw, entries_end + OFFSET.size * (count - 1))[0] != last
+    ):
+        raise CorruptionError("data block: offsets array disagrees with the entries")
     return Block(keys, seqs, values)

@@ -1,8 +1,10 @@
 """Sorted string tables: the format of WAL objects and compacted tables alike.
 
-Version 2 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
+Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 
-    data block*    see slatepy.format.block
+    data block*    see slatepy.format.block (version 3: indexed blocks, with an offsets
+                   array; versions 1 and 2: legacy blocks; otherwise versions 2 and 3 are
+                   the same)
     partition*     one per run of consecutive data blocks (cut once its block entries reach
                    about ``block_size`` bytes):
                      count u32 | count x (offset u64 | length u32 | key_len u16 | first_key) |
@@ -11,7 +13,7 @@ Version 2 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
     top index      count u32 | count x (offset u64 | length u32 | data_offset u64 |
                                         first_block u32 | key_len u16 | first_key)
     props          msgpack SstProperties
-    footer         magic "SLATESST" | version u16 (=2) | reserved u16 (=0) | meta_offset u64 |
+    footer         magic "SLATESST" | version u16 (=3) | reserved u16 (=0) | meta_offset u64 |
                    partitions_len u32 | top_len u32 | props_len u32 |
                    meta_checksum u64 (XXH3-64 of top index|props) |
                    footer_checksum u64 (XXH3-64 of the footer bytes before it)
@@ -19,8 +21,8 @@ Version 2 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 A point lookup needs the top index (small: one entry per partition, so a reader keeps it in
 memory for every SST it reads) and ONE partition, whatever the size of the SST; the old
 version 1 (RFC 0002: one flat index and one filter for the whole SST) made every lookup after
-a cache miss decode the index and filter of the whole SST. Readers accept versions 1 and 2;
-writers write 2. Everything here is a pure function of bytes; I/O lives in the engine.
+a cache miss decode the index and filter of the whole SST. Readers accept versions 1, 2
+and 3; writers write 3. Everything here is a pure function of bytes; I/O lives in the engine.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from slatepy.format.sst_index import (
     FOOTER_CHECKSUM,
     FOOTER_SIZE,
     HANDLE,
+    INDEXED_BLOCKS_VERSION,
     SST_FORMAT_VERSION,
     SST_MAGIC,
     SUPPORTED_VERSIONS,
@@ -58,6 +61,7 @@ __all__ = [
     "FOOTER",
     "FOOTER_CHECKSUM",
     "FOOTER_SIZE",
+    "INDEXED_BLOCKS_VERSION",
     "SST_FORMAT_VERSION",
     "SST_MAGIC",
     "SUPPORTED_VERSIONS",
@@ -120,7 +124,7 @@ class EncodedSst:
 
 
 class SstBuilder:
-    """Builds a version 2 SST from entries added in strictly increasing key order.
+    """Builds a version 3 SST from entries added in strictly increasing key order.
 
     Memory: the encoded data blocks, the encoded partitions, and the keys of the open
     partition (for its filter) only; a partition's filter is built when it closes.
@@ -131,13 +135,25 @@ class SstBuilder:
             index partition once its block entries do.
         bloom_bits_per_key: Filter bits per key; 0 writes no filter (WAL SSTs: they are
             only ever read whole, and the filter cost a third of the write path's CPU).
+        format_version: 3 (the default), or 2 for legacy blocks (tests and benchmarks of
+            databases written before indexed blocks).
     """
 
-    def __init__(self, *, writer_epoch: int, block_size: int = 4096, bloom_bits_per_key: int = 10):
+    def __init__(
+        self,
+        *,
+        writer_epoch: int,
+        block_size: int = 4096,
+        bloom_bits_per_key: int = 10,
+        format_version: int = SST_FORMAT_VERSION,
+    ):
+        if format_version not in (2, SST_FORMAT_VERSION):
+            raise InvalidArgument(f"cannot write SST format version {format_version}")
+        self._version = format_version
         self._epoch = writer_epoch
         self._block_size = block_size
         self._bits_per_key = bloom_bits_per_key
-        self._block = BlockBuilder()
+        self._block = BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
         self._parts: list[bytes] = []
         self._offset = 0
         self._block_first: bytes | None = None
@@ -278,7 +294,7 @@ class SstBuilder:
         meta = top + msgspec.msgpack.encode(props)
         footer = FOOTER.pack(
             SST_MAGIC,
-            SST_FORMAT_VERSION,
+            self._version,
             0,
             data_end,
             self._partitions_len,
@@ -292,7 +308,7 @@ class SstBuilder:
         self._t_data_offsets.append(data_end)
         self._t_first_blocks.append(self._blocks)
         sst_top = SstTop(
-            SST_FORMAT_VERSION,
+            self._version,
             len(data),
             props,
             keys,
@@ -304,7 +320,7 @@ class SstBuilder:
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
-    """Decode a whole SST held in memory (version 1 or 2): its meta and an iterator over all
+    """Decode a whole SST held in memory (version 1, 2 or 3): its meta and an iterator over all
     entries.
 
     Every checksum is verified: footer, top level and every partition here, each block's as
@@ -320,12 +336,13 @@ def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
         for p in range(top.partition_count)
     )
     meta = SstMeta(top, partitions)
+    indexed = top.indexed_blocks
 
     def entries() -> Iterator[Entry]:
         for part in partitions:
             offsets = part.offsets
             for j, first_key in enumerate(part.first_keys):
-                block = decode_block(view[offsets[j] : offsets[j + 1]])
+                block = decode_block(view[offsets[j] : offsets[j + 1]], indexed=indexed)
                 if block.keys[0] != first_key:
                     raise CorruptionError("SST: block's first key disagrees with the index")
                 yield from block.entries()

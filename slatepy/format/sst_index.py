@@ -19,10 +19,14 @@ from slatepy.format.bloom import BloomFilter
 from slatepy.format.checksum import CHECKSUM_SIZE, checksum, verify_checksummed
 
 SST_MAGIC = b"SLATESST"
-SST_FORMAT_VERSION = 2
-"""The version writers write."""
-SUPPORTED_VERSIONS = (1, 2)
-"""The versions readers accept (1: RFC 0002, databases written before RFC 0009)."""
+SST_FORMAT_VERSION = 3
+"""The version writers write (3: version 2 with indexed data blocks, see
+:mod:`slatepy.format.block`)."""
+SUPPORTED_VERSIONS = (1, 2, 3)
+"""The versions readers accept (1: RFC 0002, databases written before RFC 0009; 2: RFC 0009
+before indexed blocks)."""
+INDEXED_BLOCKS_VERSION = 3
+"""The first version whose data blocks end with an offsets array."""
 FOOTER = struct.Struct("<8sHHQIIIQ")
 FOOTER_CHECKSUM = struct.Struct("<Q")
 FOOTER_SIZE = FOOTER.size + FOOTER_CHECKSUM.size
@@ -70,9 +74,10 @@ class BlockHandle:
 class Footer:
     """The decoded fixed-size tail of an SST.
 
-    The 48 bytes have one layout in both versions; two fields mean different sections:
+    The 48 bytes have one layout in every version; two fields mean different sections:
     in version 1 ``index_len`` is the flat index and ``filter_len`` the SST's filter, in
-    version 2 ``index_len`` is all index partitions and ``filter_len`` the top-level index.
+    versions 2 and 3 ``index_len`` is all index partitions and ``filter_len`` the top-level
+    index.
     """
 
     version: int
@@ -133,6 +138,11 @@ class SstTop(msgspec.Struct, frozen=True):
     @property
     def partition_count(self) -> int:
         return len(self.first_keys)
+
+    @property
+    def indexed_blocks(self) -> bool:
+        """True when the data blocks have offsets arrays (version 3 on)."""
+        return self.version >= INDEXED_BLOCKS_VERSION
 
     @property
     def data_end(self) -> int:
@@ -314,7 +324,7 @@ def _v2_top(footer: Footer, raw: bytes, props: SstProperties) -> SstTop:
     if (props.block_count == 0) != (count == 0) or (count and props.first_key != first_keys[0]):
         raise CorruptionError("SST: top-level index and properties disagree")
     return SstTop(
-        version=2,
+        version=footer.version,
         object_size=footer.object_size,
         props=props,
         first_keys=first_keys,

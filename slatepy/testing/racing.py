@@ -17,8 +17,9 @@ older value afterwards. Checked:
 * after each round, with faults off, a fresh writer reads every key at or above its newest
   acknowledged counter, with a value somebody wrote, and a fresh reader agrees with it;
 * along the WAL, no SST of an older epoch lies past the fence of a writer that completed
-  start-up (the seed's fencing guarantee), and with one write in flight per writer the
-  epochs never decrease at all.
+  start-up (the seed's fencing guarantee). Epochs may still decrease below a fence: a
+  writer killed after skipping ahead leaves its SST above free slots that the next writer
+  fills with its own (newer) failed fence attempts (RFC 0008).
 """
 
 from __future__ import annotations
@@ -168,7 +169,6 @@ class RacingRounds:
             wal_write_attempts=3,
             request_attempts=3,
         )
-        self.widths_seen: set[int] = set()
 
     def run(self, rounds: int) -> Counter[str]:
         for _ in range(rounds):
@@ -199,7 +199,6 @@ class RacingRounds:
     def _writer(self, index: int, roll: float, deadline: float) -> None:
         rng = random.Random(roll)
         width = rng.choice(self.widths)
-        self.widths_seen.add(width)
         # Most writers live; some die between start-up steps or at a random request.
         fate = rng.random()
         kill_at = rng.randrange(1, 40) if fate < 0.25 else 0
@@ -340,7 +339,3 @@ class RacingRounds:
                     f"WAL SSTs {older} of older epochs lie past the fence of epoch {epoch} "
                     f"(ending at {fence_end})"
                 )
-        if self.widths_seen == {1}:
-            ordered = [epochs[i] for i in sorted(epochs)]
-            if ordered != sorted(ordered):
-                raise Violation(f"epochs decrease along the WAL: {ordered}")

@@ -313,6 +313,37 @@ def test_v1_ssts_still_read() -> None:
     assert list(TableReader(store).scan_all(PATH, chunk_bytes=1 << 16)) == rows
 
 
+def test_v2_ssts_still_read() -> None:
+    rows = [(k, s, None if s % 13 == 0 else v) for k, s, v in entries(20_000)]
+    data = SstBuilder(writer_epoch=2, block_size=512, format_version=2).add_all(rows).finish().data
+    store = store_with(data)
+    reader = TableReader(store, meta_cache_bytes=1 << 20)
+    assert reader.top(PATH, size=len(data)).version == 2
+    for key, seq, value in random.Random(1).sample(rows, 200):
+        assert reader.get(PATH, key) == (seq, value)
+        assert reader.get(PATH, key) == (seq, value)  # cached
+    assert reader.get(PATH, b"key00000005x") is None
+    assert list(reader.scan(PATH, b"key00001000", b"key00001500")) == rows[1000:1500]
+    assert list(TableReader(store).scan_all(PATH, chunk_bytes=1 << 16)) == rows
+
+
+def test_gets_and_scans_share_cached_indexed_blocks() -> None:
+    """A get caches a version 3 block raw; a second get or a scan decodes it once and
+    replaces it; every path returns the same entries."""
+    rows = entries(5000)
+    data = sst(5000)
+    reader = TableReader(store_with(data))
+    sample = random.Random(2).sample(rows, 300)
+    for key, seq, value in sample:
+        assert reader.get(PATH, key) == (seq, value)
+    raw_bytes = reader.stats().block_cache_bytes
+    assert list(reader.scan(PATH, b"", None)) == rows
+    assert reader.stats().block_cache_bytes > raw_bytes
+    for key, seq, value in sample:
+        assert reader.get(PATH, key) == (seq, value)
+        assert reader.get(PATH, key + b"~") is None
+
+
 # -- pinned top levels follow the view -----------------------------------------------------
 
 
@@ -338,9 +369,11 @@ def test_retain_releases_the_top_levels_of_ssts_that_left_the_view() -> None:
 # -- corrupt bytes: a typed error naming the object, never wrong data ----------------------
 
 
-def test_flipping_any_byte_of_a_v2_sst_in_the_store_is_detected() -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_flipping_any_byte_of_a_v2_or_v3_sst_in_the_store_is_detected(version: int) -> None:
     rows = [(b"key%04d" % i, i + 1, None if i % 9 == 0 else b"val%04d" % i) for i in range(90)]
-    data = SstBuilder(writer_epoch=1, block_size=128).add_all(rows).finish().data
+    builder = SstBuilder(writer_epoch=1, block_size=128, format_version=version)
+    data = builder.add_all(rows).finish().data
     rng = random.Random(5)
     for position in range(len(data)):
         corrupt = bytearray(data)

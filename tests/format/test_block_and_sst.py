@@ -63,7 +63,7 @@ def test_top_level_is_read_from_a_suffix_alone() -> None:
     table = {b"k%05d" % i: (i, b"v" * 50) for i in range(2000)}
     data = build(table, block_size=4096)
     footer = decode_footer(data[-FOOTER_SIZE:])
-    assert footer.object_size == len(data) and footer.version == 2
+    assert footer.object_size == len(data) and footer.version == 3
     top = decode_top(footer, data[footer.top_offset : len(data) - FOOTER_SIZE])
     assert top.props.first_key == b"k00000" and top.props.last_key == b"k01999"
     assert top.props.block_count > 10 and top.partition_count >= 1

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Entry, decode_block
+from slatepy.format.block import Entry, decode_block, open_block
 from slatepy.format.checksum import checksum
 from slatepy.format.sst import (
     FOOTER,
@@ -38,9 +38,14 @@ def entries_of(table: dict[bytes, tuple[int, bytes | None]]) -> list[Entry]:
     return [(k, s, v) for k, (s, v) in sorted(table.items())]
 
 
-def build_v2(entries: list[Entry], *, block_size: int = 128, bits: int = 10) -> bytes:
+def build_v2(
+    entries: list[Entry], *, block_size: int = 128, bits: int = 10, version: int = 3
+) -> bytes:
+    """An SST of the current writer (version 3), or a version 2 one (legacy blocks)."""
     return (
-        SstBuilder(writer_epoch=4, block_size=block_size, bloom_bits_per_key=bits)
+        SstBuilder(
+            writer_epoch=4, block_size=block_size, bloom_bits_per_key=bits, format_version=version
+        )
         .add_all(entries)
         .finish()
         .data
@@ -63,15 +68,17 @@ def test_v1_sst_written_by_the_old_code_still_decodes() -> None:
         index = meta.block_for(key)
         assert index is not None
         handle = blocks[index]
-        block = decode_block(V1_SAMPLE[handle.offset : handle.offset + handle.length])
+        block = decode_block(
+            V1_SAMPLE[handle.offset : handle.offset + handle.length], indexed=False
+        )
         assert block.get(key) == (seq, value)
     assert not meta.may_contain(b"key9999") and not meta.may_contain(b"a")
 
 
-def test_writers_write_version_2() -> None:
+def test_writers_write_version_3() -> None:
     data = build_v2(sample_entries())
     footer = decode_footer(data)
-    assert footer.version == SST_FORMAT_VERSION == 2
+    assert footer.version == SST_FORMAT_VERSION == 3
     meta, entries = decode_sst(data)
     assert list(entries) == sample_entries()
     assert meta.top.partition_count > 1
@@ -84,6 +91,7 @@ def test_v1_and_v2_decode_to_the_same_entries(
     entries = entries_of(table)
     for data in (
         build_v1(entries, writer_epoch=4, block_size=block_size, bits_per_key=bits),
+        build_v2(entries, block_size=block_size, bits=bits, version=2),
         build_v2(entries, block_size=block_size, bits=bits),
     ):
         meta, decoded = decode_sst(data)
@@ -95,8 +103,11 @@ def test_v1_and_v2_decode_to_the_same_entries(
             index = meta.block_for(key)
             assert index is not None
             handle = blocks[index]
-            block = decode_block(data[handle.offset : handle.offset + handle.length])
+            raw = data[handle.offset : handle.offset + handle.length]
+            block = decode_block(raw, indexed=meta.top.indexed_blocks)
             assert block.get(key) == (seq, value)
+            if meta.top.indexed_blocks:
+                assert open_block(raw).get(key) == (seq, value)
 
 
 def test_partitions_cover_runs_of_blocks_and_their_filters_know_their_keys() -> None:
@@ -147,10 +158,10 @@ def test_empty_sst_has_no_partitions() -> None:
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     data = bytearray(build_v2(sample_entries()))
     fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
-    fields[1] = 3
+    fields[1] = 4
     footer = FOOTER.pack(*fields)
     data[-FOOTER_SIZE:] = footer + FOOTER_CHECKSUM.pack(checksum(footer))
-    with pytest.raises(CorruptionError, match="version 3"):
+    with pytest.raises(CorruptionError, match="version 4"):
         decode_sst(bytes(data))
 
 

@@ -23,7 +23,7 @@ def build_v1(
     entries: list[Entry], *, writer_epoch: int, block_size: int = 4096, bits_per_key: int = 10
 ) -> bytes:
     """Encode ``entries`` (sorted, unique keys) as a version 1 SST."""
-    block = BlockBuilder()
+    block = BlockBuilder(indexed=False)
     parts: list[bytes] = []
     index = [b""]
     offset = 0
