@@ -241,12 +241,18 @@ class TwoPhaseStore(WrappingStore):
         return completed
 
     def _read(self, path: str, read: Callable[[], T]) -> T:
-        """``read()``; on ``NotFound`` complete a pending write of ``path`` and read again."""
+        """``read()``; on ``NotFound`` complete a pending write of ``path`` and read again.
+
+        A committed record also means read again: the completion may have copied the object
+        between the miss and the record lookup.
+        """
         try:
             return read()
         except NotFound:
             record = self.records.get(path)
-            if record is None or record.committed or not self._complete_record(record):
+            if record is None:
+                raise
+            if not record.committed and not self._complete_record(record):
                 raise
             return read()
 

@@ -261,3 +261,26 @@ def test_a_delete_is_not_undone_by_a_completion_still_copying(two_phase: Backend
     deleting.join(10)
     store.put("slot", b"again", mode="create")
     assert store.get("slot") == b"again"
+
+
+class FirstGetMisses(WrappingStore):
+    """The first ``get`` answers NotFound, as a read racing a background copy would."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.missed = False
+
+    def get(self, path: str) -> bytes:
+        if not self.missed:
+            self.missed = True
+            raise NotFound(f"object not found: {path}", path=path)
+        return self.inner.get(path)
+
+
+def test_a_read_that_misses_a_copy_completed_meanwhile_reads_again(two_phase: Backend) -> None:
+    """Found in CI: the read missed, then the completion copied and marked the record
+    committed before the read looked the record up; a committed record meant NotFound."""
+    base = twophase_of(two_phase.store())
+    TwoPhaseStore(base.inner, base.records, background=False).put("slot", b"v", mode="create")
+    racing = TwoPhaseStore(FirstGetMisses(base.inner), base.records)
+    assert racing.get("slot") == b"v"
