@@ -305,9 +305,9 @@ class Db(Closing):
         process that forgot ``close()`` loses nothing it wrote and says so; a store that is
         gone by then costs its request timeout, once.
         """
-        if self._closed or not self._wal.buffered():
+        buffered = 0 if self._closed else self._wal.buffered()
+        if not buffered:
             return
-        buffered = self._wal.buffered()
         log.warning(
             "database %s was not closed: flushing %d buffered writes at exit (call close())",
             self.url,

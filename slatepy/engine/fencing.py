@@ -195,6 +195,12 @@ def wal_gaps(ids: list[int], first: int, width: int) -> list[range]:
     return gaps
 
 
+def describe_gap(wal: NumberedObjects, gap: range) -> str:
+    """The missing WAL SSTs of ``gap`` as object paths, for error messages."""
+    first = wal.path(gap.start)
+    return first if len(gap) == 1 else f"{first} .. {wal.path(gap[-1])}"
+
+
 def first_open_after(wal: NumberedObjects, slot: int) -> int:
     """The lowest free WAL slot above ``slot``."""
     tail = wal.contiguous_tail(slot)

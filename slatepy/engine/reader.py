@@ -30,7 +30,7 @@ import msgspec
 from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, describe_gap
 from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_merged
@@ -193,12 +193,11 @@ class DbReader(Closing):
             else latest.manifest.max_parallel_writes
         )
         if len(gap) >= width:
-            first, last = self._wal.path(gap.start), self._wal.path(gap[-1])
             raise CorruptionError(
-                f"WAL gap: {first}{'' if len(gap) == 1 else f' .. {last}'} missing below "
+                f"WAL gap: {describe_gap(self._wal, gap)} missing below "
                 f"{self._wal.path(gap.stop)} for {now - self._gap_seen[1]:.1f} s; wider than "
                 f"the {width} writes a writer may have in flight, so they were lost",
-                path=first,
+                path=self._wal.path(gap.start),
             )
 
     def _snapshot_due(self) -> bool:

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 import msgspec
 
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, fence_wal, fenced, wal_gaps
+from slatepy.engine.fencing import (
+    WAL_DIR,
+    WAL_SUFFIX,
+    describe_gap,
+    fence_wal,
+    fenced,
+    wal_gaps,
+)
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import CorruptionError, FencedError, NotFound
 from slatepy.format.block import Entry
@@ -34,7 +41,7 @@ from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
-from slatepy.store.numbered import NumberedObjects
+from slatepy.store.numbered import NumberedObjects, contiguous_end
 
 REPLAY_CONCURRENCY = 8
 
@@ -127,25 +134,11 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     )
 
 
-def contiguous_end(ids: list[int], first: int) -> int:
-    """The first id from ``first`` on that ``ids`` (ascending) does not contain."""
-    expected = first
-    for wal_id in ids:
-        if wal_id == expected:
-            expected += 1
-        elif wal_id > expected:
-            break
-    return expected
-
-
 def check_no_gaps(wal: NumberedObjects, ids: list[int], first: int, width: int) -> None:
     """Raise ``CorruptionError`` naming the missing WAL SSTs if ``ids`` has a lost run."""
     gaps = wal_gaps(ids, first, width)
     if gaps:
-        missing = ", ".join(
-            wal.path(g.start) if len(g) == 1 else f"{wal.path(g.start)} .. {wal.path(g[-1])}"
-            for g in gaps
-        )
+        missing = ", ".join(describe_gap(wal, g) for g in gaps)
         raise CorruptionError(
             f"WAL gap: {missing} missing below {wal.path(ids[-1])}; more than the "
             f"{width} writes a writer may have in flight, so they were lost (deleted or "

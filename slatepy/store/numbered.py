@@ -22,6 +22,17 @@ def parse_id(path: str, suffix: str) -> int | None:
     return int(digits)
 
 
+def contiguous_end(ids: list[int], first: int) -> int:
+    """The first id from ``first`` on that ``ids`` (ascending) does not contain."""
+    expected = first
+    for object_id in ids:
+        if object_id == expected:
+            expected += 1
+        elif object_id > expected:
+            break
+    return expected
+
+
 class NumberedObjects:
     """One numbered sequence in a store (e.g. ``wal/…sst`` or ``manifest/…manifest``)."""
 
@@ -59,12 +70,8 @@ class NumberedObjects:
     def contiguous_tail(self, after: int) -> int | None:
         """The highest id of the gap-free run of ids following ``after`` (None if ``after + 1``
         does not exist)."""
-        expected = after + 1
-        for object_id in self.ids(after=after):
-            if object_id != expected:
-                break
-            expected += 1
-        return expected - 1 if expected > after + 1 else None
+        end = contiguous_end(self.ids(after=after), after + 1)
+        return end - 1 if end > after + 1 else None
 
     def read(self, object_id: int) -> bytes:
         return self.store.get(self.path(object_id))
