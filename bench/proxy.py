@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 CHUNK = 256 * 1024
@@ -93,40 +94,34 @@ class LatencyProxy:
             return
         responded = asyncio.Event()
         responded.set()  # the first bytes of a connection start a request
+
+        async def request_begins() -> None:
+            if responded.is_set():  # the first bytes after a response start a new request
+                responded.clear()
+                self.requests += 1
+                wait = self.delay + self._rng.uniform(-self.jitter, self.jitter)
+                await asyncio.sleep(max(0.0, wait))
+
+        async def response_seen() -> None:
+            responded.set()
+
         await asyncio.gather(
-            self._upstream(client_reader, server_writer, responded),
-            self._downstream(server_reader, client_writer, responded),
+            _pump(client_reader, server_writer, request_begins),
+            _pump(server_reader, client_writer, response_seen),
             return_exceptions=True,
         )
 
-    async def _upstream(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        responded: asyncio.Event,
-    ) -> None:
-        try:
-            while data := await reader.read(CHUNK):
-                if responded.is_set():  # a new request begins
-                    responded.clear()
-                    self.requests += 1
-                    wait = self.delay + self._rng.uniform(-self.jitter, self.jitter)
-                    await asyncio.sleep(max(0.0, wait))
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
 
-    async def _downstream(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        responded: asyncio.Event,
-    ) -> None:
-        try:
-            while data := await reader.read(CHUNK):
-                responded.set()
-                writer.write(data)
-                await writer.drain()
-        finally:
-            writer.close()
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    before_chunk: Callable[[], Awaitable[None]],
+) -> None:
+    """Copy ``reader`` to ``writer``, awaiting ``before_chunk`` ahead of each chunk."""
+    try:
+        while data := await reader.read(CHUNK):
+            await before_chunk()
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()

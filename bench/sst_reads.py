@@ -23,15 +23,15 @@ import random
 import resource
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 import slatepy.engine.table as table_module
+from slatepy.compactor.executor import store_sst
 from slatepy.config import Settings
-from slatepy.engine.table import TableReader, compacted_path
+from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.format.sst import SstBuilder
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
@@ -57,21 +57,7 @@ def build(url: str, keys: int) -> float:
     builder: SstBuilder | None = None
 
     def finish(b: SstBuilder) -> None:
-        encoded = b.finish()
-        sst_id = uuid.uuid4().hex
-        store.put(compacted_path(sst_id), encoded.data, mode="create")
-        props = encoded.meta.props
-        assert props.first_key is not None and props.last_key is not None
-        handles.append(
-            SstHandle(
-                sst_id,
-                len(encoded.data),
-                props.first_key,
-                props.last_key,
-                props.entry_count,
-                props.max_seq,
-            )
-        )
+        handles.append(store_sst(store, b.finish()))
 
     for i in range(keys):
         if builder is None:

@@ -22,6 +22,7 @@ from slatepy.engine.table import TableReader, compacted_path
 from slatepy.format.block import Entry
 from slatepy.format.sst import EncodedSst, SstBuilder
 from slatepy.manifest.record import Manifest, SstHandle
+from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 
@@ -97,18 +98,19 @@ def write_outputs(
             )
         builder.add(key, seq, value)
         if builder.estimated_size >= policy.target_sst_bytes:
-            handles.append(_store(builder.finish(), tables))
+            handles.append(store_sst(tables.store, builder.finish()))
             builder = None
     if builder is not None:
-        handles.append(_store(builder.finish(), tables))
+        handles.append(store_sst(tables.store, builder.finish()))
     return handles
 
 
-def _store(encoded: EncodedSst, tables: TableReader) -> SstHandle:
+def store_sst(store: ObjectStore, encoded: EncodedSst) -> SstHandle:
+    """Write ``encoded`` (not empty) under a fresh id in ``compacted/``; return its handle."""
     sst_id = uuid.uuid4().hex
     props = encoded.meta.props
     assert props.first_key is not None and props.last_key is not None
-    if create_if_absent(tables.store, compacted_path(sst_id), encoded.data) is not None:
+    if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
         raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
     return SstHandle(
         sst_id,
