@@ -314,7 +314,10 @@ def main() -> None:
     for store_name in args.stores:
         with store_location(store_name, args.latency_ms, args.disk_cache) as fresh:
             url, settings = fresh("floor")
-            data: dict[str, Any] = {"floor": floor_ms(open_store(url, settings)), "engines": {}}
+            data: dict[str, Any] = {
+                "floor": floor_ms(open_store(url, settings, create=True)),
+                "engines": {},
+            }
             for engine_name in args.engines:
                 url, settings = fresh(engine_name)
                 print(f"{store_name} / {engine_name} ...", flush=True)

@@ -29,7 +29,7 @@ def raw_put_ms(store: ObjectStore, samples: int = 200) -> float:
 
 def run(name: str, count: int, file_sync: str = "fsync") -> str:
     with location(name, file_sync=file_sync) as (url, settings):
-        store = open_store(url, settings)
+        store = open_store(url, settings, create=True)
         floor = raw_put_ms(store)
         with Db.open(store, settings=settings) as db:
             db.metrics.reset()

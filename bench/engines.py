@@ -26,7 +26,7 @@ class SlatepyEngine:
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url, self.settings = url, settings
-        self.store: ObjectStore = open_store(url, settings)
+        self.store: ObjectStore = open_store(url, settings, create=True)
         self.db = Db.open(self.store, settings=settings)
 
     @property

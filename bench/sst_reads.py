@@ -52,7 +52,7 @@ def value(i: int) -> bytes:
 def build(url: str, keys: int) -> float:
     """Write the sorted run and its manifest; return seconds taken."""
     started = time.perf_counter()
-    store = open_store(url, Settings(file_sync="off"))
+    store = open_store(url, Settings(file_sync="off"), create=True)
     handles: list[SstHandle] = []
     builder: SstBuilder | None = None
 

@@ -34,7 +34,7 @@ def counts(metrics: StoreMetrics) -> dict[str, int]:
 
 
 def run(mode: str, settings: Settings, url: str, writes: int) -> list[str]:
-    base = open_store(url, settings)
+    base = open_store(url, settings, create=True)
     s3 = MetricsStore(base.inner if isinstance(base, TwoPhaseStore) else base)
     ddb = base.records.metrics if isinstance(base, TwoPhaseStore) else StoreMetrics()
     store: ObjectStore = TwoPhaseStore(s3, base.records) if isinstance(base, TwoPhaseStore) else s3

@@ -25,8 +25,19 @@ class Db:
         self.sync = db
 
     @classmethod
-    async def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> Db:
-        return cls(await asyncio.to_thread(SyncDb.open, url, settings=settings))
+    async def open(
+        cls,
+        url: str | ObjectStore,
+        *,
+        settings: Settings | None = None,
+        create_if_missing: bool = True,
+    ) -> Db:
+        """:meth:`slatepy.engine.db.Db.open` on a worker thread."""
+        return cls(
+            await asyncio.to_thread(
+                SyncDb.open, url, settings=settings, create_if_missing=create_if_missing
+            )
+        )
 
     @property
     def epoch(self) -> int:

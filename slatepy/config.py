@@ -46,7 +46,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         write_stall_timeout: Seconds a blocked write waits for compaction before it fails
             with ``WriteStalled``.
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
-        store_timeout: Seconds before one object-store request times out.
+        store_timeout: Seconds one object-store request may take, from connecting to the
+            last byte of the response. It also bounds retrying: an idempotent request is not
+            attempted again once this long has passed since its first attempt, so a store
+            that never answers fails an operation in about this time (one timed-out attempt)
+            instead of ``request_attempts`` times it. Raise it for slow links: a compaction
+            output of ``target_sst_bytes`` must upload within it.
+        store_connect_timeout: Seconds to establish a connection (TCP and TLS) to the store's
+            endpoint; an unreachable endpoint fails this fast and is retried.
         store_retries: Retries obstore makes on transient failures of one request.
         request_attempts: Attempts slatepy makes for one idempotent request (read, list,
             delete, copy, overwrite) that still fails after the client's own retries.
@@ -68,6 +75,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             thread of the writer; ``"off"`` leaves both to ``slatepy compactor URL`` (or
             ``slatepy compact``/``slatepy gc``) running elsewhere.
         compaction_interval: Seconds between compaction passes of the in-process compactor.
+        compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
+            work untouched before a superseded (standby) compactor takes the epoch back: how
+            the writer's in-process compactor resumes after ``slatepy compact`` ended
+            (RFC 0013). The holder renews at least every third of it during a long
+            compaction; ``slatepy compact`` without ``--force`` refuses while another
+            compactor acted within it.
         reader_poll_interval: Seconds between a reader's polls for new WAL SSTs and manifests.
         reader_snapshot_ttl: Seconds a reader's snapshot lives unless refreshed; a reader
             refreshes it after a third of that, so a reader that dies stops protecting its
@@ -113,6 +126,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8
     store_timeout: float = 30.0
+    store_connect_timeout: float = 5.0
     store_retries: int = 3
     request_attempts: int = 4
     s3_endpoint: str | None = None
@@ -127,6 +141,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     dynamodb_region: str | None = None
     compactor: Literal["in-process", "off"] = "in-process"
     compaction_interval: float = 1.0
+    compactor_lease: float = 30.0
     reader_poll_interval: float = 0.1
     reader_snapshot_ttl: float = 60.0
     gc_interval: float = 60.0
@@ -165,9 +180,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
+            (self.store_connect_timeout > 0, "store_connect_timeout must be > 0"),
             (self.store_retries >= 0, "store_retries must be >= 0"),
             (self.request_attempts >= 1, "request_attempts must be >= 1"),
             (self.compaction_interval > 0, "compaction_interval must be > 0"),
+            (
+                self.compactor_lease >= 3 * self.compaction_interval,
+                "compactor_lease must be >= 3 * compaction_interval (a compactor must get to "
+                "pending work and renew well within its lease)",
+            ),
             (self.reader_poll_interval > 0, "reader_poll_interval must be > 0"),
             (self.reader_snapshot_ttl >= 1, "reader_snapshot_ttl must be >= 1 second"),
             (self.gc_interval > 0, "gc_interval must be > 0"),

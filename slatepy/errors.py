@@ -25,8 +25,29 @@ class CorruptionError(SlatepyError):
     """Bytes read from the store failed a checksum, magic or version check, or an object
     the database needs is missing.
 
+    ``slatepy doctor URL`` explains the damage and what ``--repair`` would give up.
+
     Attributes:
         path: The object involved, when known.
+        offset: The byte offset in that object of the damaged part (a block), when known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class NotASlatepyDatabase(SlatepyError):
+    """The location holds objects where a slatepy database keeps its manifests, but none of
+    them is a slatepy manifest (e.g. a SlateDB database, or unrelated files).
+
+    Deliberately not a :class:`CorruptionError`: nothing is damaged, the URL points at
+    something else, and a caller that answers corruption with ``slatepy doctor --repair``
+    must not write a slatepy manifest into another program's data. Nothing was written.
+
+    Attributes:
+        path: The object that gave it away (the newest manifest-named object).
     """
 
     def __init__(self, message: str, *, path: str | None = None) -> None:

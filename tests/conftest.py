@@ -46,7 +46,8 @@ class Backend:
     def store(self) -> ObjectStore:
         if self._shared is not None:
             return self._shared
-        return open_store(self.url, self.settings)
+        # A fresh location for the test to fill: it may be created (a file:// directory).
+        return open_store(self.url, self.settings, create=True)
 
     def target(self) -> str | ObjectStore:
         """What to pass to ``Db.open``: the URL, or the shared instance for memory."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 
+from slatepy.cli import verify as checks
 from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.table import TableReader, compacted_path
@@ -121,3 +122,24 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
     lines += run_summary(store, settings)
     return "\n".join(lines)
+
+
+def verify(store: ObjectStore, *, settings: Settings | None = None) -> tuple[str, int]:
+    """``inspect --verify``: read every object reachable from the newest intact manifest,
+    the WAL after it and every manifest, check every checksum, and list each bad object with
+    the reason. Returns the report and the exit status (1 when anything is bad).
+
+    Reads bypass the disk cache (the store's own bytes are what is checked).
+
+    Raises:
+        NotASlatepyDatabase: the location holds someone else's data.
+    """
+    settings = settings or Settings()
+    found = checks.survey(checks.uncached(open_stack(store, settings)))
+    lines = checks.describe(found)
+    if not found.manifest_ids:
+        lines.append("no manifest: this location holds no slatepy database")
+        return "\n".join(lines), 1
+    if not found.healthy:
+        lines.append("run `slatepy doctor URL` for what this means and what a repair would give up")
+    return "\n".join(lines), 0 if found.healthy else 1

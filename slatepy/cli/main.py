@@ -34,21 +34,48 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show the manifest, levels, WAL and GC candidates")
     inspect.add_argument("url")
     inspect.add_argument("--limit", type=int, default=20, help="WAL SSTs to summarise")
-    scan = sub.add_parser("scan", help="print key/value pairs through a snapshot reader")
+    inspect.add_argument(
+        "--verify", action="store_true", help="read every object, check every checksum"
+    )
+    doctor = sub.add_parser("doctor", help="explain damage and what a repair would give up")
+    doctor.add_argument("url")
+    doctor.add_argument(
+        "--repair", action="store_true", help="repair, giving up what the report names"
+    )
+    scan = sub.add_parser("scan", help="print key/value pairs (a read-only reader)")
     scan.add_argument("url")
     scan.add_argument("--start", default="", help="first key (inclusive, UTF-8)")
     scan.add_argument("--end", default=None, help="last key (exclusive, UTF-8)")
     scan.add_argument("--limit", type=int, default=100, help="pairs to print (0 = all)")
+    scan.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="register a snapshot for the scan (needs write access); by default the scan is "
+        "read-only, protected from GC by gc_min_age only, which outlasts any usual scan",
+    )
     compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
     compact.add_argument("url")
+    compact.add_argument(
+        "--force",
+        action="store_true",
+        help="take over even while another compactor (a writer's in-process one) is live; "
+        "it takes compaction back once this one leaves work pending for its lease",
+    )
     compactor = sub.add_parser(
         "compactor", help="run the compactor and garbage collector until interrupted"
     )
     compactor.add_argument("url")
+    compactor.add_argument(
+        "--force",
+        action="store_true",
+        help="take over even while another compactor (a writer's in-process one) is live; "
+        "it takes compaction back once this one leaves work pending for its lease",
+    )
     gc = sub.add_parser("gc", help="delete what no active manifest or snapshot can reach")
     gc.add_argument("url")
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
+    gc.add_argument("-v", "--verbose", action="store_true", help="list every object")
     torture = sub.add_parser(
         "torture", help="soak: a random workload under injected faults, checked against a model"
     )
@@ -79,7 +106,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             created = create_table(settings)
             print(f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}")
             return 0
-        store = open_store(args.url, settings)
+        # Only the torture soak may create its location; the rest need a database there.
+        store = open_store(args.url, settings, create=args.command == "torture")
+        from slatepy.cli.commands import ADMIN_COMMANDS, require_database
+
+        if args.command in ADMIN_COMMANDS:
+            require_database(store)
+        if args.command == "inspect" and args.verify:
+            from slatepy.cli.inspect import verify
+
+            report, status = verify(store, settings=settings)
+            print(report)
+            return status
+        if args.command == "doctor":
+            from slatepy.cli.doctor import doctor
+
+            report, status = doctor(store, settings=settings, repair=args.repair)
+            print(report)
+            return status
         if args.command == "inspect":
             from slatepy.cli.inspect import inspect
 
@@ -87,15 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "scan":
             from slatepy.cli.commands import scan
 
-            scan(store, settings, args.start, args.end, args.limit)
+            scan(store, settings, args.start, args.end, args.limit, snapshot=args.snapshot)
         elif args.command == "compact":
             from slatepy.cli.commands import compact
 
-            compact(store, settings)
+            compact(store, settings, force=args.force)
         elif args.command == "compactor":
             from slatepy.cli.commands import run_compactor
 
-            run_compactor(store, settings)
+            run_compactor(store, settings, force=args.force)
         elif args.command == "torture":
             from slatepy.cli.commands import torture
 
@@ -105,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "gc":
             from slatepy.cli.commands import gc
 
-            gc(store, settings, dry_run=args.dry_run, min_age=args.min_age)
+            gc(store, settings, dry_run=args.dry_run, min_age=args.min_age, verbose=args.verbose)
     except SlatepyError as exc:
         print(f"slatepy: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -2,6 +2,12 @@
 
 It runs as a thread inside the writer (``Settings(compactor="in-process")``) or alone
 (``slatepy compactor URL``); the seed puts GC in the compactor process, and so do we.
+
+Superseded by another compactor (``slatepy compact`` against a live writer, a second
+``slatepy compactor``), the loop does not end: it logs a WARNING, stands by, and takes the
+compactor epoch back once the holder has left pending work untouched for its lease
+(RFC 0013). A writer is therefore never left without compaction. Garbage collection goes on
+while standing by: collectors need no epoch (each deletion is safe on its own, RFC 0003).
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ class BackgroundCompactor:
 
     ``on_publish`` receives each manifest the compactor published (the writer uses it to
     adopt the new view and release memtable memory). Store errors are logged and retried on
-    the next pass; being fenced by a newer compactor ends the thread.
+    the next pass. Being fenced by a newer compactor makes it a standby (``fenced`` is True
+    meanwhile): each pass then only checks the holder's lease and collects garbage, until
+    :meth:`Compactor.standby_check` takes the epoch back.
+
+    Attributes:
+        fenced: Another compactor holds the epoch; this one stands by.
+        superseded: How many times this loop lost the epoch.
+        taken_back: How many times it took the epoch back.
     """
 
     def __init__(
@@ -43,6 +56,8 @@ class BackgroundCompactor:
         self._on_publish = on_publish
         self._stop = threading.Event()
         self.fenced = False
+        self.superseded = 0
+        self.taken_back = 0
         self.passes = 0
         self._thread = threading.Thread(target=self._run, name="slatepy-compactor", daemon=True)
         self._thread.start()
@@ -52,28 +67,45 @@ class BackgroundCompactor:
         next_gc = time.monotonic() + settings.gc_interval
         while not self._stop.wait(settings.compaction_interval):
             try:
-                # Hand each published manifest to the writer at once: it prunes its memtable
-                # then, which keeps the writer under max_unflushed_bytes while writes go on.
-                for _ in range(MAX_ROUNDS_PER_PASS):
-                    if self._stop.is_set() or self.compactor.run_once() is None:
-                        break
-                    if self._on_publish:
-                        self._on_publish(self.compactor.last_published.manifest)
+                if self.fenced and self.compactor.standby_check():
+                    self.fenced = False
+                    self.taken_back += 1
+                if not self.fenced:
+                    self._compact()
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + settings.gc_interval
                     self.gc.collect()
-            except FencedError:
-                log.info("compactor epoch %d was superseded; stopping", self.compactor.epoch)
-                self.fenced = True
-                return
+            except FencedError as exc:
+                if not self.fenced:
+                    self.fenced = True
+                    self.superseded += 1
+                    log.warning(
+                        "compactor epoch %d (%s) stops compacting: %s. It stands by, checking "
+                        "every %g s, and takes compaction back once the new compactor leaves "
+                        "work pending for its lease",
+                        self.compactor.epoch,
+                        self.compactor.holder,
+                        exc,
+                        settings.compaction_interval,
+                    )
             except SlatepyError as exc:
                 if self._stop.is_set():
                     return  # cancelled by close()
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
             self.passes += 1
 
+    def _compact(self) -> None:
+        # Hand each published manifest to the writer at once: it prunes its memtable then,
+        # which keeps the writer under max_unflushed_bytes while writes go on.
+        for _ in range(MAX_ROUNDS_PER_PASS):
+            if self._stop.is_set() or self.compactor.run_once() is None:
+                break
+            if self._on_publish:
+                self._on_publish(self.compactor.last_published.manifest)
+
     def run_forever(self) -> None:
-        """Block until the loop ends (fenced) or the process is interrupted."""
+        """Block until the process is interrupted (a superseded loop stands by, it does not
+        end)."""
         try:
             while self._thread.is_alive():
                 self._thread.join(1.0)
@@ -82,7 +114,13 @@ class BackgroundCompactor:
 
     def close(self) -> None:
         """Stop the loop; a compaction in progress is abandoned (its outputs go to GC), so
-        this returns in moments however much was written before."""
+        this returns in moments however much was written before. Then release the lease
+        (best effort), so a standby or ``slatepy compact`` takes over without waiting."""
         self._stop.set()
         self.compactor.cancel()
         self._thread.join()
+        if not self.fenced:
+            try:
+                self.compactor.release()
+            except SlatepyError as exc:
+                log.info("compactor lease not released (it lapses on its own): %s", exc)

@@ -11,30 +11,51 @@ before the PUT of the next; the collector writes a fence manifest before it dele
 PUT that is slow for any reason either lands below the fence (the collector reads it and
 keeps the outputs) or loses its compare-and-swap and checks again (RFC 0003, "A publish in
 flight").
+
+A superseded compactor need not stop for good: :meth:`Compactor.standby_check` watches the
+holder's lease and takes the epoch back once the holder has left pending work untouched for
+its lease (RFC 0013); the holder renews the lease with each publish and during long merges.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 
-import msgspec
-
 from slatepy.compactor.executor import plan_inputs, write_outputs
-from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, apply_result, plan
+from slatepy.compactor.lease import (
+    Takeover,
+    Watch,
+    claim,
+    default_holder,
+    describe_holder,
+    renew,
+    watch,
+)
+from slatepy.compactor.planner import (
+    CompactionPolicy,
+    L0ToRun,
+    Plan,
+    WalToL0,
+    apply_result,
+    plan,
+)
 from slatepy.config import Settings
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader
-from slatepy.errors import CompactionAbandoned
+from slatepy.errors import CompactionAbandoned, FencedError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
-from slatepy.store.numbered import NumberedObjects
+from slatepy.store.numbered import NumberedObjects, contiguous_end
 from slatepy.store.retry import with_retries
+
+log = logging.getLogger(__name__)
 
 CANCEL_CHECK_EVERY = 4096
 """Merged entries between two looks at the cancel flag (a few ms of merging)."""
@@ -50,6 +71,8 @@ class Compactor:
         settings: Settings | None = None,
         policy: CompactionPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        holder: str | None = None,
+        takeover: Takeover = "always",
     ) -> None:
         """Claim the compactor epoch.
 
@@ -57,18 +80,44 @@ class Compactor:
             clock: Seconds since the epoch (tests move it forward). For safety it, the
                 garbage collector's clock and the store's ``last_modified`` must each be
                 within ``gc_min_age / 8`` of true time (RFC 0003).
+            holder: Who this compactor is, recorded in the lease for logs and errors
+                (default: pid and host).
+            takeover: ``"unless-live"`` raises ``CompactorBusy`` instead of claiming while
+                another compactor's lease is live (``slatepy compact`` without ``--force``).
+
+        Raises:
+            NotFound: no database at ``store`` (a compactor never creates one).
         """
         self.settings = settings or Settings()
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
         self._clock = clock
-        store = with_retries(store, self.settings.request_attempts)
+        store = with_retries(
+            store, self.settings.request_attempts, give_up_after=self.settings.store_timeout
+        )
         self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
         self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+        self.holder = holder or default_holder("compactor")
+        self._watch: Watch | None = None
+        # Claiming writes a manifest, which on an empty location would create a database:
+        # `slatepy compact s3://bucket/typo` must fail, not make one (only Db.open creates).
+        if self.manifests.load() is None:
+            raise NotFound(
+                f"no slatepy database at {store.url} (no manifest): nothing to compact; "
+                "only a writer (Db.open) creates a database",
+                path="manifest/",
+            )
         claimed = self.manifests.update(
-            lambda m, _: msgspec.structs.replace(m, compactor_epoch=m.compactor_epoch + 1)
+            lambda m, _: claim(
+                m,
+                holder=self.holder,
+                now_s=self._clock(),
+                duration_s=self.settings.compactor_lease,
+                takeover=takeover,
+            )
         )
+        self._renewed_at = time.monotonic()
         self.epoch = claimed.manifest.compactor_epoch
         self.last_published: StoredManifest = claimed
         self._cancel = threading.Event()
@@ -80,17 +129,25 @@ class Compactor:
         self._cancel.set()
 
     def run_once(self) -> Plan | None:
-        """Plan and run one compaction; None when there was nothing to do."""
+        """Plan and run one compaction; None when there was nothing to do.
+
+        Raises:
+            FencedError: another compactor holds the epoch now (this one may stand by:
+                :meth:`standby_check`).
+            CompactionAbandoned: cancelled, or too slow to publish safely.
+        """
         stored = self.manifests.load()
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
-        # behind converges instead of retrying an ever larger (ever slower) merge.
-        policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
-        todo = plan(manifest, self._wal.contiguous_tail(manifest.wal_id_last_compacted), policy)
+        todo, wal_sizes = self._plan(manifest)
         if todo is None:
             return None
         self._check_cancelled(todo)
+        started = time.monotonic()
+        # A standby's watch began no earlier than this work appeared, at most a pass before
+        # now; renewing a third of a lease after starting (if still unpublished) is in time,
+        # and a compaction that publishes sooner costs no renewal write at all.
+        self._renewed_at = max(self._renewed_at, started)
         # GC deletes unreferenced outputs once they are gc_min_age old; publishing after half
         # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
         # any output is written, so every output is at least this old.
@@ -114,15 +171,137 @@ class Compactor:
                     f"compaction {todo} took longer than gc_min_age / 2; its outputs are "
                     "left for the garbage collector"
                 )
-            return apply_result(latest, todo, tuple(outputs), self.epoch)
+            if latest.compactor_epoch != self.epoch:  # apply_result checks too; this names who
+                raise FencedError(
+                    f"compactor epoch {self.epoch} was superseded by {describe_holder(latest)}"
+                )
+            # Publishing renews the lease in the same write: a busy holder costs no more.
+            return self._renewed(apply_result(latest, todo, tuple(outputs), self.epoch))
 
         try:
             self.last_published = self.manifests.update(publish)
         except CompactionAbandoned:
             self._wal_batch = max(1, self._wal_batch // 2)
             raise
+        self._renewed_at = time.monotonic()
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
+        log.info(
+            "compactor epoch %d: %s -> %d SSTs (%d bytes) in %.2f s; manifest %d",
+            self.epoch,
+            describe_inputs(todo, manifest, wal_sizes),
+            len(outputs),
+            sum(h.object_size for h in outputs),
+            time.monotonic() - started,
+            self.last_published.id,
+        )
         return todo
+
+    def _plan(self, manifest: Manifest) -> tuple[Plan | None, dict[int, int]]:
+        """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it (one
+        LIST)."""
+        listed = self._wal.entries(after=manifest.wal_id_last_compacted)
+        end = contiguous_end([i for i, _ in listed], manifest.wal_id_last_compacted + 1)
+        tail = end - 1 if end > manifest.wal_id_last_compacted + 1 else None
+        # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
+        # behind converges instead of retrying an ever larger (ever slower) merge.
+        policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
+        return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
+
+    def _renewed(self, manifest: Manifest) -> Manifest:
+        return renew(
+            manifest,
+            self.epoch,
+            holder=self.holder,
+            now_s=self._clock(),
+            duration_s=self.settings.compactor_lease,
+        )
+
+    def renew_if_due(self) -> None:
+        """Renew the lease if a third of it passed since the last renewal or publish, so a
+        standby watching a long compaction sees the holder is alive (one manifest write).
+
+        Raises:
+            FencedError: another compactor holds the epoch now; stop this compaction early.
+        """
+        if time.monotonic() - self._renewed_at < self.settings.compactor_lease / 3:
+            return
+        self.manifests.update(lambda m, _: self._renewed(m))
+        self._renewed_at = time.monotonic()
+
+    def release(self) -> None:
+        """Hand the lease back on the way out (a lease of zero seconds), if the epoch is
+        still ours: a standby then takes over at its next checks instead of after a whole
+        lease, and ``slatepy compact`` needs no ``--force``. One manifest write, none if
+        another compactor holds the epoch."""
+
+        def zero(latest: Manifest, _: int) -> Manifest | None:
+            if latest.compactor_epoch != self.epoch:
+                return None
+            return renew(
+                latest, self.epoch, holder=self.holder, now_s=self._clock(), duration_s=0.0
+            )
+
+        self.manifests.update(zero)
+
+    def standby_check(self, *, now: float | None = None) -> bool:
+        """One look by a superseded compactor: True once it holds the epoch (again).
+
+        Takes the epoch back when work stayed pending and the holder did nothing for its
+        lease (:func:`slatepy.compactor.lease.watch`), with a claim that re-checks, inside
+        its compare-and-swap, that the holder still did nothing. Costs one manifest LIST
+        (and GET if it changed) and one WAL LIST; writes only to take over.
+
+        Args:
+            now: Monotonic seconds (tests pass their own); ``time.monotonic()`` if None.
+        """
+        stored = self.manifests.load()
+        assert stored is not None
+        manifest = stored.manifest
+        if manifest.compactor_epoch == self.epoch:
+            self._watch = None
+            return True
+        pending = self._plan(manifest)[0] is not None
+        self._watch, expired = watch(
+            self._watch,
+            manifest,
+            pending=pending,
+            now=time.monotonic() if now is None else now,
+            default_duration=self.settings.compactor_lease,
+        )
+        if not expired or self._cancel.is_set():
+            return False
+        assert self._watch is not None
+        expect = self._watch.activity
+        self._watch = None
+        won = False
+
+        def take(latest: Manifest, _: int) -> Manifest | None:
+            nonlocal won
+            new = claim(
+                latest,
+                holder=self.holder,
+                now_s=self._clock(),
+                duration_s=self.settings.compactor_lease,
+                expect=expect,
+            )
+            won = new is not None
+            return new
+
+        claimed = self.manifests.update(take)
+        if not won:
+            return False  # the holder acted just now: keep watching
+        log.info(
+            "compactor epoch %d (%s) takes compaction back from %s, which left work pending "
+            "for its lease",
+            claimed.manifest.compactor_epoch,
+            self.holder,
+            describe_holder(manifest),
+        )
+        self.epoch = claimed.manifest.compactor_epoch
+        self.last_published = claimed
+        self._renewed_at = time.monotonic()
+        self._wal_batch = self.policy.max_wal_ssts
+        return True
 
     def _check_cancelled(self, todo: Plan) -> None:
         if self._cancel.is_set():
@@ -132,9 +311,12 @@ class Compactor:
             )
 
     def _until_cancelled(self, todo: Plan, entries: Iterator[Entry]) -> Iterator[Entry]:
+        """``entries``, checking now and then for cancellation and renewing the lease (a
+        long merge publishes nothing for a while; a standby must still see us alive)."""
         for count, entry in enumerate(entries):
             if count % CANCEL_CHECK_EVERY == 0:
                 self._check_cancelled(todo)
+                self.renew_if_due()
             yield entry
 
     def run_until_idle(self, *, max_rounds: int = 1000) -> int:
@@ -143,3 +325,18 @@ class Compactor:
             if self.run_once() is None:
                 return done
         return max_rounds
+
+
+def describe_inputs(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> str:
+    """What a compaction read, for its log line: which SSTs and how many bytes."""
+    if isinstance(todo, WalToL0):
+        count = todo.last_wal_id - todo.first_wal_id + 1
+        size = sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
+        return f"WAL {todo.first_wal_id}..{todo.last_wal_id} ({count} SSTs, {size} bytes) into L0"
+    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
+    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
+    dropped = ", tombstones dropped" if todo.drop_tombstones else ""
+    return (
+        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({l0 + runs} bytes) into "
+        f"sorted run {todo.new_run_id}{dropped}"
+    )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from slatepy.config import Settings
@@ -34,6 +36,7 @@ from slatepy.store.disk_cache import DiskCachedStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
+from slatepy.store.url import open_store
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -99,29 +102,74 @@ class Db(Closing):
                     settings=settings,
                 ),
                 gc=GarbageCollector(store, settings=settings),
-                on_publish=self._adopt_published,
+                on_publish=_weak_callback(self._adopt_published),
             )
         _OPEN.add(self)
 
+    _opened = False
+    """Set once :meth:`open` returned the database to a caller (``__del__`` warns only then)."""
+
     @classmethod
-    def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> Db:
-        """Open (creating if needed) the database at ``url`` and become its writer.
+    def open(
+        cls,
+        url: str | ObjectStore,
+        *,
+        settings: Settings | None = None,
+        create_if_missing: bool = True,
+    ) -> Db:
+        """Open the database at ``url`` and become its writer, creating it if allowed.
+
+        This is the only call that creates a database (its first manifest, and for
+        ``file://`` the directory): readers, the compactor, the garbage collector and the
+        CLI's admin commands refuse a location without one.
+
+        Logs at INFO when done: the epoch, the WAL SSTs replayed and the time taken.
 
         Args:
-            url: ``memory://``, ``file:///abs/path``, ``s3://bucket/prefix``, ``gs://…``,
-                ``az://…``, or an ``ObjectStore`` instance.
+            url: ``memory://`` (a new store private to this call), ``file:///abs/path``,
+                ``s3://bucket/prefix``, ``gs://…``, ``az://…``, or an ``ObjectStore``
+                instance (pass the same instance to readers to share a ``memory://`` store).
             settings: Tunables; defaults to ``Settings()``.
+            create_if_missing: With False, a location holding no database raises
+                ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
+                mistake).
 
         Raises:
             InvalidArgument: the URL or settings are unusable.
-            NotFound: the bucket does not exist.
+            NotFound: the bucket does not exist, or there is no database and
+                ``create_if_missing`` is False.
+            StoreUnavailable: the store did not answer within ``store_timeout`` (or failed
+                ``request_attempts`` times); the message names the request and the store.
             FencedError: a newer writer opened the database while this one was starting.
         """
+        started = time.monotonic()
         settings = settings or Settings()
-        store = open_stack(url, settings)
-        return cls(
-            store, settings, ManifestStore(store, attempts=settings.manifest_update_attempts)
+        target = url
+        if not isinstance(url, ObjectStore):
+            target = open_store(url, settings, create=create_if_missing)
+        store = open_stack(target, settings)
+        manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
+        if not create_if_missing and manifests.load() is None:
+            raise NotFound(
+                f"no slatepy database at {store.url} (no manifest); "
+                "open with create_if_missing=True to create one",
+                path="manifest/",
+            )
+        db = cls(store, settings, manifests)
+        db._opened = True
+        log.info(
+            "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
+            "(%d keys; wal_id_last_compacted=%d), next WAL id %d",
+            db.url,
+            " (new database)" if db.epoch == 1 else "",
+            db.epoch,
+            time.monotonic() - started,
+            db.replayed_ssts,
+            len(db._memtable),
+            db.wal_id_last_compacted,
+            db.next_wal_id,
         )
+        return db
 
     @property
     def url(self) -> str:
@@ -318,6 +366,41 @@ class Db(Closing):
         except SlatepyError as exc:
             log.error("%d unawaited writes to %s are lost at exit: %s", buffered, self.url, exc)
 
+    def __del__(self) -> None:
+        """Warn (``ResourceWarning``) about a database garbage-collected without ``close()``,
+        then close it, so buffered writes are flushed and its threads stop.
+
+        Like an unclosed file: the warning names the bug (a missing ``close()`` or ``with``);
+        closing here keeps it from also losing the writes. At interpreter exit the atexit
+        flush has already run and nothing more is done.
+        """
+        if not self._opened or getattr(self, "_closed", True) or sys.is_finalizing():
+            return
+        try:
+            warnings.warn(
+                f"database {self.url} was garbage-collected without close(); closing it now "
+                "(use `with Db.open(...)` or call close())",
+                ResourceWarning,
+                stacklevel=2,
+                source=self,
+            )
+        finally:  # also when warnings are errors (-W error): the writes still get flushed
+            if threading.current_thread().name.startswith("slatepy-"):
+                # Dropped on one of our own threads (the compactor's callback held the last
+                # reference): close() joins those threads, so it runs on a thread of its own.
+                closer = threading.Thread(
+                    target=self._close_quietly, name="slatepy-close", daemon=True
+                )
+                closer.start()
+            else:
+                self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        try:
+            self.close()
+        except SlatepyError as exc:
+            log.error("closing the unclosed database %s failed: %s", self.url, exc)
+
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
         _OPEN.discard(self)
@@ -330,3 +413,20 @@ class Db(Closing):
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the database is closed; open it again to use it")
+
+
+def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+    """``method`` as a callback that does not keep its object alive.
+
+    The in-process compactor's thread holds its callback for as long as it runs; a bound
+    method there would keep an unclosed ``Db`` reachable forever, so it could never be
+    collected (nor warn that it was not closed).
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(manifest: Manifest) -> None:
+        target = ref()
+        if target is not None:
+            target(manifest)
+
+    return call

@@ -14,6 +14,18 @@ changed, or a third of ``reader_snapshot_ttl`` has passed, registers a new snaps
 newest manifest in the same update that removes the old one, adopts it and drops memtable
 entries it now covers. ``close`` removes the snapshot; a reader that dies stops protecting
 its SSTs when the snapshot expires.
+
+A *read-only* reader (``read_only=True``) is for locations it may not write (read-only
+credentials, a read-only mount): it writes nothing at all, so it registers no snapshot and
+does not raise ``wal_id_last_seen``. It reads the newest manifest and the WAL after it, and
+polls the same way, adopting each newly published compacted state. The cost is the
+protection a snapshot gives: only GC's grace period (``gc_min_age``, 1 hour by default)
+keeps the garbage collector from deleting SSTs of a manifest it still reads, counted from
+when that manifest was superseded. A read-only reader that keeps polling adopts new
+manifests within ``reader_poll_interval``, well inside that; one that stops polling (a long
+pause, a poll failing for longer than ``gc_min_age``) or a single scan that runs longer may
+find SSTs gone. Then ``get`` adopts the newest manifest and retries once, and a scan fails
+with ``NotFound``: start it again.
 """
 
 from __future__ import annotations
@@ -48,9 +60,10 @@ log = logging.getLogger(__name__)
 class DbReader(Closing):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
-    def __init__(self, store: MetricsStore, settings: Settings) -> None:
+    def __init__(self, store: MetricsStore, settings: Settings, *, read_only: bool = False) -> None:
         self._store = store
         self._settings = settings
+        self._read_only = read_only
         self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
         self._tables = TableReader(
@@ -80,15 +93,30 @@ class DbReader(Closing):
         self._poller.start()
 
     @classmethod
-    def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> DbReader:
-        """Open a reader of the database at ``url`` (it must exist).
+    def open(
+        cls,
+        url: str | ObjectStore,
+        *,
+        settings: Settings | None = None,
+        read_only: bool = False,
+    ) -> DbReader:
+        """Open a reader of the database at ``url`` (it must exist; nothing is created).
+
+        Args:
+            url: The database's location, or a store instance.
+            settings: Tunables; defaults to ``Settings()``.
+            read_only: Write nothing to the store: no snapshot is registered, so the reader
+                works with read-only access, but what it reads is protected from the garbage
+                collector only by ``gc_min_age`` (see the module docstring). Without it the
+                reader registers a snapshot (a manifest write on open, on refreshes and on
+                close), which protects its view for as long as it lives.
 
         Raises:
             NotFound: no database (or no bucket) at ``url``.
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
-        return cls(open_stack(url, settings), settings)
+        return cls(open_stack(url, settings), settings, read_only=read_only)
 
     @property
     def manifest_id(self) -> int:
@@ -97,7 +125,13 @@ class DbReader(Closing):
 
     @property
     def snapshot_id(self) -> str:
+        """The id of this reader's snapshot in the manifest ("" for a read-only reader)."""
         return self._snapshot_id
+
+    @property
+    def read_only(self) -> bool:
+        """Whether this reader writes nothing (and so holds no snapshot)."""
+        return self._read_only
 
     @property
     def wal_id(self) -> int:
@@ -119,7 +153,15 @@ class DbReader(Closing):
         version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
         if version is not None:
             return version[1]
-        found = get_compacted(self._tables, self._view, key)  # adopt sets view, then prunes
+        view = self._view  # adopt sets the view, then prunes
+        try:
+            found = get_compacted(self._tables, view, key)
+        except NotFound:
+            if not self._read_only:
+                raise  # our snapshot protects the view: a missing SST is not GC's doing
+            # No snapshot: GC may have collected a view older than gc_min_age. Catch up.
+            self.refresh()
+            found = get_compacted(self._tables, self._view, key)
         return None if found is None else found[1]
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -201,6 +243,8 @@ class DbReader(Closing):
             )
 
     def _snapshot_due(self) -> bool:
+        if self._read_only:
+            return False  # no snapshot to renew; published compactions are adopted anyway
         return time.monotonic() - self._registered_at > self._settings.reader_snapshot_ttl / 3
 
     def _compaction_published(self) -> bool:
@@ -221,8 +265,11 @@ class DbReader(Closing):
 
         The update also removes every snapshot of ours whose registration had an unknown
         outcome: if such a write landed, it removed our previous snapshot, so until a
-        registration is confirmed the next refresh registers again.
+        registration is confirmed the next refresh registers again. A read-only reader
+        only reads the newest manifest and lists the WAL after it (steps 1-2).
         """
+        if self._read_only:
+            return self._observe()
         new_id, old_ids = uuid.uuid4().hex, {self._snapshot_id, *self._unconfirmed}
         tail = 0
 
@@ -248,6 +295,20 @@ class DbReader(Closing):
         self._snapshot_id = new_id
         self._registered_at = time.monotonic()
         return stored, tail
+
+    def _observe(self) -> tuple[StoredManifest, int]:
+        """The newest manifest and the end of the contiguous WAL after it, writing nothing.
+
+        Listed after the manifest was read, so the listing is never older than the manifest
+        it goes with (as in ``_register``).
+        """
+        stored = self._manifests.load()
+        if stored is None:
+            raise NotFound(f"no slatepy database at {self._store.url}", path="manifest/")
+        first = stored.manifest.wal_id_last_compacted
+        found = self._wal.contiguous_tail(first)
+        self._registered_at = time.monotonic()
+        return stored, first if found is None else found
 
     def _adopt(self, stored: StoredManifest) -> None:
         """Make ``stored`` the view; drop memtable entries it has compacted and skip the WAL
@@ -275,7 +336,7 @@ class DbReader(Closing):
                 log.warning("reader poll failed, retrying next interval: %s", exc)
 
     def close(self) -> None:
-        """Stop polling and remove the snapshot (so GC may collect what it protected)."""
+        """Stop polling and remove the snapshot, if any (so GC may collect what it protected)."""
         with self._lock:
             if self._closed:
                 return
@@ -285,13 +346,14 @@ class DbReader(Closing):
             self._poller.join()
         with self._poll_lock:
             snapshot_id = self._snapshot_id
-            self._manifests.update(
-                lambda m, _: (
-                    m.without_snapshot(snapshot_id)
-                    if any(s.id == snapshot_id for s in m.snapshots)
-                    else None
+            if not self._read_only:  # a read-only reader has no snapshot and writes nothing
+                self._manifests.update(
+                    lambda m, _: (
+                        m.without_snapshot(snapshot_id)
+                        if any(s.id == snapshot_id for s in m.snapshots)
+                        else None
+                    )
                 )
-            )
         self._store.drain()
 
     def _check_open(self) -> None:

@@ -4,7 +4,9 @@
    snapshot keeps the WAL from being collected while we fence and replay).
    The WAL is listed inside that update (before it lands): a run of missing SSTs below later
    ones wider than any in-flight window is corruption, and the first free slot is where
-   fencing starts.
+   fencing starts. Every WAL SST of that listing that step 3 will replay is read and checked
+   there too, so a damaged or missing one fails the open before anything is written: a failed
+   open leaves no epoch bump and no snapshot behind (issue 12, RFC 0012).
 2. Write empty SSTs carrying the new epoch into ``max_parallel_writes`` consecutive WAL slots
    (the wider of the manifest's fence width and ours), starting at the first free slot, so a
    gap left by an in-flight parallel write is closed too. An older epoch in a slot means
@@ -12,7 +14,9 @@
    :class:`~slatepy.engine.fencing.Fencing` for why passing slots is safe).
 3. Replay every WAL SST after ``wal_id_last_compacted`` and before the fence into a memtable.
    Replay happens after fencing so no older writer can add to the WAL behind our back; an
-   SST of a newer epoch in that range means we are fenced.
+   SST of a newer epoch in that range means we are fenced. The SSTs step 1 read are not read
+   again (WAL SSTs are write-once, so those bytes are what a read now would return); only the
+   slots an older writer filled between our listing and our fence are read here.
 4. Remove the snapshot and, if we still hold the epoch, lower the fence width to ours.
 """
 
@@ -45,6 +49,9 @@ from slatepy.store.numbered import NumberedObjects, contiguous_end
 
 REPLAY_CONCURRENCY = 8
 
+DecodedWal = tuple[SstMeta, list[Entry]]
+"""A WAL SST read whole and checked: its meta and every entry."""
+
 
 @dataclass(frozen=True, slots=True)
 class WriterStart:
@@ -71,6 +78,7 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     own_width = settings.max_parallel_writes
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
     fences_needed = start = 0
+    checked: dict[int, DecodedWal] = {}
 
     def bump(manifest: Manifest, next_id: int) -> Manifest:
         nonlocal fences_needed, start
@@ -83,6 +91,9 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
         ids = wal.ids(after=first - 1)
         check_no_gaps(wal, ids, first, manifest.max_parallel_writes)
         start = contiguous_end(ids, first)
+        # Before the bump lands: a damaged WAL SST must fail the open with nothing changed.
+        # A retry (lost CAS) reads only what it has not read yet.
+        read_wal(wal, [i for i in range(first, start) if i not in checked], into=checked)
         now = time.time()
         snapshot = Snapshot(snapshot_id, next_id, int(now + settings.writer_snapshot_ttl) + 1)
         bumped = (
@@ -112,7 +123,7 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     fences = fence_wal(
         wal, start, epoch, fences_needed, verify=verify, attempts=settings.wal_write_attempts
     )
-    memtable, wal_max_seq = replay(wal, first, fences[0], epoch=epoch)
+    memtable, wal_max_seq = replay(wal, first, fences[0], epoch=epoch, checked=checked)
 
     def release(manifest: Manifest, _: int) -> Manifest:
         released = manifest.without_snapshot(snapshot_id)
@@ -160,14 +171,64 @@ def decode_wal_sst(path: str, data: bytes) -> tuple[SstMeta, list[Entry]]:
         raise CorruptionError(f"{path}: {exc}", path=path) from exc
 
 
+def read_wal_sst(wal: NumberedObjects, wal_id: int) -> DecodedWal:
+    """Read and check WAL SST ``wal_id`` whole.
+
+    Raises:
+        CorruptionError: naming the object: it is damaged, or missing (a WAL SST is only
+            read when a later one exists or the manifest says it should, so it was lost).
+    """
+    try:
+        data = wal.read(wal_id)
+    except NotFound as exc:
+        raise CorruptionError(
+            f"WAL gap: {wal.path(wal_id)} is missing but later WAL SSTs exist",
+            path=wal.path(wal_id),
+        ) from exc
+    return decode_wal_sst(wal.path(wal_id), data)
+
+
+def read_wal(wal: NumberedObjects, ids: list[int], *, into: dict[int, DecodedWal]) -> None:
+    """Read and check the WAL SSTs ``ids`` (in parallel) into ``into``.
+
+    One that vanished since it was listed is skipped: only a garbage collector deletes WAL
+    SSTs, after a compaction newer than the manifest the caller read, so the caller's update
+    will lose its compare-and-swap and list again (and replay still reports a real gap).
+
+    Raises:
+        CorruptionError: naming the lowest damaged one of ``ids``.
+    """
+    if not ids:
+        return
+
+    def read(wal_id: int) -> DecodedWal | None:
+        try:
+            data = wal.read(wal_id)
+        except NotFound:
+            return None
+        return decode_wal_sst(wal.path(wal_id), data)
+
+    with ThreadPoolExecutor(REPLAY_CONCURRENCY, thread_name_prefix="slatepy-replay") as pool:
+        for wal_id, decoded in zip(ids, pool.map(read, ids), strict=True):
+            if decoded is not None:
+                into[wal_id] = decoded
+
+
 def replay(
-    wal: NumberedObjects, first: int, end: int, *, epoch: int | None = None
+    wal: NumberedObjects,
+    first: int,
+    end: int,
+    *,
+    epoch: int | None = None,
+    checked: dict[int, DecodedWal] | None = None,
 ) -> tuple[Memtable, dict[int, int]]:
     """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and each SST's max seq.
 
     Args:
         epoch: A starting writer's epoch: an SST of a newer epoch in the range means a
             newer writer got in first, and this writer must not start.
+        checked: SSTs already read and checked (start-up reads them before its epoch bump);
+            they are used instead of reading again, and removed from the dict as applied.
 
     Raises:
         CorruptionError: an SST in the range is missing (the WAL must be contiguous) or corrupt.
@@ -175,16 +236,11 @@ def replay(
     """
     memtable = Memtable()
     max_seq: dict[int, int] = {}
+    done = {} if checked is None else checked
 
-    def fetch(wal_id: int) -> tuple[SstMeta, list[Entry]]:
-        try:
-            data = wal.read(wal_id)
-        except NotFound as exc:
-            raise CorruptionError(
-                f"WAL gap: {wal.path(wal_id)} is missing but later WAL SSTs exist",
-                path=wal.path(wal_id),
-            ) from exc
-        return decode_wal_sst(wal.path(wal_id), data)
+    def fetch(wal_id: int) -> DecodedWal:
+        found = done.pop(wal_id, None)
+        return read_wal_sst(wal, wal_id) if found is None else found
 
     with ThreadPoolExecutor(REPLAY_CONCURRENCY, thread_name_prefix="slatepy-replay") as pool:
         for wal_id, (meta, entries) in zip(

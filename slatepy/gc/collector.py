@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,26 @@ class GcReport:
     def bytes(self) -> int:
         return sum(d.size for d in self.deletions)
 
+    def by_kind(self) -> dict[str, tuple[int, int]]:
+        """``{kind: (objects, bytes)}`` of the deletions, kinds in a fixed order
+        (``wal``, ``compacted``, ``manifest``, ``stray``), kinds with none left out."""
+        totals: dict[str, tuple[int, int]] = {}
+        for kind in ("wal", "compacted", "manifest", "stray"):
+            chosen = [d.size for d in self.deletions if d.kind == kind]
+            if chosen:
+                totals[kind] = (len(chosen), sum(chosen))
+        return totals
+
+    def summary(self) -> str:
+        """One line: how many objects and bytes of each kind were (or would be) deleted."""
+        verb = "would delete" if self.dry_run else "deleted"
+        kinds = ", ".join(
+            f"{kind} {count} ({size} B)" for kind, (count, size) in self.by_kind().items()
+        )
+        return f"{verb} {len(self.deletions)} objects, {self.bytes} bytes" + (
+            f": {kinds}" if kinds else ""
+        )
+
 
 class GarbageCollector:
     """Deletes what no active manifest can reach (see :mod:`slatepy.gc.rules`).
@@ -76,17 +97,23 @@ class GarbageCollector:
         clock: Clock = utc_now,
     ) -> None:
         settings = settings or Settings()
-        self.store = with_retries(store, settings.request_attempts)
+        self.store = with_retries(
+            store, settings.request_attempts, give_up_after=settings.store_timeout
+        )
         self.min_age = settings.gc_min_age if min_age is None else min_age
         self._clock = clock
         self._manifests = ManifestStore(self.store, attempts=settings.manifest_update_attempts)
 
     def collect(self, *, dry_run: bool = False) -> GcReport:
-        """Run one pass.
+        """Run one pass; a real pass logs one INFO line with what it deleted, by kind.
+
+        A location holding no database gets an empty report: the collector writes nothing
+        there (it never creates a database).
 
         Raises:
             CorruptionError: an active manifest is unreadable; nothing is deleted.
         """
+        started = time.monotonic()
         # Pending two-phase writes first, so no temporary object a record still needs is old
         # enough to look like a stray. Then time, the current manifest and the listings: an
         # object listed after the manifest was read is either referenced by it or younger
@@ -124,8 +151,15 @@ class GarbageCollector:
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
-            if deletions:
-                log.info("gc: deleted %d objects, %d bytes", len(deletions), report.bytes)
+            log.info(
+                "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s)",
+                self.store.url,
+                report.summary(),
+                time.monotonic() - started,
+                current.id,
+                len(active),
+                "" if fence is None else f", fence manifest {fence}",
+            )
         return report
 
     def _fence(self, decided_on: int, deletions: list[Deletion]) -> tuple[int, list[Deletion]]:

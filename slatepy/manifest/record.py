@@ -51,6 +51,25 @@ class Snapshot(msgspec.Struct, frozen=True):
         return self.expire_time_s != 0 and self.expire_time_s < now_s
 
 
+class CompactorLease(msgspec.Struct, frozen=True):
+    """Who holds ``compactor_epoch`` and how a waiting compactor tells that it is still there.
+
+    The holder bumps ``renewals`` (and stamps ``renewed_s``) with every compaction it publishes
+    and, during a long compaction, every ``duration_s / 3``. A standby compactor takes the
+    epoch over only after watching work stay pending with nothing about the holder changing
+    for ``duration_s`` of its *own* clock, so clock skew cannot hand the epoch over early
+    (RFC 0013). ``renewed_s`` (the holder's wall clock) is for humans and the advisory check
+    of ``slatepy compact`` without ``--force``. A lease whose ``epoch`` is not the manifest's
+    ``compactor_epoch`` is stale (a compactor of an older slatepy claimed without one).
+    """
+
+    epoch: int
+    holder: str
+    renewals: int
+    renewed_s: float
+    duration_s: float
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The durable state of a database (fields as in the manifest seed).
 
@@ -80,6 +99,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     l0: tuple[SstHandle, ...] = ()
     sorted_runs: tuple[SortedRun, ...] = ()
     snapshots: tuple[Snapshot, ...] = ()
+    # Optional, added after format version 1 shipped: manifests without it decode with None,
+    # and older slatepy ignores it (msgspec skips unknown fields), so no version bump.
+    compactor_lease: CompactorLease | None = None
 
     def encode(self) -> bytes:
         return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))

@@ -15,13 +15,33 @@ from dataclasses import dataclass
 
 import msgspec
 
-from slatepy.errors import CorruptionError, ManifestConflictError, NotFound
-from slatepy.manifest.record import Manifest
+from slatepy.errors import (
+    CorruptionError,
+    ManifestConflictError,
+    NotASlatepyDatabase,
+    NotFound,
+    SlatepyError,
+)
+from slatepy.manifest.record import MANIFEST_MAGIC, Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 
 MANIFEST_DIR = "manifest"
 MANIFEST_SUFFIX = ".manifest"
+
+FOREIGN_CHECK_LIMIT = 16
+"""Other manifests whose first bytes are read to tell damage from foreign data."""
+OURS = "ours"
+FOREIGN = "foreign"
+
+
+def header_kind(data: bytes) -> str:
+    """Whether an object's first bytes are a slatepy manifest's (``ours``), something else
+    (``foreign``), or too short to tell (``short``)."""
+    if data[: len(MANIFEST_MAGIC)] == MANIFEST_MAGIC:
+        return OURS
+    return FOREIGN if len(data) >= len(MANIFEST_MAGIC) else "short"
+
 
 Update = Callable[[Manifest, int], Manifest | None]
 """``(latest, next_id) -> new manifest`` or ``None`` for "nothing to change"."""
@@ -55,12 +75,59 @@ class ManifestStore:
         return self._known
 
     def read(self, manifest_id: int) -> Manifest:
+        """Read and verify manifest ``manifest_id``.
+
+        Raises:
+            NotFound: there is no such manifest.
+            CorruptionError: it is damaged; ``path`` names it.
+            NotASlatepyDatabase: it, and every other manifest-named object here, is not a
+                slatepy manifest at all (another program's data).
+        """
         cached = self._cached
         if cached is not None and cached.id == manifest_id:
             return cached.manifest
-        manifest = Manifest.decode(self.objects.read(manifest_id))
+        data = self.objects.read(manifest_id)
+        try:
+            manifest = Manifest.decode(data)
+        except CorruptionError as exc:
+            raise self._damaged(manifest_id, data, exc) from exc
         self._cached = StoredManifest(manifest_id, manifest)
         return manifest
+
+    def _damaged(self, manifest_id: int, data: bytes, exc: CorruptionError) -> SlatepyError:
+        """The error for manifest ``manifest_id`` (``data``) failing to decode with ``exc``.
+
+        Damage to our own manifest and someone else's data in our directory look alike to
+        the decoder (the checksum fails first). Telling them apart matters: the first wants
+        ``slatepy doctor``, the second a different URL. So the manifest-named objects are
+        sorted by their first bytes: ours carry ``SLPM``; 4 or more bytes without it are
+        foreign; a shorter (truncated) object is neither. Only when none is ours and some are
+        foreign is this "not a slatepy database". Costs nothing unless a decode failed.
+        """
+        path = self.path(manifest_id)
+        kinds = {header_kind(data)}
+        if OURS not in kinds:
+            others = [i for i in self.objects.ids() if i != manifest_id][-FOREIGN_CHECK_LIMIT:]
+            for other in reversed(others):
+                try:
+                    kinds.add(header_kind(self.objects.read(other)))  # small; ranges fail on 0 B
+                except NotFound:
+                    continue
+                if OURS in kinds:
+                    break
+        if OURS not in kinds and FOREIGN in kinds:
+            return NotASlatepyDatabase(
+                f"{path} is not a slatepy manifest (it starts with {bytes(data[:8])!r}, not "
+                f"{MANIFEST_MAGIC!r}), and neither is any other object under {MANIFEST_DIR}/: "
+                f"{self.objects.store.url} is not a slatepy database (a SlateDB database, or "
+                "other files?). Check the URL; nothing was written.",
+                path=path,
+            )
+        return CorruptionError(
+            f"{path}: {exc}; the manifest is damaged. Run `slatepy doctor URL` to see what "
+            "a repair (falling back to the newest intact manifest) would give up.",
+            path=path,
+        )
 
     def load(self) -> StoredManifest | None:
         """The newest manifest, or None if the database has none yet."""
@@ -74,6 +141,19 @@ class ManifestStore:
                 # A garbage collector may delete an old manifest we listed; list afresh.
                 self._known = None
         raise CorruptionError("manifest: the latest manifest keeps disappearing")
+
+    def put_after(self, latest_id: int, manifest: Manifest) -> StoredManifest | None:
+        """Write ``manifest`` as id ``latest_id + 1`` if nobody has (the CAS of every update).
+
+        For a repair, which cannot read the latest manifest (it is damaged) and so cannot use
+        :meth:`update`. Returns None when another process took that id first.
+        """
+        new = msgspec.structs.replace(manifest, update_id=uuid.uuid4().hex)
+        if self.objects.create(latest_id + 1, new.encode()) is not None:
+            return None
+        self._known = latest_id + 1
+        self._cached = StoredManifest(latest_id + 1, new)
+        return self._cached
 
     def update(self, fn: Update) -> StoredManifest:
         """Apply ``fn`` to the latest manifest and write the result as the next one.

@@ -5,10 +5,17 @@ repeated safely: doing it twice has the same effect as once. ``RetryingStore`` r
 with jittered exponential backoff. Creates (``put(mode="create")``) and If-Match writes are
 *not* retried here: whether a lost reply means "landed" must be decided by reading the
 object back, which :func:`slatepy.store.cas.create_if_absent` does.
+
+Each retry is logged at INFO (what failed, where, and why), so a slow or unreachable store
+shows up in the log while the caller waits instead of only when it finally gives up. Retrying
+stops after ``attempts`` tries, or once ``give_up_after`` seconds have passed since the first
+one: a store that accepts connections but never answers costs one request timeout, not one
+per attempt (``Settings.store_timeout``).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -21,58 +28,129 @@ T = TypeVar("T")
 BACKOFF_START = 0.01
 BACKOFF_MAX = 0.5
 
+log = logging.getLogger(__name__)
+
 
 class RetryingStore(WrappingStore):
-    """``inner`` with each idempotent request tried up to ``attempts`` times."""
+    """``inner`` with each idempotent request tried up to ``attempts`` times.
 
-    def __init__(self, inner: ObjectStore, attempts: int) -> None:
+    Args:
+        inner: The store to retry requests on.
+        attempts: Tries per request, the first included.
+        give_up_after: Seconds after the first try past which a failure is not retried
+            (None: only ``attempts`` bounds it). A request that timed out already took the
+            store's request timeout; trying it again against a store that does not answer
+            would multiply the wait without changing the outcome.
+    """
+
+    def __init__(
+        self, inner: ObjectStore, attempts: int, *, give_up_after: float | None = None
+    ) -> None:
         super().__init__(inner)
         self.attempts = attempts
+        self.give_up_after = give_up_after
 
-    def _retry(self, fn: Callable[[], T]) -> T:
-        for attempt in range(self.attempts - 1):
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, tried again on ``StoreUnavailable`` within the attempt and time budget.
+
+        Raises:
+            StoreUnavailable: the last failure; when more than one try was made, its message
+                says how many and over how long (same ``path`` and ``definite``).
+        """
+        started = time.monotonic()
+        for attempt in range(1, self.attempts + 1):
             try:
                 return fn()
-            except StoreUnavailable:
-                delay = min(BACKOFF_MAX, BACKOFF_START * 2**attempt)
+            except StoreUnavailable as exc:
+                elapsed = time.monotonic() - started
+                out_of_time = self.give_up_after is not None and elapsed >= self.give_up_after
+                if attempt == self.attempts or out_of_time:
+                    failure = self._gave_up(what, attempt, elapsed, exc)
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+                log.info(
+                    "retrying %s on %s: attempt %d of %d failed after %.1f s: %s",
+                    what,
+                    self.url,
+                    attempt,
+                    self.attempts,
+                    elapsed,
+                    exc,
+                )
+                delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1))
                 time.sleep(random.uniform(delay / 2, delay))
-        return fn()
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _gave_up(
+        self, what: str, attempts: int, elapsed: float, exc: StoreUnavailable
+    ) -> StoreUnavailable:
+        if type(exc) is not StoreUnavailable:
+            return exc  # a subclass (a test's kill switch) keeps its identity
+        if attempts == 1 and (self.give_up_after is None or elapsed < self.give_up_after):
+            return exc
+        why = (
+            f"{attempts} attempts"
+            if attempts == self.attempts
+            else f"{attempts} attempt{'s' if attempts > 1 else ''} and {elapsed:.1f} s, past "
+            f"the {self.give_up_after:g} s retry budget (store_timeout)"
+        )
+        return StoreUnavailable(
+            f"{what} on {self.url} failed after {why}; is the store reachable and "
+            f"answering? Last error: {exc}",
+            path=exc.path,
+            definite=exc.definite,
+        )
 
     def get(self, path: str) -> bytes:
-        return self._retry(lambda: self.inner.get(path))
+        return self._retry(f"GET {path}", lambda: self.inner.get(path))
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
-        return self._retry(lambda: self.inner.get_range(path, start, end))
+        return self._retry(
+            f"GET {path} [{start}, {end})", lambda: self.inner.get_range(path, start, end)
+        )
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return self._retry(lambda: self.inner.get_ranges(path, ranges))
+        return self._retry(
+            f"GET {path} ({len(ranges)} ranges)", lambda: self.inner.get_ranges(path, ranges)
+        )
 
     def get_suffix(self, path: str, length: int) -> bytes:
-        return self._retry(lambda: self.inner.get_suffix(path, length))
+        return self._retry(
+            f"GET {path} (last {length} bytes)", lambda: self.inner.get_suffix(path, length)
+        )
 
     def head(self, path: str) -> ObjectMeta:
-        return self._retry(lambda: self.inner.head(path))
+        return self._retry(f"HEAD {path}", lambda: self.inner.head(path))
 
     def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
         if mode != "overwrite":
             return self.inner.put(path, data, mode=mode)
-        return self._retry(lambda: self.inner.put(path, data))
+        return self._retry(f"PUT {path}", lambda: self.inner.put(path, data))
 
     def delete(self, path: str) -> None:
-        self._retry(lambda: self.inner.delete(path))
+        self._retry(f"DELETE {path}", lambda: self.inner.delete(path))
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
-        return self._retry(lambda: self.inner.list(prefix, offset=offset))
+        return self._retry(f"LIST {prefix or '/'}", lambda: self.inner.list(prefix, offset=offset))
 
     def copy(self, source: str, destination: str) -> None:
-        self._retry(lambda: self.inner.copy(source, destination))
+        self._retry(f"COPY {source} to {destination}", lambda: self.inner.copy(source, destination))
 
 
-def with_retries(store: ObjectStore, attempts: int) -> ObjectStore:
-    """``store`` with retries, unless some layer of it already retries."""
+def with_retries(
+    store: ObjectStore, attempts: int, *, give_up_after: float | None = None
+) -> ObjectStore:
+    """``store`` with retries, unless some layer of it already retries.
+
+    Args:
+        give_up_after: See :class:`RetryingStore`; callers pass ``Settings.store_timeout``.
+    """
     layer: ObjectStore | None = store
     while layer is not None:
         if isinstance(layer, RetryingStore):
             return store
         layer = layer.inner if isinstance(layer, WrappingStore) else None
-    return RetryingStore(store, attempts) if attempts > 1 else store
+    if attempts <= 1:
+        return store
+    return RetryingStore(store, attempts, give_up_after=give_up_after)

@@ -37,7 +37,7 @@ def open_stack(url: str | ObjectStore, settings: Settings) -> MetricsStore:
         InvalidArgument: the URL or settings are unusable.
     """
     inner = url if isinstance(url, ObjectStore) else open_store(url, settings)
-    store = with_retries(inner, settings.request_attempts)
+    store = with_retries(inner, settings.request_attempts, give_up_after=settings.store_timeout)
     if not disk_cache_enabled(store.url, settings) or _has_disk_cache(store):
         return MetricsStore(store)
     cache = DiskCache.shared(disk_cache_dir(settings), settings.disk_cache_bytes)

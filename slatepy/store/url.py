@@ -4,6 +4,9 @@ Supported: ``memory://``, ``file:///abs/path``, ``s3://bucket[/prefix]`` (S3, Mi
 S3-compatible stores), ``gs://bucket[/prefix]``, ``az://container[/prefix]`` (Azure Blob, or
 Azurite with ``azure_use_emulator``). Each scheme's options come from ``Settings`` first, then
 the provider's usual environment variables (``AWS_*``, ``AZURE_STORAGE_*``, ``GOOGLE_*``).
+
+Opening a store creates nothing unless the caller says it may (``create=True``, which only
+``Db.open`` passes): a mistyped ``file://`` path is reported, not made into a directory.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from urllib.parse import urlsplit
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
 from slatepy.config import Settings
-from slatepy.errors import InvalidArgument, UnsupportedStore
+from slatepy.errors import InvalidArgument, NotFound, UnsupportedStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.fsync import FileSync
 from slatepy.store.local_read import LocalReads
@@ -44,17 +47,32 @@ _AZURE_KEY_VARIABLES = (
 )
 
 
-def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
+def open_store(url: str, settings: Settings | None = None, *, create: bool = False) -> ObjectStore:
     """Return the store a URL names, rooted at the URL's path.
+
+    ``memory://`` is a new, empty store private to this call: two opens of ``memory://``
+    never see each other's objects (pass the returned store itself to share it, e.g.
+    ``Db.open(store)`` then ``DbReader.open(store)``).
+
+    Args:
+        url: The location (see the module docstring for the schemes).
+        settings: Connection options, timeouts and retries; defaults to ``Settings()``.
+        create: Whether the location may be created: a ``file://`` directory that does not
+            exist is made (its new directories fsynced under ``file_sync="fsync"``). Only a
+            writer creating a database passes True; readers, the CLI's admin commands and the
+            garbage collector must not turn a typo into an empty database. Object stores
+            (S3, GCS, Azure) have no directories and never create a bucket either way.
 
     Raises:
         UnsupportedStore: the scheme is not one of ``SUPPORTED_SCHEMES``.
-        InvalidArgument: the URL is malformed (relative file path, missing bucket).
+        InvalidArgument: the URL is malformed (relative file path, missing bucket), or the
+            ``file://`` path is not a usable directory.
+        NotFound: ``create`` is False and the ``file://`` directory does not exist.
     """
     if not isinstance(url, str):
         raise InvalidArgument(f"store URL must be a str, got {type(url).__name__}")
     settings = settings or Settings()
-    store = _open(url, settings)
+    store = _open(url, settings, create=create)
     if settings.cas == "dynamodb":
         from slatepy.store.dynamodb import DynamoRecords
         from slatepy.store.twophase import TwoPhaseStore
@@ -63,10 +81,13 @@ def open_store(url: str, settings: Settings | None = None) -> ObjectStore:
     return store
 
 
-def _open(url: str, settings: Settings) -> ObjectStore:
+def _open(url: str, settings: Settings, *, create: bool) -> ObjectStore:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    client: ClientConfig = {"timeout": timedelta(seconds=settings.store_timeout)}
+    client: ClientConfig = {
+        "timeout": timedelta(seconds=settings.store_timeout),
+        "connect_timeout": timedelta(seconds=settings.store_connect_timeout),
+    }
     retry: RetryConfig = {
         "max_retries": settings.store_retries,
         "retry_timeout": timedelta(seconds=max(settings.store_timeout, 1.0)),
@@ -77,10 +98,20 @@ def _open(url: str, settings: Settings) -> ObjectStore:
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise InvalidArgument(f"file URLs need an absolute path (file:///abs/path): {url!r}")
         path = parts.path.rstrip("/") or "/"
+        if not create and not os.path.isdir(path):
+            if os.path.exists(path):
+                raise InvalidArgument(f"file://{path} is not a directory")
+            raise NotFound(
+                f"no slatepy database at file://{path}: the directory does not exist "
+                "(only Db.open creates a database)",
+                path=path,
+            )
         try:
-            # With fsync, create the root ourselves so that its new directories are durable.
-            sync = FileSync.create_root(path) if settings.file_sync == "fsync" else None
-            raw = LocalStore(path, mkdir=True)
+            sync: FileSync | None = None
+            if settings.file_sync == "fsync":
+                # Creating the root ourselves makes its new directories durable.
+                sync = FileSync.create_root(path) if create else FileSync(path)
+            raw = LocalStore(path, mkdir=create)
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
         local = LocalReads(path, f"file://{path}")

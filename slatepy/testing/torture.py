@@ -40,6 +40,8 @@ KEYS = [b"key%02d" % i for i in range(16)]
 BATCH_KEYS = [b"batch:%d" % i for i in range(4)]
 POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_sst_bytes=4096)
 OPEN_ATTEMPTS = 50
+PROGRESS_INTERVAL = 5.0
+"""Seconds between two progress lines of a timed run."""
 
 
 class Violation(AssertionError):
@@ -320,6 +322,16 @@ class Torture:
         self.report.operations[name] += 1
         getattr(self, f"op_{name}")()
 
+    def progress_line(self, elapsed: float, seconds: float | None) -> str:
+        """How far the run is: time, operations, acknowledged writes, crashes, faults."""
+        of = f" of {seconds:g}" if seconds is not None else ""
+        return (
+            f"{elapsed:.0f}{of} s: {sum(self.report.operations.values())} operations, "
+            f"{self.report.acknowledged_writes} acknowledged writes, "
+            f"{self.report.crashes} crashes, {sum(self.faulty.counts.values())} faults "
+            f"injected, {sum(self.report.failed.values())} failures surfaced"
+        )
+
     # -- verification ------------------------------------------------------------------
     def verify(self) -> None:
         """With faults off: a crash, then a fresh writer and a fresh reader must agree with the
@@ -341,12 +353,36 @@ class Torture:
         finally:
             self.faulty.enabled = True
 
-    def run(self, *, steps: int | None = None, seconds: float | None = None) -> Report:
-        deadline = time.monotonic() + seconds if seconds is not None else None
+    def run(
+        self,
+        *,
+        steps: int | None = None,
+        seconds: float | None = None,
+        progress: Callable[[str], None] | None = None,
+        progress_interval: float = PROGRESS_INTERVAL,
+    ) -> Report:
+        """Run ``steps`` operations or for ``seconds``, then verify with faults off.
+
+        Args:
+            progress: Called with a line about the run so far every ``progress_interval``
+                seconds, and once before the final verification (a soak of minutes should
+                show it is alive and how it is going).
+
+        Raises:
+            Violation: the database returned something the model says it must not.
+        """
+        started = time.monotonic()
+        deadline = started + seconds if seconds is not None else None
+        next_progress = started + progress_interval
         done = 0
         while (steps is None or done < steps) and (deadline is None or time.monotonic() < deadline):
             self.step()
             done += 1
+            if progress is not None and time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + progress_interval
+                progress(self.progress_line(time.monotonic() - started, seconds))
+        if progress is not None:
+            progress(self.progress_line(time.monotonic() - started, seconds) + "; verifying")
         self.verify()
         self.close_writer()
         self.report.faults = Counter(self.faulty.counts)

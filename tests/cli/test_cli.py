@@ -41,8 +41,9 @@ def test_inspect_reports_manifest_and_wal(
 
 
 def test_inspect_of_an_empty_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["inspect", f"file://{tmp_path}/nothing"]) == 0
-    assert "holds no slatepy database" in capsys.readouterr().out
+    assert main(["inspect", f"file://{tmp_path}/nothing"]) == 1  # a typo is an error
+    assert "no slatepy database at" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_cli_reports_errors_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +93,7 @@ def test_inspect_shows_levels_and_gc_candidates_and_gc_deletes_them(
         assert "GC would delete" in out and "x WAL below 6 (compacted)" in out
         assert main(["gc", url, "--dry-run"]) == 0
         assert "would delete" in capsys.readouterr().out
-        assert main(["gc", url]) == 0
+        assert main(["gc", url, "-v"]) == 0
         out = capsys.readouterr().out
         assert "deleted" in out and "wal/00000000000000000001.sst" in out
         assert main(["gc", url]) == 0

@@ -325,7 +325,7 @@ def _child(config: dict[str, object]) -> dict[str, object]:
 
 def test_two_processes_share_a_cache(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
-    inner = open_store(url)
+    inner = open_store(url, create=True)  # the test fills a new location
     body = os.urandom(6 * PART)
     inner.put(SST, body)
     root = tmp_path / "cache"
@@ -350,7 +350,7 @@ def test_two_processes_share_a_cache(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_processes_evicting_under_each_other_never_see_wrong_bytes(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/store"
-    inner = open_store(url)
+    inner = open_store(url, create=True)  # the test fills a new location
     objects = [[f"compacted/{i}.sst", 3 * PART + i * 37] for i in range(12)]
     for path, size in objects:
         inner.put(path, content(path, size))

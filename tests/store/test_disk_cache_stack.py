@@ -102,11 +102,11 @@ def read_everything(
 def test_auto_caches_remote_stores_only(tmp_path: Path) -> None:
     auto = Settings(disk_cache_dir=str(tmp_path / "cache"))
     assert type(open_stack("memory://", auto)) is MetricsStore
-    assert type(open_stack(f"file://{tmp_path}/db", auto)) is MetricsStore
+    assert type(open_stack(f"file://{tmp_path}", auto)) is MetricsStore
     assert isinstance(open_stack("s3://bucket/prefix", auto), DiskCachedStore)
     assert isinstance(open_stack("gs://bucket/prefix", auto), DiskCachedStore)
     on = msgspec.structs.replace(auto, disk_cache="on")
-    assert isinstance(open_stack(f"file://{tmp_path}/db", on), DiskCachedStore)
+    assert isinstance(open_stack(f"file://{tmp_path}", on), DiskCachedStore)
     assert isinstance(open_stack("memory://", on), DiskCachedStore)
     off = msgspec.structs.replace(auto, disk_cache="off")
     assert type(open_stack("s3://bucket/prefix", off)) is MetricsStore

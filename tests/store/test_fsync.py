@@ -115,7 +115,7 @@ def test_file_sync_off_fsyncs_nothing(fsyncs: FsyncLog, tmp_path: Path) -> None:
 @pytest.mark.usefixtures("proc_fds")
 def test_store_put_copy_delete_fsync_file_and_directories(fsyncs: FsyncLog, tmp_path: Path) -> None:
     root = tmp_path / "db"
-    store = open_store(f"file://{root}", _settings())
+    store = open_store(f"file://{root}", _settings(), create=True)
     fsyncs.clear()
 
     store.put("a/b/obj", b"1", mode="create")
@@ -152,7 +152,7 @@ def test_store_put_copy_delete_fsync_file_and_directories(fsyncs: FsyncLog, tmp_
 def test_other_stores_and_file_sync_off_never_fsync(fsyncs: FsyncLog, tmp_path: Path) -> None:
     for store in (
         open_store("memory://", _settings()),
-        open_store(f"file://{tmp_path}/off", _settings(file_sync="off")),
+        open_store(f"file://{tmp_path}/off", _settings(file_sync="off"), create=True),
     ):
         store.put("d/x", b"1", mode="create")
         store.put("d/x", b"2")
@@ -163,19 +163,19 @@ def test_other_stores_and_file_sync_off_never_fsync(fsyncs: FsyncLog, tmp_path: 
 
 @pytest.mark.usefixtures("proc_fds")
 def test_new_root_directories_are_synced_in_their_parents(fsyncs: FsyncLog, tmp_path: Path) -> None:
-    open_store(f"file://{tmp_path}/a/b/db", _settings())
+    open_store(f"file://{tmp_path}/a/b/db", _settings(), create=True)
     assert sorted(fsyncs.snapshot()) == sorted(
         [str(tmp_path), str(tmp_path / "a"), str(tmp_path / "a" / "b")]
     )
     fsyncs.clear()
-    open_store(f"file://{tmp_path}/a/b/db", _settings())  # exists: nothing new to sync
+    open_store(f"file://{tmp_path}/a/b/db", _settings(), create=True)  # exists: nothing new to sync
     assert fsyncs.snapshot() == []
 
 
 def test_a_failed_fsync_is_never_acknowledged(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    store = open_store(f"file://{tmp_path}/db", _settings())
+    store = open_store(f"file://{tmp_path}/db", _settings(), create=True)
 
     def failing_fsync(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")

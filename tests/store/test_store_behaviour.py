@@ -164,7 +164,7 @@ def test_file_reads_bypass_obstore(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     87 µs each here, which bounded random gets on large databases; issue 18)."""
     import obstore
 
-    store = open_store(f"file://{tmp_path}/db")
+    store = open_store(f"file://{tmp_path}/db", create=True)
     store.put("compacted/a.sst", b"0123456789")
 
     def refuse(*args: object, **kwargs: object) -> None:
