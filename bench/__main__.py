@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 import uuid
@@ -130,7 +131,20 @@ def floor_ms(store: ObjectStore, samples: int = 50) -> dict[str, float]:
         start = time.perf_counter()
         store.get(f"floor/{i}")
         gets.append(time.perf_counter() - start)
-    return {"put_ms": median_ms(puts), "get_ms": median_ms(gets)}
+    # The store's bandwidth for one large GET (through the latency proxy, if any): what a
+    # cold scan streaming at "the store's bandwidth" would reach.
+    big = os.urandom(32 * 2**20)
+    store.put("floor/big", big)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        assert len(store.get("floor/big")) == len(big)
+        times.append(time.perf_counter() - start)
+    return {
+        "put_ms": median_ms(puts),
+        "get_ms": median_ms(gets),
+        "get_mb_per_s": len(big) / 2**20 / statistics.median(times),
+    }
 
 
 def per_1000(before: dict[str, int], after: dict[str, int], ops: int) -> dict[str, float]:
@@ -206,6 +220,35 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
         results["gets, fresh reader"]["reader_requests_per_1000"] = {
             k: v * 1000 / len(reader_sample) for k, v in reader_requests.items()
         }
+        rows, scanned, seconds = engine.fresh_reader_scan()
+        assert rows == keys * 2 + len(durable), (engine_name, rows)
+        results["full scan, fresh reader"] = {
+            "rate": rows / seconds,
+            "unit": "rows/s",
+            "seconds": seconds,
+            "requests_per_1000": {},
+        }
+        if scanned:
+            results["full scan, fresh reader"]["mb_per_s"] = scanned / 2**20 / seconds
+        if engine_name == "slatepy":
+            batched = shuffled[: min(keys, 5000)]
+            found, batched_requests = measure(
+                "batched gets (1,000), fresh reader",
+                len(batched),
+                lambda: engine.fresh_reader_batched_gets(batched),
+            )
+            assert found == len(batched), found
+            results["batched gets (1,000), fresh reader"]["reader_requests_per_1000"] = {
+                k: v * 1000 / len(batched) for k, v in batched_requests.items()
+            }
+            with tempfile.TemporaryDirectory() as cache_dir:
+                first, second = engine.restarted_reader_gets(reader_sample, cache_dir)
+            results["restarted reader, disk cache"] = {
+                "rate": second,
+                "unit": f"gets/s (first pass {first:,.0f}: {second / first:.1f}x)",
+                "seconds": 0.0,
+                "requests_per_1000": {},
+            }
     finally:
         engine.close()
     return results
@@ -226,6 +269,9 @@ def markdown(run: dict[str, Any]) -> str:
             rate = f"{mine['rate']:,.0f} {mine['unit']}"
             if "p50_ms" in mine:
                 rate += f" (p50 {mine['p50_ms']:.2f} ms, p99 {mine['p99_ms']:.2f} ms)"
+            if "mb_per_s" in mine:
+                share = mine["mb_per_s"] / data["floor"].get("get_mb_per_s", float("nan"))
+                rate += f" ({mine['mb_per_s']:,.1f} MB/s, {share:.0%} of one large GET)"
             their = (
                 "-"
                 if not other
@@ -237,8 +283,8 @@ def markdown(run: dict[str, Any]) -> str:
             lines.append(f"| {store} | {workload} | {rate} | {their} | {ratio} | {reqs or '-'} |")
         floor = data["floor"]
         lines.append(
-            f"| {store} | raw conditional PUT / GET | {floor['put_ms']:.3f} ms / "
-            f"{floor['get_ms']:.3f} ms | | | |"
+            f"| {store} | raw conditional PUT / GET; one 32 MB GET | {floor['put_ms']:.3f} ms / "
+            f"{floor['get_ms']:.3f} ms; {floor.get('get_mb_per_s', 0):,.1f} MB/s | | | |"
         )
     return "\n".join(lines) + "\n"
 

@@ -81,11 +81,50 @@ class SlatepyEngine:
             worker.join()
         self.db.flush()
 
+    def _cold_reader(self, **overrides: object) -> DbReader:
+        """A new reader with nothing cached in memory, nor on disk unless ``overrides`` say."""
+        fields = {f: getattr(self.settings, f) for f in self.settings.__struct_fields__}
+        cold = Settings.from_dict({**fields, "disk_cache": "off", **overrides})
+        return DbReader.open(self.store, settings=cold)
+
     def fresh_reader_gets(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
-        with DbReader.open(self.store, settings=self.settings) as reader:
+        with self._cold_reader() as reader:
             reader.metrics.reset()
             found = sum(reader.get(key) is not None for key in keys)
             return found, {k: v.requests for k, v in reader.metrics.snapshot().items()}
+
+    def fresh_reader_batched_gets(
+        self, keys: Sequence[bytes], batch: int = 1000
+    ) -> tuple[int, dict[str, int]]:
+        """``get_many`` in batches of ``batch`` keys from a new, cold reader."""
+        with self._cold_reader() as reader:
+            reader.metrics.reset()
+            found = 0
+            for first in range(0, len(keys), batch):
+                found += sum(v is not None for v in reader.get_many(keys[first : first + batch]))
+            return found, {k: v.requests for k, v in reader.metrics.snapshot().items()}
+
+    def fresh_reader_scan(self) -> tuple[int, int, float]:
+        """A full scan by a new, cold reader: ``(rows, bytes read from the store, seconds)``,
+        the time being the scan's alone (the reader's open is not counted)."""
+        with self._cold_reader() as reader:
+            reader.metrics.reset()
+            start = time.perf_counter()
+            rows = sum(1 for _ in reader.scan())
+            elapsed = time.perf_counter() - start
+            return rows, sum(v.bytes_in for v in reader.metrics.snapshot().values()), elapsed
+
+    def restarted_reader_gets(self, keys: Sequence[bytes], cache_dir: str) -> list[float]:
+        """gets/s of a reader with an empty disk cache, then of a new reader (a restarted
+        process) on the cache the first one filled."""
+        rates = []
+        for _ in range(2):
+            with self._cold_reader(disk_cache="on", disk_cache_dir=cache_dir) as reader:
+                start = time.perf_counter()
+                found = sum(reader.get(key) is not None for key in keys)
+                rates.append(len(keys) / (time.perf_counter() - start))
+                assert found == len(keys), found
+        return rates
 
     def close(self) -> None:
         self.db.close()
@@ -195,6 +234,27 @@ class SlatedbEngine:
             return found
 
         return self._run(go()), {}
+
+    def fresh_reader_scan(self) -> tuple[int, int, float]:
+        """A full scan by a new reader: ``(rows, 0, seconds)`` (its client does not count
+        bytes; the time is the scan's alone)."""
+        from slatedb.uniffi import DbReaderBuilder, KeyRange
+
+        async def go() -> tuple[int, float]:
+            reader = await DbReaderBuilder(self._path, self._store).build()
+            start = time.perf_counter()
+            it = await reader.scan(
+                KeyRange(start=None, start_inclusive=True, end=None, end_inclusive=False)
+            )
+            count = 0
+            while rows := await it.next_batch(1000):
+                count += len(rows)
+            elapsed = time.perf_counter() - start
+            await reader.shutdown()
+            return count, elapsed
+
+        rows, elapsed = self._run(go())
+        return rows, 0, elapsed
 
     def close(self) -> None:
         self._run(self.db.shutdown())

@@ -4,9 +4,15 @@
 
 For each N, in a fresh process (so peak RSS is per size): write N keys (16-byte keys,
 100-byte values) in awaited batches of 1,000 with default settings (in-process compactor on),
-close, compact until idle, reopen, then 20,000 random gets and a full scan. Reports writes
-rows/s, the time ``close()`` took, random gets/s, scan rows/s, peak RSS, and the store requests
-the gets made. Writes ``bench/results/<name>.json`` and ``.md``.
+close, compact until idle, reopen, then 20,000 random gets, the same keys as ``get_many`` in
+batches of 1,000, and a full scan. Reports writes rows/s, the time ``close()`` took, random
+gets/s, batched gets/s, scan rows/s, peak RSS, and the store requests the gets made.
+
+With ``rocksdict`` installed (``pip install rocksdict``; RocksDB behind a Python binding), the
+same keys are written to it (batches of 1,000, default options), it is reopened, and the same
+20,000 gets (one ``get`` per key, then its multi-get in batches of 1,000) are timed, in a
+separate process after slatepy's so neither's memory counts for the other.
+Writes ``bench/results/<name>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,17 +66,68 @@ def measure(keys: int, store: str) -> dict[str, Any]:
             found = sum(db.get(k) is not None for k in probes)
             gets = time.perf_counter() - start
             requests = _requests_since(db, before)
+        with Db.open(url, settings=quiet) as db:  # cold again, for the batched gets
+            before = {k: v.requests for k, v in db.metrics.snapshot().items()}
+            start = time.perf_counter()
+            batched = sum(
+                v is not None
+                for first in range(0, GETS, 1000)
+                for v in db.get_many(probes[first : first + 1000])
+            )
+            many = time.perf_counter() - start
+            many_requests = _requests_since(db, before)
             start = time.perf_counter()
             rows = sum(1 for _ in db.scan())
             scanned = time.perf_counter() - start
-        assert found == GETS and rows == keys, (found, rows)
+        assert found == batched == GETS and rows == keys, (found, batched, rows)
     return {
         "keys": keys,
         "writes_rows_per_s": keys / written,
         "close_s": closed,
         "gets_per_s": GETS / gets,
         "get_requests_per_1000": {k: v * 1000 / GETS for k, v in requests.items()},
+        "batched_gets_per_s": GETS / many,
+        "batched_requests_per_1000": {k: v * 1000 / GETS for k, v in many_requests.items()},
         "scan_rows_per_s": rows / scanned,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def measure_rocksdict(keys: int) -> dict[str, Any] | None:
+    """The same writes and gets on RocksDB (``rocksdict``), or None if it is not installed."""
+    try:
+        import rocksdict
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        db = rocksdict.Rdict(tmp)
+        start = time.perf_counter()
+        for first in range(0, keys, 1000):
+            batch = rocksdict.WriteBatch()
+            for i in range(first, min(first + 1000, keys)):
+                batch.put(key(i), VALUE)
+            db.write(batch)
+        written = time.perf_counter() - start
+        db.close()
+        db = rocksdict.Rdict(tmp)
+        rng = random.Random(7)
+        probes = [key(rng.randrange(keys)) for _ in range(GETS)]
+        start = time.perf_counter()
+        found = sum(db.get(k) is not None for k in probes)
+        gets = time.perf_counter() - start
+        start = time.perf_counter()
+        batched = sum(
+            v is not None
+            for first in range(0, GETS, 1000)
+            for v in db.get(probes[first : first + 1000])
+        )
+        many = time.perf_counter() - start
+        db.close()
+    assert found == batched == GETS, (found, batched)
+    return {
+        "writes_rows_per_s": keys / written,
+        "gets_per_s": GETS / gets,
+        "batched_gets_per_s": GETS / many,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -89,43 +147,76 @@ def main() -> None:
     parser.add_argument("--store", default="file", choices=["memory", "file", "s3"])
     parser.add_argument("--name", default="scaling")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rocksdict", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(measure(args.one, args.store)))
         return
+    if args.rocksdict is not None:
+        print(json.dumps(measure_rocksdict(args.rocksdict)))
+        return
     rows = []
     for keys in args.keys:
-        child = subprocess.run(
-            [sys.executable, "-m", "bench.scaling", "--one", str(keys), "--store", args.store],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if child.returncode != 0:
-            raise SystemExit(f"{keys} keys failed:\n{child.stderr}")
-        rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+        row = _child(["--one", str(keys), "--store", args.store])
+        if args.store == "file":
+            row["rocksdict"] = _child(["--rocksdict", str(keys)])
+        rows.append(row)
         print(_line(rows[-1]), flush=True)
     command = "python -m bench.scaling " + " ".join(sys.argv[1:])
     table = [
         f"Run `{command}`.",
         "",
-        "| keys | random gets/s | full scan rows/s | peak RSS | writes rows/s | close | "
-        "requests / 1,000 gets |",
-        "|---|---|---|---|---|---|---|",
+        "| keys | random gets/s | batched gets/s | full scan rows/s | peak RSS | writes rows/s "
+        "| close | requests / 1,000 gets (one by one; batched) |",
+        "|---|---|---|---|---|---|---|---|",
         *(_line(r) for r in rows),
     ]
+    if any(r.get("rocksdict") for r in rows):
+        table += [
+            "",
+            "The same data in RocksDB (`rocksdict`, default options), reopened:",
+            "",
+            "| keys | rocksdict gets/s | slatepy / rocksdict | rocksdict multi-get/s | "
+            "slatepy get_many / rocksdict multi-get | rocksdict writes rows/s | "
+            "rocksdict peak RSS |",
+            "|---|---|---|---|---|---|---|",
+            *(_rocks_line(r) for r in rows if r.get("rocksdict")),
+        ]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps({"command": command, "rows": rows}))
     (RESULTS / f"{args.name}.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
 
 
+def _child(args: list[str]) -> dict[str, Any]:
+    child = subprocess.run(
+        [sys.executable, "-m", "bench.scaling", *args], capture_output=True, text=True, check=False
+    )
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{child.stderr}")
+    result: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    return result
+
+
 def _line(r: dict[str, Any]) -> str:
-    reqs = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["get_requests_per_1000"].items()))
+    def reqs(counts: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.1f}" for k, v in sorted(counts.items())) or "-"
+
     return (
-        f"| {r['keys']:,} | {r['gets_per_s']:,.0f} | {r['scan_rows_per_s']:,.0f} | "
-        f"{r['peak_rss_mb']:.0f} MB | {r['writes_rows_per_s']:,.0f} | {r['close_s']:.1f} s | "
-        f"{reqs or '-'} |"
+        f"| {r['keys']:,} | {r['gets_per_s']:,.0f} | {r['batched_gets_per_s']:,.0f} | "
+        f"{r['scan_rows_per_s']:,.0f} | {r['peak_rss_mb']:.0f} MB | "
+        f"{r['writes_rows_per_s']:,.0f} | {r['close_s']:.1f} s | "
+        f"{reqs(r['get_requests_per_1000'])}; {reqs(r['batched_requests_per_1000'])} |"
+    )
+
+
+def _rocks_line(r: dict[str, Any]) -> str:
+    rocks = r["rocksdict"]
+    return (
+        f"| {r['keys']:,} | {rocks['gets_per_s']:,.0f} | "
+        f"{r['gets_per_s'] / rocks['gets_per_s']:.2f}x | {rocks['batched_gets_per_s']:,.0f} | "
+        f"{r['batched_gets_per_s'] / rocks['batched_gets_per_s']:.2f}x | "
+        f"{rocks['writes_rows_per_s']:,.0f} | {rocks['peak_rss_mb']:.0f} MB |"
     )
 
 

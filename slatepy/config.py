@@ -122,7 +122,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
     max_parallel_writes: int = 1
-    max_unflushed_bytes: int = 256 * 1024 * 1024
+    max_unflushed_bytes: int = 64 * 1024 * 1024
     write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8
     store_timeout: float = 30.0

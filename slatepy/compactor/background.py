@@ -55,6 +55,8 @@ class BackgroundCompactor:
         self.gc = gc
         self._on_publish = on_publish
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._woken_at = 0.0
         self.fenced = False
         self.superseded = 0
         self.taken_back = 0
@@ -65,7 +67,11 @@ class BackgroundCompactor:
     def _run(self) -> None:
         settings = self.compactor.settings
         next_gc = time.monotonic() + settings.gc_interval
-        while not self._stop.wait(settings.compaction_interval):
+        while True:
+            self._wake.wait(settings.compaction_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 if self.fenced and self.compactor.standby_check():
                     self.fenced = False
@@ -103,6 +109,15 @@ class BackgroundCompactor:
             if self._on_publish:
                 self._on_publish(self.compactor.last_published.manifest)
 
+    def wake(self, *, min_interval: float = 0.0) -> None:
+        """Run the next pass now rather than at the end of the interval (the writer calls
+        this when its unflushed memory passes half of ``max_unflushed_bytes``); ignored if
+        the last wake was less than ``min_interval`` seconds ago."""
+        now = time.monotonic()
+        if now - self._woken_at >= min_interval:
+            self._woken_at = now
+            self._wake.set()
+
     def run_forever(self) -> None:
         """Block until the process is interrupted (a superseded loop stands by, it does not
         end)."""
@@ -117,6 +132,7 @@ class BackgroundCompactor:
         this returns in moments however much was written before. Then release the lease
         (best effort), so a standby or ``slatepy compact`` takes over without waiting."""
         self._stop.set()
+        self._wake.set()
         self.compactor.cancel()
         self._thread.join()
         if not self.fenced:

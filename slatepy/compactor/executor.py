@@ -26,7 +26,7 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 
-READ_AHEAD_BYTES = 64 * 1024 * 1024
+READ_AHEAD_BYTES = 16 * 1024 * 1024
 YIELD_EVERY = 128
 MIN_CHUNK_BYTES = 64 * 1024
 

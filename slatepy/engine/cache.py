@@ -30,14 +30,19 @@ class LruCache(Generic[V]):
         return len(self._entries)
 
     def get(self, key: Hashable) -> V | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is None:
-                self.misses += 1
-                return None
+        # No lock: each OrderedDict call is atomic under the GIL (the keys are tuples of str
+        # and int, hashed and compared in C), and an entry evicted between the two calls
+        # only loses its recency bump. The counters may miss an increment under threads.
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        try:  # noqa: SIM105 (contextlib.suppress costs a context manager per get)
             self._entries.move_to_end(key)
-            self.hits += 1
-            return found[0]
+        except KeyError:
+            pass
+        self.hits += 1
+        return found[0]
 
     def put(self, key: Hashable, value: V, size: int) -> None:
         with self._lock:

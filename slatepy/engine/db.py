@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from slatepy.config import Settings
@@ -18,7 +18,13 @@ from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.startup import start_writer
 from slatepy.engine.table import TableReader
-from slatepy.engine.view import get_compacted, scan_merged
+from slatepy.engine.view import (
+    get_compacted,
+    get_many_compacted,
+    missing_sst,
+    scan_merged,
+    values_of,
+)
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import (
     ClosedError,
@@ -210,7 +216,13 @@ class Db(Closing):
             self._apply(batch.ops, await_durable)
 
     def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
-        if self._memtable.size_bytes >= self._settings.max_unflushed_bytes:
+        unflushed = self._memtable.size_bytes
+        if unflushed >= self._settings.max_unflushed_bytes // 2 and self._compactor is not None:
+            # Half the budget used: compact now rather than at the next interval, so writes
+            # seldom reach the bound and wait (the compactor wakes at most once per
+            # flush_interval, when WAL SSTs it can compact may exist).
+            self._compactor.wake(min_interval=self._settings.flush_interval)
+        if unflushed >= self._settings.max_unflushed_bytes:
             self._wait_for_compaction()
         with self._lock:
             self._check_open()
@@ -240,8 +252,36 @@ class Db(Closing):
         except NotFound:
             # A view older than GC's grace period lost an SST: adopt the current manifest.
             self.refresh()
-            found = get_compacted(self._tables, self._view, key)
+            try:
+                found = get_compacted(self._tables, self._view, key)
+            except NotFound as exc:
+                raise missing_sst(exc) from exc
         return None if found is None else found[1]
+
+    def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in the order given (None where absent or deleted), all from
+        one consistent view (a write batch is seen whole or not at all).
+
+        Cheaper than a :meth:`get` per key when the keys miss the caches: each SST is asked
+        once for all of its keys, and the index partitions and blocks they need are read in
+        a few coalesced ranged GETs sent together, not one or two GETs per key.
+        """
+        keys = [check_key(k) for k in keys]
+        self._refresh_stale_view()
+        with self._lock:
+            self._check_open()
+            newer = [self._memtable.get(k) for k in keys]
+            view = self._view
+        rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None})
+        try:
+            found = get_many_compacted(self._tables, view, rest)
+        except NotFound:
+            self.refresh()  # as in get: a view older than GC's grace period lost an SST
+            try:
+                found = get_many_compacted(self._tables, self._view, rest)
+            except NotFound as exc:
+                raise missing_sst(exc) from exc
+        return values_of(keys, newer, found)
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).

@@ -15,6 +15,7 @@ from enum import Enum
 
 from slatepy.errors import FencedError
 from slatepy.format.sst import SstBuilder, decode_sst
+from slatepy.store.base import PutData
 from slatepy.store.numbered import NumberedObjects
 
 WAL_DIR = "wal"
@@ -39,7 +40,7 @@ def resolve_conflict(our_epoch: int, their_epoch: int) -> Conflict:
 
 
 def write_wal_sst(
-    wal: NumberedObjects, wal_id: int, data: bytes, epoch: int, *, attempts: int = 5
+    wal: NumberedObjects, wal_id: int, data: PutData, epoch: int, *, attempts: int = 5
 ) -> int:
     """A running writer's WAL write: ``data`` (an SST of ``epoch``) at exactly ``wal_id``.
 
@@ -59,7 +60,7 @@ def write_wal_sst(
 
 def empty_sst(epoch: int) -> bytes:
     """The fencing SST: no entries, only the epoch."""
-    return SstBuilder(writer_epoch=epoch).finish().data
+    return bytes(SstBuilder(writer_epoch=epoch).finish().data)
 
 
 MAX_LEAD = 63

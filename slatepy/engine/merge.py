@@ -14,6 +14,10 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
     Ties on seq (the same version copied into two tables) keep the first source's entry.
     Memory: one pending entry per source.
     """
+    sources = list(sources)
+    if len(sources) == 1:  # a database compacted into one sorted run: nothing to merge
+        yield from sources[0]
+        return
     tagged = (
         ((key, -seq, order, value) for key, seq, value in source)
         for order, source in enumerate(sources)

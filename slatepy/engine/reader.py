@@ -35,7 +35,8 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 import msgspec
 
@@ -45,7 +46,13 @@ from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, describe_gap
 from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.table import TableReader
-from slatepy.engine.view import get_compacted, scan_merged
+from slatepy.engine.view import (
+    get_compacted,
+    get_many_compacted,
+    missing_sst,
+    scan_merged,
+    values_of,
+)
 from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
@@ -53,6 +60,8 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -153,16 +162,36 @@ class DbReader(Closing):
         version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
         if version is not None:
             return version[1]
-        view = self._view  # adopt sets the view, then prunes
-        try:
-            found = get_compacted(self._tables, view, key)
-        except NotFound:
-            if not self._read_only:
-                raise  # our snapshot protects the view: a missing SST is not GC's doing
-            # No snapshot: GC may have collected a view older than gc_min_age. Catch up.
-            self.refresh()
-            found = get_compacted(self._tables, self._view, key)
+        found = self._read(lambda view: get_compacted(self._tables, view, key))
         return None if found is None else found[1]
+
+    def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in the order given (None where absent), from one consistent
+        view; each SST is asked once, in a few coalesced GETs (see :meth:`Db.get_many`)."""
+        keys = [check_key(k) for k in keys]
+        with self._lock:
+            self._check_open()
+            newer = [self._memtable.get(k) for k in keys]
+            view = self._view
+        rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None})
+        found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
+        return values_of(keys, newer, found)
+
+    def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
+        """``read(view)`` (the current view by default; adopting one sets the view, then
+        prunes the memtable). A missing SST is damage when our snapshot protects the view; a
+        read-only reader has none, and GC may have collected a view older than
+        ``gc_min_age``: it catches up once and reads again."""
+        try:
+            return read(self._view if view is None else view)
+        except NotFound as exc:
+            if not self._read_only:
+                raise missing_sst(exc) from exc
+        self.refresh()
+        try:
+            return read(self._view)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` with ``start <= key < end`` in key order, from one consistent view."""

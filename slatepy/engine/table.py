@@ -10,6 +10,9 @@ Costs, whatever the size of the SST (RFC 0009):
 * Point get: at most one GET of one index partition (cached in a byte-bounded LRU, and often
   already read with the tail) and one GET of one block; none once cached. The partition's
   bloom filter rules out most absent keys before any block is read.
+* Batched get (:meth:`TableReader.get_many`): each partition and block the keys need is
+  read once, the missing ones coalesced into ranged GETs (neighbours less than
+  ``COALESCE_GAP`` apart, up to ``scan_read_ahead_bytes`` each), issued together.
 * Scan: consecutive blocks in chunks of one ranged GET each, 64 KiB growing to
   ``scan_read_ahead_bytes``; while the caller consumes one chunk, a background thread loads
   the next (at most two chunks in memory per scan). The thread exists only while the scan
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Collection, Iterator
+from collections import deque
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
@@ -42,11 +46,19 @@ META_PREFETCH = 64 * 1024
 properties of SSTs up to several GB, and the partitions too of SSTs of a few MB."""
 TOP_FRACTION = 4096
 """With the size known, the open reads at least ``size // TOP_FRACTION`` bytes."""
-PROMOTE_AFTER_HITS = 2
+PROMOTE_AFTER_HITS = 8
 """Cache hits (gets) after which a raw cached block is decoded whole (see ``_block``)."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
+READ_AHEAD_DEPTH = 2
+"""Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
 COMPACTED_DIR = "compacted"
+COALESCE_GAP = 32 * 1024
+"""A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
+this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
+
+Found = tuple[int, bytes | None]
+"""``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
 
 def compacted_path(sst_id: str) -> str:
@@ -241,12 +253,139 @@ class TableReader:
         if not top.may_hold(key):
             return None
         part = self.partition(path, top, top.partition_for(key))
-        if not part.may_contain(key):
-            return None
         j = part.block_for(key)
         if j is None:
             return None
-        return self._block(path, top, part, j).get(key)
+        block = self._blocks.get((path, part.first_block + j))
+        if type(block) is Block:  # the warm path: searching the block beats the filter
+            return block.get(key)
+        # The filter is asked only before a block would be read (or is not decoded yet): in
+        # Python its hashing and probing cost more than a bisect of a cached block.
+        if block is None and not part.may_contain(key):
+            return None
+        return self._block(path, top, part, j, block).get(key)
+
+    def get_many(
+        self, path: str, keys: Sequence[bytes], *, size: int | None = None
+    ) -> list[Found | None]:
+        """:meth:`get` of each of ``keys`` (sorted, distinct), in order.
+
+        Every partition and block the keys need is looked up once; those not cached are read
+        in coalesced ranged GETs sent together (:meth:`_read_coalesced`), so a batch costs a
+        few requests where one get per key would cost one or two each.
+        """
+        top = self._tops.get(path) or self.top(path, size=size)
+        found: list[Found | None] = [None] * len(keys)
+        by_partition: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            if top.may_hold(key):
+                by_partition.setdefault(top.partition_for(key), []).append(i)
+        parts = self._partitions(path, top, list(by_partition))
+        by_block: dict[int, list[int]] = {}
+        where: dict[int, tuple[Partition, int]] = {}
+        for p, indexes in by_partition.items():
+            part = parts[p]
+            for i in indexes:
+                key = keys[i]
+                j = part.block_for(key) if part.may_contain(key) else None
+                if j is not None:
+                    by_block.setdefault(part.first_block + j, []).append(i)
+                    where[part.first_block + j] = (part, j)
+        blocks = self._blocks_for(path, top, where)
+        for b, indexes in by_block.items():
+            block = blocks[b]
+            for i in indexes:
+                found[i] = block.get(keys[i])
+        return found
+
+    def _partitions(self, path: str, top: SstTop, indexes: list[int]) -> dict[int, Partition]:
+        """Partitions ``indexes`` (ascending): cached, decoded from cached raw bytes, or read
+        together in coalesced GETs."""
+        parts: dict[int, Partition] = {}
+        raws: dict[int, bytes | memoryview] = {}
+        for p in indexes:
+            found = self._metas.get((path, p))
+            if isinstance(found, Partition):
+                parts[p] = found
+            elif found is not None:
+                raws[p] = found
+        missing = [p for p in indexes if p not in parts and p not in raws]
+        spans = [(top.offsets[p], top.offsets[p + 1]) for p in missing]
+        read = self._read_coalesced(path, spans, "partition_reads")
+        # Copied out, so a decoded partition never keeps a whole coalesced read alive.
+        raws.update(zip(missing, map(bytes, read), strict=True))
+        for p, raw in raws.items():
+            part = self._decode_partition(path, top, p, raw)
+            self._metas.put((path, p), part, part.size_in_memory)
+            parts[p] = part
+        return parts
+
+    def _blocks_for(
+        self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
+    ) -> dict[int, Block | IndexedBlock]:
+        """The blocks ``where`` names (SST-wide index → its partition and place there):
+        cached ones as they are, the others read together in coalesced GETs and cached."""
+        blocks: dict[int, Block | IndexedBlock] = {}
+        missing: list[int] = []
+        for b in sorted(where):
+            block = self._blocks.get((path, b))
+            if block is None:
+                missing.append(b)
+            else:
+                blocks[b] = block
+        spans = []
+        for b in missing:
+            part, j = where[b]
+            spans.append((part.offsets[j], part.offsets[j + 1]))
+        for b, data in zip(missing, self._read_coalesced(path, spans, "block_reads"), strict=True):
+            part, j = where[b]
+            block = self._new_block(path, top, part, j, data)
+            self._blocks.put((path, b), block, block.size_in_memory)
+            blocks[b] = block
+        return blocks
+
+    def _read_coalesced(
+        self, path: str, spans: list[tuple[int, int]], counter: str
+    ) -> list[memoryview]:
+        """The bytes of ``spans`` (ascending, disjoint), read as few ranged GETs sent together:
+        neighbours closer than ``COALESCE_GAP`` share a GET of at most
+        ``scan_read_ahead_bytes`` (a single span larger than that is one GET of its own)."""
+        if not spans:
+            return []
+        merged: list[list[int]] = []
+        for start, end in spans:
+            last = merged[-1] if merged else None
+            if (
+                last is not None
+                and start - last[1] < COALESCE_GAP
+                and end - last[0] <= self.scan_read_ahead_bytes
+            ):
+                last[1] = end
+            else:
+                merged.append([start, end])
+        datas = self.store.get_ranges(path, [(s, e) for s, e in merged])
+        views: list[memoryview] = []
+        spans_left = iter(spans)
+        for (start, end), data in zip(merged, datas, strict=True):
+            if len(data) != end - start:
+                raise CorruptionError(f"{path}: the object ended before byte {end}", path=path)
+            self._count(counter, len(data))
+            view = memoryview(data)
+            for s, e in spans_left:
+                views.append(view[s - start : e - start])
+                if e == end:
+                    break
+        return views
+
+    def _new_block(
+        self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
+    ) -> Block | IndexedBlock:
+        """Block ``j`` of ``part``, read for point lookups: raw and verified (version 3),
+        else decoded."""
+        index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
+        if top.indexed_blocks:
+            return _open_block(path, index, first_key, data, offset=offset)
+        return _decode_block(path, index, first_key, data, indexed=False, offset=offset)
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -260,8 +399,16 @@ class TableReader:
         self._metas.put(key, part, part.size_in_memory)
         return part
 
-    def _block(self, path: str, top: SstTop, part: Partition, j: int) -> Block | IndexedBlock:
-        """Block ``j`` of ``part`` for a point lookup: from the cache, or read and verified.
+    def _block(
+        self,
+        path: str,
+        top: SstTop,
+        part: Partition,
+        j: int,
+        block: Block | IndexedBlock | None,
+    ) -> Block | IndexedBlock:
+        """Block ``j`` of ``part`` for a point lookup, given what the block cache held for it
+        (``block``): that, or read and verified.
 
         A version 3 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
         only the keys the lookup compares are parsed, and it costs its encoded size); when a
@@ -271,36 +418,41 @@ class TableReader:
         """
         index = part.first_block + j
         key = (path, index)
-        block = self._blocks.get(key)
-        if type(block) is Block:  # the warm path first
-            return block
         if isinstance(block, IndexedBlock):
             block.hits += 1  # racy under threads, but only a heuristic
             if block.hits >= PROMOTE_AFTER_HITS:
                 # Hot: worth decoding once, as a list bisect beats a search of the bytes.
-                block = _named_decode(path, index, block)
+                block = _named_decode(path, index, block, offset=part.offsets[j])
                 self._blocks.put(key, block, block.size_in_memory)
         elif block is None:
             data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
-            if top.indexed_blocks:
-                block = _open_block(path, index, part.first_keys[j], data)
-            else:
-                block = _decode_block(path, index, part.first_keys[j], data, indexed=False)
+            block = self._new_block(path, top, part, j, data)
             self._blocks.put(key, block, block.size_in_memory)
         return block
 
     # -- scans --------------------------------------------------------------------------
 
     def scan(
-        self, path: str, start: bytes, end: bytes | None, *, size: int | None = None
+        self,
+        path: str,
+        start: bytes,
+        end: bytes | None,
+        *,
+        size: int | None = None,
+        continued: bool = False,
     ) -> Iterator[Entry]:
         """Entries with ``start <= key < end`` in key order.
 
         Blocks not in the cache are read in chunks of consecutive blocks, one ranged GET
-        each, starting at ``SCAN_READ_AHEAD_MIN`` bytes and doubling up to
+        each, starting at ``SCAN_READ_AHEAD_MIN`` bytes and growing fourfold up to
         ``scan_read_ahead_bytes``, so a long scan costs a few large GETs and a short one reads
         little extra. Once a chunk needed the store, the next one is loaded by a background
-        thread while this one is consumed. Blocks read go to the block cache.
+        thread while this one is consumed. Cached blocks are used; blocks read go to the block
+        cache only from the first chunk (see :meth:`_ChunkLoader.load`).
+
+        Args:
+            continued: The scan has already read a whole SST before this one (the next SST
+                of a sorted run): it is long, so its chunks start at the largest size.
         """
         top = self._tops.get(path) or self.top(path, size=size)
         props = top.props
@@ -309,7 +461,8 @@ class TableReader:
         if props.last_key < start or (end is not None and props.first_key >= end):
             return
         loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
-        yield from self._stream(loader, start, end, background=True)
+        first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
+        yield from self._stream(loader, start, end, background=True, first_bytes=first)
 
     def scan_all(self, path: str, *, chunk_bytes: int, size: int | None = None) -> Iterator[Entry]:
         """Every entry in key order, for compaction: ``chunk_bytes`` per ranged GET, and
@@ -324,7 +477,13 @@ class TableReader:
         if top.props.block_count == 0:
             return
         loader = _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
-        yield from self._stream(loader, b"", None, background=False, chunk_bytes=chunk_bytes)
+        yield from self._stream(
+            loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
+        )
+
+    def is_open(self, path: str) -> bool:
+        """Whether the SST's top level is in memory (opening it would need no request)."""
+        return path in self._tops
 
     def _stream(
         self,
@@ -333,24 +492,38 @@ class TableReader:
         end: bytes | None,
         *,
         background: bool,
-        chunk_bytes: int | None = None,
+        first_bytes: int,
+        limit: int | None = None,
     ) -> Iterator[Entry]:
-        """Decode chunk after chunk; with ``background``, load the next chunk in a thread
-        once a chunk needed the store (so warm and short scans never start one)."""
-        budget = chunk_bytes or SCAN_READ_AHEAD_MIN
-        limit = chunk_bytes or self.scan_read_ahead_bytes
+        """Decode chunk after chunk. With ``background``, once a chunk needed the store (so
+        warm and short scans never start a thread), the next ``READ_AHEAD_DEPTH`` chunks
+        are planned here and fetched by threads while this one is consumed: at most
+        ``READ_AHEAD_DEPTH + 1`` chunks in memory, and that many GETs in flight, so a scan
+        is not bound by one request's latency plus its transfer."""
+        budget = first_bytes
+        limit = limit or self.scan_read_ahead_bytes
         chunk: _Chunk | None = loader.load(loader.first_block(start), budget)
+        following = 0 if chunk is None else chunk.first + len(chunk.first_keys)
+        planned_all = chunk is None or chunk.done
+        ahead: deque[Future[_Chunk]] = deque()
         pool: ThreadPoolExecutor | None = None
         try:
             while chunk is not None:
-                budget = min(budget * 2, limit)
-                following = chunk.first + len(chunk.first_keys)
-                ahead: Future[_Chunk | None] | None = None
-                if background and chunk.fetched and not chunk.done:
-                    if pool is None:
-                        pool = ThreadPoolExecutor(1, thread_name_prefix="slatepy-read-ahead")
-                        self._count("read_ahead_threads")
-                    ahead = pool.submit(loader.load, following, budget)
+                if background and chunk.fetched:
+                    while not planned_all and len(ahead) < READ_AHEAD_DEPTH:
+                        budget = min(budget * 4, limit)
+                        planned = loader.plan(following, budget)
+                        if planned is None:
+                            planned_all = True
+                            break
+                        following = planned.first + len(planned.first_keys)
+                        planned_all = planned.done
+                        if pool is None:
+                            pool = ThreadPoolExecutor(
+                                READ_AHEAD_DEPTH, thread_name_prefix="slatepy-read-ahead"
+                            )
+                            self._count("read_ahead_threads")
+                        ahead.append(pool.submit(loader.fetch, planned))
                 for k in range(len(chunk.first_keys)):
                     block = loader.block(chunk, k)
                     keys = block.keys
@@ -365,9 +538,16 @@ class TableReader:
                         yield from zip(keys[lo:], block.seqs[lo:], block.values[lo:], strict=True)
                     else:
                         yield from zip(keys, block.seqs, block.values, strict=True)
-                if chunk.done:
+                if ahead:
+                    chunk = ahead.popleft().result()
+                elif planned_all:
                     return
-                chunk = ahead.result() if ahead is not None else loader.load(following, budget)
+                else:
+                    budget = min(budget * 4, limit)
+                    chunk = loader.load(following, budget)
+                    if chunk is not None:
+                        following = chunk.first + len(chunk.first_keys)
+                        planned_all = chunk.done
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -445,18 +625,22 @@ class _Chunk:
     offsets: list[int]
     first_keys: list[bytes]
     blocks: list[Block | IndexedBlock | None]
-    data: bytes
     base: int
+    end: int  # base == end: every block was cached, nothing to read
     done: bool
-    fetched: bool
+    fill: bool
+    data: bytes = b""
+    fetched: bool = False
 
 
 class _ChunkLoader:
-    """Plans and reads the chunks of one scan. Used by one thread at a time: the consumer,
-    or the read-ahead thread while the consumer decodes the previous chunk.
+    """Plans and reads the chunks of one scan. Planning (and the partition reads it needs)
+    happens in the consumer's thread only; :meth:`fetch` of planned chunks may run in
+    read-ahead threads, and touches nothing but its chunk.
 
-    ``cached`` scans look blocks and partitions up in the reader's caches and fill them;
-    uncached ones (compaction) do neither and read partitions in runs held only here.
+    ``cached`` scans look blocks and partitions up in the reader's caches and fill them
+    (blocks from their first chunk only); uncached ones (compaction) do neither and read
+    partitions in runs held only here.
     """
 
     def __init__(
@@ -489,8 +673,13 @@ class _ChunkLoader:
         return part.first_block + (j or 0)
 
     def load(self, first: int, budget: int) -> _Chunk | None:
+        """:meth:`plan` and :meth:`fetch` the chunk from ``first``."""
+        chunk = self.plan(first, budget)
+        return None if chunk is None else self.fetch(chunk)
+
+    def plan(self, first: int, budget: int) -> _Chunk | None:
         """The chunk of blocks from ``first`` spanning at most ``budget`` bytes (at least one
-        block), or None when the scan has no block at ``first``."""
+        block), its bytes not read yet; None when the scan has no block at ``first``."""
         self._fetched = False
         top, cache, path, end = self._top, self._reader._blocks, self._path, self._end
         offsets: list[int] = []
@@ -522,18 +711,31 @@ class _ChunkLoader:
             return None
         offsets.append(last_end)
         missing = [k for k, b in enumerate(blocks) if b is None]
-        data, base = b"", 0
+        base = read_end = 0
         if missing:
-            base = offsets[missing[0]]
-            data = self._bytes(base, offsets[missing[-1] + 1], "block_reads")
-        return _Chunk(first, offsets, keys, blocks, data, base, done, self._fetched)
+            base, read_end = offsets[missing[0]], offsets[missing[-1] + 1]
+        # Only a scan's first, smallest chunk fills the block cache: a short scan leaves its
+        # blocks cached for the next one, while a long scan (one that grew its read-ahead)
+        # streams past without evicting the blocks point gets keep hot (SlateDB's scans do
+        # not cache blocks at all by default; RocksDB has fill_cache=false for the same reason).
+        fill = self._cached and budget <= SCAN_READ_AHEAD_MIN
+        chunk = _Chunk(first, offsets, keys, blocks, base, read_end, done, fill)
+        chunk.fetched = self._fetched  # partitions read for it count as needing the store
+        return chunk
+
+    def fetch(self, chunk: _Chunk) -> _Chunk:
+        """Read the bytes of ``chunk``'s uncached blocks (in one ranged GET); return it."""
+        if chunk.end > chunk.base:
+            chunk.data, fetched = self._bytes(chunk.base, chunk.end, "block_reads")
+            chunk.fetched = chunk.fetched or fetched
+        return chunk
 
     def block(self, chunk: _Chunk, k: int) -> Block:
-        """Block ``k`` of ``chunk``, decoded (and cached, in a cached scan) if it was read."""
+        """Block ``k`` of ``chunk``, decoded (and cached, if ``chunk.fill``) if it was read."""
         block = chunk.blocks[k]
         if isinstance(block, IndexedBlock):  # cached by a get: verified, parse its entries
-            decoded = _named_decode(self._path, chunk.first + k, block)
-            if self._cached:
+            decoded = _named_decode(self._path, chunk.first + k, block, offset=chunk.offsets[k])
+            if chunk.fill:
                 self._reader._blocks.put(
                     (self._path, chunk.first + k), decoded, decoded.size_in_memory
                 )
@@ -547,8 +749,9 @@ class _ChunkLoader:
                 chunk.first_keys[k],
                 memoryview(chunk.data)[start:end],
                 indexed=self._top.indexed_blocks,
+                offset=chunk.offsets[k],
             )
-            if self._cached:
+            if chunk.fill:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
         return block
 
@@ -579,56 +782,72 @@ class _ChunkLoader:
         budget = self._reader.scan_read_ahead_bytes
         while last < self._last_partition and offsets[last + 2] - offsets[p] <= budget:
             last += 1
-        data = self._bytes(offsets[p], offsets[last + 1], "partition_reads")
+        data, fetched = self._bytes(offsets[p], offsets[last + 1], "partition_reads")
+        self._fetched = self._fetched or fetched
         for q in range(p + 1, last + 1):
             self._raw[q] = data[offsets[q] - offsets[p] : offsets[q + 1] - offsets[p]]
         return data[: offsets[p + 1] - offsets[p]]
 
-    def _bytes(self, start: int, end: int, counter: str) -> bytes:
-        """Bytes ``[start, end)``: from the tail read at open if it has them, else one GET."""
+    def _bytes(self, start: int, end: int, counter: str) -> tuple[bytes, bool]:
+        """Bytes ``[start, end)``, and whether the store was asked: from the tail read at
+        open if it has them, else one GET."""
         if start >= self._tail_start and self._tail:
-            return self._tail[start - self._tail_start : end - self._tail_start]
-        self._fetched = True
+            return self._tail[start - self._tail_start : end - self._tail_start], False
         data = self._reader._read(self._path, start, end, counter)
         if len(data) != end - start:
             raise CorruptionError(
                 f"{self._path}: the object ended before byte {end}", path=self._path
             )
-        return data
+        return data, True
+
+
+def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
+    """A block's corruption, naming the object and where in it the block starts."""
+    return CorruptionError(
+        f"{path}: block {index} at byte {offset}: {what}", path=path, offset=offset
+    )
 
 
 def _decode_block(
-    path: str, index: int, first_key: bytes, data: bytes | memoryview, *, indexed: bool
+    path: str,
+    index: int,
+    first_key: bytes,
+    data: bytes | memoryview,
+    *,
+    indexed: bool,
+    offset: int,
 ) -> Block:
     try:
         block = decode_block(data, indexed=indexed)
     except CorruptionError as exc:
-        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
+        raise _block_error(path, index, offset, exc) from exc
     if block.keys[0] != first_key:
-        raise CorruptionError(f"{path}: block {index} disagrees with the index", path=path)
+        raise _block_error(path, index, offset, "disagrees with the index")
     return block
 
 
-def _open_block(path: str, index: int, first_key: bytes, data: bytes | memoryview) -> IndexedBlock:
+def _open_block(
+    path: str, index: int, first_key: bytes, data: bytes | memoryview, *, offset: int
+) -> IndexedBlock:
     try:
         block = open_block(data)
         found = block.first_key
     except CorruptionError as exc:
-        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
+        raise _block_error(path, index, offset, exc) from exc
     if found != first_key:
-        raise CorruptionError(f"{path}: block {index} disagrees with the index", path=path)
+        raise _block_error(path, index, offset, "disagrees with the index")
     return block
 
 
-def _named_decode(path: str, index: int, block: IndexedBlock) -> Block:
+def _named_decode(path: str, index: int, block: IndexedBlock, *, offset: int) -> Block:
     try:
         return block.decode()
     except CorruptionError as exc:
-        raise CorruptionError(f"{path}: block {index}: {exc}", path=path) from exc
+        raise _block_error(path, index, offset, exc) from exc
 
 
 def _named(path: str, exc: CorruptionError) -> CorruptionError:
     """``exc`` with the object's path in its message and ``path`` attribute."""
     if exc.path is not None:
-        return CorruptionError(str(exc), path=exc.path)
-    return CorruptionError(f"{path}: {exc}", path=path)
+        return CorruptionError(str(exc), path=exc.path, offset=exc.offset)
+    return CorruptionError(f"{path}: {exc}", path=path, offset=exc.offset)

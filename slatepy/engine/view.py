@@ -8,14 +8,25 @@ reads, so the top-level indexes it keeps in memory follow the live SSTs (RFC 000
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from slatepy.engine.memtable import Version
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader, compacted_path
+from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+
+
+def missing_sst(exc: NotFound) -> CorruptionError:
+    """The error for an SST that the current (or a protected) view references but the store
+    no longer has: GC could not have taken it, so the database is damaged."""
+    return CorruptionError(
+        f"{exc.path}: an SST the current manifest references is missing (run `slatepy doctor`)",
+        path=exc.path,
+    )
 
 
 def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | None:
@@ -36,6 +47,53 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
     return None
 
 
+def get_many_compacted(
+    tables: TableReader, view: Manifest, keys: Sequence[bytes]
+) -> dict[bytes, Version]:
+    """The newest ``(seq, value)`` of each of ``keys`` (sorted, distinct) found in ``view``.
+
+    Each SST is asked once, for all the keys still unresolved within its key range
+    (:meth:`TableReader.get_many`), newest source first, as :func:`get_compacted` does for one.
+    """
+    if tables.followed is not view:
+        _follow(tables, view)
+    found: dict[bytes, Version] = {}
+    pending = list(keys)
+
+    def ask(handle: SstHandle, inside: list[bytes]) -> None:
+        results = tables.get_many(compacted_path(handle.id), inside, size=handle.object_size)
+        for key, result in zip(inside, results, strict=True):
+            if result is not None:
+                found[key] = result
+
+    for handle in view.l0:
+        lo = bisect_left(pending, handle.first_key)
+        hi = bisect_right(pending, handle.last_key)
+        if lo < hi:
+            ask(handle, pending[lo:hi])
+            pending = [k for k in pending if k not in found]
+    for run in view.sorted_runs:
+        for handle in run.ssts:
+            lo = bisect_left(pending, handle.first_key)
+            hi = bisect_right(pending, handle.last_key)
+            if lo < hi:
+                ask(handle, pending[lo:hi])
+        pending = [k for k in pending if k not in found]
+    return found
+
+
+def values_of(
+    keys: Sequence[bytes], newer: Sequence[Version | None], found: dict[bytes, Version]
+) -> list[bytes | None]:
+    """The value of each key: its memtable version (``newer``) if it has one, else what
+    :func:`get_many_compacted` found; None for absent or deleted keys."""
+    values: list[bytes | None] = []
+    for key, version in zip(keys, newer, strict=True):
+        latest = found.get(key) if version is None else version
+        values.append(None if latest is None else latest[1])
+    return values
+
+
 def scan_compacted(
     tables: TableReader, view: Manifest, start: bytes, end: bytes | None
 ) -> list[Iterator[Entry]]:
@@ -52,7 +110,9 @@ def scan_merged(
 ) -> Iterator[tuple[bytes, bytes]]:
     """Live ``(key, value)`` pairs of ``newer`` (memtable entries) over ``view``'s SSTs, the
     newest version of each key winning; tombstones hide what they shadow."""
-    sources = [iter(newer), *scan_compacted(tables, view, start, end)]
+    sources = scan_compacted(tables, view, start, end)
+    if newer:
+        sources.insert(0, iter(newer))
     return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
 
 
@@ -64,9 +124,28 @@ def compacted_ids(view: Manifest) -> set[str]:
 def _scan_run(
     tables: TableReader, run: SortedRun, start: bytes, end: bytes | None
 ) -> Iterator[Entry]:
-    for handle in run.ssts:
-        if handle.last_key >= start and (end is None or handle.first_key < end):
-            yield from tables.scan(compacted_path(handle.id), start, end, size=handle.object_size)
+    """The run's entries in ``[start, end)``, SST after SST. While one SST is read, the next
+    is opened in a background thread (its top level is one GET), and it is read in large
+    chunks from its start: the scan is long by then (see ``TableReader.scan``)."""
+    first = max(0, bisect_right(run.ssts, start, key=_first_key) - 1)
+    handles = [h for h in run.ssts[first:] if end is None or h.first_key < end]
+    pool: ThreadPoolExecutor | None = None
+    continued = False
+    try:
+        for i, handle in enumerate(handles):
+            if handle.last_key < start:
+                continue
+            if i + 1 < len(handles) and not tables.is_open(compacted_path(handles[i + 1].id)):
+                following = handles[i + 1]
+                if pool is None:
+                    pool = ThreadPoolExecutor(1, thread_name_prefix="slatepy-read-ahead")
+                pool.submit(tables.top, compacted_path(following.id), size=following.object_size)
+            path = compacted_path(handle.id)
+            yield from tables.scan(path, start, end, size=handle.object_size, continued=continued)
+            continued = True
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _follow(tables: TableReader, view: Manifest) -> None:

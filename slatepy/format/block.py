@@ -98,6 +98,8 @@ class Block:
     keys: list[bytes]
     seqs: list[int]
     values: list[bytes | None]
+    payload: int = -1
+    """Bytes of the keys and values, when the decoder knew it (saves summing them)."""
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
@@ -117,11 +119,10 @@ class Block:
     @property
     def size_in_memory(self) -> int:
         """Rough memory footprint, for cache accounting."""
-        return (
-            sum(len(k) for k in self.keys)
-            + sum(len(v or b"") for v in self.values)
-            + 120 * len(self.keys)
-        )
+        payload = self.payload
+        if payload < 0:
+            payload = sum(len(k) for k in self.keys) + sum(len(v or b"") for v in self.values)
+        return payload + 120 * len(self.keys)
 
 
 class IndexedBlock:
@@ -271,4 +272,4 @@ def _parse(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
         or OFFSET.unpack_from(raw, entries_end + OFFSET.size * (count - 1))[0] != last
     ):
         raise CorruptionError("data block: offsets array disagrees with the entries")
-    return Block(keys, seqs, values)
+    return Block(keys, seqs, values, entries_end - count * header_size)

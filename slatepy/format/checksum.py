@@ -12,7 +12,7 @@ CHECKSUM = struct.Struct("<Q")
 CHECKSUM_SIZE = CHECKSUM.size
 
 
-def checksum(data: bytes | memoryview) -> int:
+def checksum(data: bytes | bytearray | memoryview) -> int:
     """XXH3-64 of ``data``."""
     return xxhash.xxh3_64_intdigest(data)
 

@@ -119,7 +119,7 @@ class SstMeta(msgspec.Struct, frozen=True):
 class EncodedSst:
     """An SST's bytes together with its decoded meta (so writers need not re-read it)."""
 
-    data: bytes
+    data: bytearray
     meta: SstMeta
 
 
@@ -154,7 +154,9 @@ class SstBuilder:
         self._block_size = block_size
         self._bits_per_key = bloom_bits_per_key
         self._block = BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
-        self._parts: list[bytes] = []
+        # The SST's bytes so far, in one buffer that finish() hands out without a copy: a
+        # compaction output of target_sst_bytes then costs its size once, not twice.
+        self._data = bytearray()
         self._offset = 0
         self._block_first: bytes | None = None
         self._first_key: bytes | None = None
@@ -227,7 +229,7 @@ class SstBuilder:
         self._p_size += len(entry)
         self._p_offsets.append(self._offset)
         self._p_first_keys.append(first)
-        self._parts.append(data)
+        self._data += data
         self._offset += len(data)
         self._block_first = None
         if self._p_size >= self._block_size:
@@ -303,7 +305,10 @@ class SstBuilder:
             checksum(meta),
         )
         footer += FOOTER_CHECKSUM.pack(checksum(footer))
-        data = b"".join([*self._parts, *self._partitions, meta, footer])
+        data = self._data
+        for part in (*self._partitions, meta, footer):
+            data += part
+        self._data, self._partitions = bytearray(), []
         offsets.append(data_end + self._partitions_len)
         self._t_data_offsets.append(data_end)
         self._t_first_blocks.append(self._blocks)

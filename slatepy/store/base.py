@@ -34,6 +34,10 @@ class IfMatch:
 
 
 PutMode: TypeAlias = Literal["overwrite", "create"] | IfMatch
+
+PutData: TypeAlias = bytes | bytearray
+"""What a put writes: a bytearray too, so a large SST built in one buffer is written
+without first being copied into a ``bytes``."""
 """``overwrite`` always writes; ``create`` fails with ``AlreadyExists`` if the path is taken;
 ``IfMatch`` fails with ``PreconditionFailed`` unless the current ETag matches."""
 
@@ -82,7 +86,7 @@ class ObjectStore(abc.ABC):
         """Return the object's metadata. Raises ``NotFound``."""
 
     @abc.abstractmethod
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         """Write ``data`` atomically at ``path``; return the new ETag if the store gives one."""
 
     @abc.abstractmethod
@@ -146,7 +150,7 @@ class WrappingStore(ObjectStore):
     def head(self, path: str) -> ObjectMeta:
         return self.inner.head(path)
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         return self.inner.put(path, data, mode=mode)
 
     def delete(self, path: str) -> None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 from slatepy.errors import AlreadyExists, NotFound, StoreUnavailable
-from slatepy.store.base import ObjectStore
+from slatepy.store.base import ObjectStore, PutData
 
 
 def create_if_absent(
-    store: ObjectStore, path: str, data: bytes, *, attempts: int = 5, backoff: float = 0.05
+    store: ObjectStore, path: str, data: PutData, *, attempts: int = 5, backoff: float = 0.05
 ) -> bytes | None:
     """Create ``path`` holding ``data`` unless it exists.
 

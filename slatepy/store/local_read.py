@@ -6,22 +6,96 @@ the block cache is one such read, so on ``file://`` the hop, not the disk, bound
 gets (issue 18). Writes, listings and HEADs still go through obstore, which owns the
 temporary-file and link/rename protocol that makes creates atomic; reads only need the
 file at its final name, which obstore creates whole.
+
+Compacted SSTs are never rewritten (their names are random ids), so their descriptors are
+kept open, a bounded number of them in LRU order: a point get that misses the block cache is
+then one ``pread``, without an ``open``/``fstat``/``close`` around it. A descriptor of an SST
+that GC deleted still reads its old bytes, which is what the reader holding it expects, and
+holds the file's disk space until it is evicted.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from slatepy.errors import InvalidArgument, NotFound, StoreUnavailable
+
+IMMUTABLE_PREFIX = "compacted/"
+"""Objects under this prefix are written once and never replaced: their descriptors may be
+kept open."""
+
+MAX_OPEN = 64
+"""Descriptors of immutable objects kept open (least recently used closed first)."""
+
+
+class _Handle:
+    """An open descriptor and the object's size, closed once evicted and no read uses it."""
+
+    __slots__ = ("evicted", "fd", "size", "users")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.users = 0
+        self.evicted = False
 
 
 class LocalReads:
     """Reads objects of a ``LocalStore`` rooted at ``root`` directly from its files."""
 
-    def __init__(self, root: str, url: str) -> None:
+    def __init__(self, root: str, url: str, *, max_open: int = MAX_OPEN) -> None:
         self._root = os.path.abspath(root)
         self._url = url
+        self._max_open = max_open
+        self._handles: OrderedDict[str, _Handle] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the kept descriptors (reads still in flight close theirs when done)."""
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+            for handle in handles:
+                handle.evicted = True
+                if handle.users == 0:
+                    os.close(handle.fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _acquire(self, path: str) -> _Handle:
+        """A kept descriptor of the immutable object at ``path``, opened on first use."""
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is not None:
+                self._handles.move_to_end(path)
+                handle.users += 1
+                return handle
+        fd = self._open(path)
+        handle = _Handle(fd, os.fstat(fd).st_size)
+        handle.users = 1
+        with self._lock:
+            if path in self._handles:  # another thread opened it meanwhile: use theirs
+                os.close(fd)
+                handle = self._handles[path]
+                handle.users += 1
+                return handle
+            self._handles[path] = handle
+            while len(self._handles) > self._max_open:
+                _, old = self._handles.popitem(last=False)
+                old.evicted = True
+                if old.users == 0:
+                    os.close(old.fd)
+        return handle
+
+    def _release(self, handle: _Handle) -> None:
+        with self._lock:
+            handle.users -= 1
+            if handle.evicted and handle.users == 0:
+                os.close(handle.fd)
 
     def _open(self, path: str) -> int:
         parts = path.split("/")
@@ -49,19 +123,29 @@ class LocalReads:
             NotFound: no such object.
             StoreUnavailable: a range starts outside the object (``definite``: nothing read).
         """
+        if path.startswith(IMMUTABLE_PREFIX):
+            handle = self._acquire(path)
+            try:
+                return self._read_ranges(path, handle.fd, handle.size, ranges)
+            finally:
+                self._release(handle)
         fd = self._open(path)
         try:
-            size = os.fstat(fd).st_size
-            for start, _ in ranges:
-                if not 0 <= start < size:
-                    raise StoreUnavailable(
-                        f"range from {start} of {path} on {self._url} starts outside the "
-                        f"object ({size} bytes)",
-                        path=path,
-                    )
-            return [_read(fd, start, min(end, size), path) for start, end in ranges]
+            return self._read_ranges(path, fd, os.fstat(fd).st_size, ranges)
         finally:
             os.close(fd)
+
+    def _read_ranges(
+        self, path: str, fd: int, size: int, ranges: Sequence[tuple[int, int]]
+    ) -> list[bytes]:
+        for start, _ in ranges:
+            if not 0 <= start < size:
+                raise StoreUnavailable(
+                    f"range from {start} of {path} on {self._url} starts outside the "
+                    f"object ({size} bytes)",
+                    path=path,
+                )
+        return [_read(fd, start, min(end, size), path) for start, end in ranges]
 
     def get_suffix(self, path: str, length: int) -> bytes:
         fd = self._open(path)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 
 T = TypeVar("T")
 
@@ -162,7 +162,8 @@ class StoreMetrics:
 
 
 class MetricsStore(WrappingStore):
-    """Counts every request made through it; ``get_ranges`` counts as one request."""
+    """Counts every request made through it; ``get_ranges`` counts as one ``get_range`` per
+    non-empty range (what it costs at most: obstore may merge close ranges into one GET)."""
 
     def __init__(self, inner: ObjectStore, metrics: StoreMetrics | None = None) -> None:
         super().__init__(inner)
@@ -184,7 +185,15 @@ class MetricsStore(WrappingStore):
         return self._count("get_range", lambda: self.inner.get_range(path, start, end))
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return self._count("get_ranges", lambda: self.inner.get_ranges(path, ranges))
+        try:
+            datas = self.inner.get_ranges(path, ranges)
+        except Exception:
+            self.metrics.record("get_range", error=True)
+            raise
+        for data in datas:
+            if data:
+                self.metrics.record("get_range", received=len(data))
+        return datas
 
     def get_suffix(self, path: str, length: int) -> bytes:
         if not self.inner.supports_suffix:
@@ -195,7 +204,7 @@ class MetricsStore(WrappingStore):
     def head(self, path: str) -> ObjectMeta:
         return self._count("head", lambda: self.inner.head(path))
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         return self._count("put", lambda: self.inner.put(path, data, mode=mode), sent=len(data))
 
     def delete(self, path: str) -> None:

@@ -7,7 +7,7 @@ finds everything newer than what a caller already knows.
 
 from __future__ import annotations
 
-from slatepy.store.base import ObjectMeta, ObjectStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData
 from slatepy.store.cas import create_if_absent
 
 ID_DIGITS = 20
@@ -76,6 +76,6 @@ class NumberedObjects:
     def read(self, object_id: int) -> bytes:
         return self.store.get(self.path(object_id))
 
-    def create(self, object_id: int, data: bytes, *, attempts: int = 5) -> bytes | None:
+    def create(self, object_id: int, data: PutData, *, attempts: int = 5) -> bytes | None:
         """Create-if-absent; see :func:`slatepy.store.cas.create_if_absent`."""
         return create_if_absent(self.store, self.path(object_id), data, attempts=attempts)

@@ -20,7 +20,7 @@ from slatepy.errors import (
     StoreUnavailable,
     UnsupportedStore,
 )
-from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutMode
+from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, PutData, PutMode
 from slatepy.store.fsync import FileSync
 from slatepy.store.local_read import LocalReads
 
@@ -161,7 +161,7 @@ class ObstoreStore(ObjectStore):
     def head(self, path: str) -> ObjectMeta:
         return _meta(self._call(path, False, lambda: obstore.head(self._raw, path)))
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         raw_mode: Any = {"e_tag": mode.e_tag} if isinstance(mode, IfMatch) else mode
         result = self._call(
             path,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from slatepy.errors import StoreUnavailable
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 
 T = TypeVar("T")
 BACKOFF_START = 0.01
@@ -123,7 +123,7 @@ class RetryingStore(WrappingStore):
     def head(self, path: str) -> ObjectMeta:
         return self._retry(f"HEAD {path}", lambda: self.inner.head(path))
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         if mode != "overwrite":
             return self.inner.put(path, data, mode=mode)
         return self._retry(f"PUT {path}", lambda: self.inner.put(path, data))

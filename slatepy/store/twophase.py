@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from slatepy.errors import AlreadyExists, NotFound, StoreUnavailable
 from slatepy.format.checksum import checksum
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.dynamodb import DynamoRecords, Record, RecordExists
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class TwoPhaseStore(WrappingStore):
     def supports_if_match(self) -> bool:
         return False
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         if mode == "overwrite":
             return self.inner.put(path, data)
         if mode != "create":

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from slatepy.errors import StoreUnavailable
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 
 T = TypeVar("T")
 OUTCOMES = ("fail", "timeout", "lost_reply")
@@ -114,7 +114,7 @@ class FaultyStore(WrappingStore):
     def head(self, path: str) -> ObjectMeta:
         return self._call("head", path, lambda: self.inner.head(path))
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         return self._call("put", path, lambda: self.inner.put(path, data, mode=mode))
 
     def delete(self, path: str) -> None:

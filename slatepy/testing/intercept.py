@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 
 Hook = Callable[[str], None]
 
@@ -34,7 +34,7 @@ class InterceptStore(WrappingStore):
         self.before_list = before_list
         self.after_put = after_put
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         if self.before_put is not None:
             self.before_put(path)
         result = self.inner.put(path, data, mode=mode)

@@ -39,7 +39,7 @@ from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.reader import DbReader
 from slatepy.errors import FencedError, SlatepyError, StoreUnavailable
 from slatepy.format.sst import decode_sst
-from slatepy.store.base import ObjectMeta, ObjectStore, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.testing.faults import FaultyStore, uniform
 from slatepy.testing.torture import Violation
@@ -94,7 +94,7 @@ class KillableStore(WrappingStore):
         self._tick()
         return self.inner.head(path)
 
-    def put(self, path: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         self._tick()
         result = self.inner.put(path, data, mode=mode)
         if self.kill_after is not None and path.startswith(self.kill_after):

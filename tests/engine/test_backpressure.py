@@ -119,3 +119,22 @@ def test_memtable_size_matches_traced_memory(value_size: int) -> None:
         assert memtable.size_bytes == size
     finally:
         tracemalloc.stop()
+
+
+@LOCAL
+def test_half_the_budget_wakes_the_in_process_compactor(backend: Backend) -> None:
+    """With a compaction interval far longer than the test, writes past the budget only go on
+    because the writer wakes its compactor at half of ``max_unflushed_bytes``."""
+    settings = tight(
+        backend,
+        compactor="in-process",
+        compaction_interval=3600.0,
+        compactor_lease=3 * 3600.0,
+        write_stall_timeout=10.0,
+        flush_interval=0.01,
+    )
+    with Db.open(backend.target(), settings=settings) as db:
+        for i in range(200):  # ~6x the budget
+            db.put(b"key%04d" % i, b"x" * 200)
+        assert db.wal_id_last_compacted > 0
+        assert db.get(b"key0000") == b"x" * 200

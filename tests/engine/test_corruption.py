@@ -12,7 +12,7 @@ from slatepy.compactor import Compactor
 from slatepy.compactor.executor import plan_inputs
 from slatepy.compactor.planner import L0ToRun
 from slatepy.engine.merge import merge_newest
-from slatepy.errors import CorruptionError, NotASlatepyDatabase, SlatepyError
+from slatepy.errors import CorruptionError, NotASlatepyDatabase
 from slatepy.store import open_store
 from tests.engine.damaged import (
     OFF,
@@ -56,6 +56,7 @@ def test_reads_of_a_damaged_compacted_sst_name_it(tmp_path: Path, build) -> None
         with pytest.raises(CorruptionError) as scan:
             list(db.scan())
     assert get.value.path == scan.value.path == damaged.damaged
+    assert get.value.offset is not None and scan.value.offset is not None  # the block's start
     compactor = Compactor(open_store(damaged.url), settings=OFF)
     manifest = compactor.manifests.load()
     assert manifest is not None
@@ -68,9 +69,17 @@ def test_reads_of_a_damaged_compacted_sst_name_it(tmp_path: Path, build) -> None
 
 def test_a_missing_compacted_sst_is_named(tmp_path: Path) -> None:
     damaged = missing_l0(tmp_path / "db")
-    with Db.open(damaged.url, settings=OFF) as db, pytest.raises(SlatepyError) as caught:
-        db.get(key(0))
-    assert getattr(caught.value, "path", None) == damaged.damaged
+    with Db.open(damaged.url, settings=OFF) as db:
+        with pytest.raises(CorruptionError) as caught:
+            db.get(key(0))
+        assert caught.value.path == damaged.damaged
+        with pytest.raises(CorruptionError) as caught:
+            db.get_many([key(0), key(1)])
+        assert caught.value.path == damaged.damaged
+    with DbReader.open(damaged.url, settings=OFF) as reader:
+        with pytest.raises(CorruptionError) as caught:
+            reader.get(key(0))
+        assert caught.value.path == damaged.damaged
 
 
 def test_reader_open_names_a_damaged_wal_sst(tmp_path: Path) -> None:

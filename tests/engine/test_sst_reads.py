@@ -13,7 +13,7 @@ from functools import cache
 
 import pytest
 
-from slatepy.engine.table import TableReader
+from slatepy.engine.table import READ_AHEAD_DEPTH, TableReader
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
@@ -179,9 +179,28 @@ def test_a_full_scan_is_a_few_large_requests() -> None:
     assert requests <= len(data) // read_ahead + 5 + 2, requests
     assert reader.stats().read_ahead_threads == 1
     assert read_ahead_threads() == []
+    tail = entries(40_000, 100)[39990:]
     store.metrics.reset()
-    assert list(reader.scan(PATH, b"key00039990", None)) == entries(40_000, 100)[39990:]
-    assert store.metrics.requests("get_range") == 0  # the first scan filled the block cache
+    assert list(reader.scan(PATH, b"key00039990", None)) == tail
+    assert store.metrics.requests("get_range") == 1  # the full scan did not fill the cache
+    store.metrics.reset()
+    assert list(reader.scan(PATH, b"key00039990", None)) == tail
+    assert store.metrics.requests("get_range") == 0  # the short scan did
+
+
+def test_a_long_scan_does_not_evict_the_blocks_gets_keep_hot() -> None:
+    rows = entries(40_000, 100)
+    data = sst(40_000, block_size=4096, value_size=100)  # ~5 MB, ten times the block cache
+    store = store_with(data)
+    reader = TableReader(store, block_cache_bytes=512 * 1024)
+    hot = random.Random(3).sample(rows, 50)
+    for key, seq, value in hot:
+        assert reader.get(PATH, key, size=len(data)) == (seq, value)
+    assert list(reader.scan(PATH, b"", None)) == rows
+    store.metrics.reset()
+    for key, seq, value in hot:
+        assert reader.get(PATH, key) == (seq, value)
+    assert store.metrics.requests("get_range") == 0
 
 
 def test_scans_honour_their_bounds_across_partitions() -> None:
@@ -213,21 +232,26 @@ class Slow(WrappingStore):
         return super().get_range(path, start, end)
 
 
-def test_read_ahead_loads_the_next_chunk_in_the_background_and_no_further() -> None:
+def test_read_ahead_loads_the_next_chunks_in_the_background_and_no_further() -> None:
     data = sst(40_000, block_size=4096, value_size=100)
     store = Slow(store_with(data), 0.01)
     reader = TableReader(store, scan_read_ahead_bytes=256 * 1024)
     reader.top(PATH, size=len(data))
     opened = len(store.ranges)
     it = reader.scan(PATH, b"", None)
-    next(it)  # chunk 0 read synchronously; chunk 1 now loads in the background
+    next(it)  # chunk 0 read synchronously; chunks 1 and 2 now load in the background
+    expected = opened + 2 + READ_AHEAD_DEPTH  # partitions run, chunk 0, chunks 1..DEPTH
     deadline = time.monotonic() + 5
-    while len(store.ranges) < opened + 3 and time.monotonic() < deadline:
-        time.sleep(0.01)  # partitions run, chunk 0, chunk 1 (the consumer does not ask)
-    assert len(store.ranges) == opened + 3
-    assert read_ahead_threads() == ["slatepy-read-ahead_0"]
+    while len(store.ranges) < expected and time.monotonic() < deadline:
+        time.sleep(0.01)  # the consumer does not ask for more
+    assert len(store.ranges) == expected
+    assert sorted(read_ahead_threads()) == [
+        f"slatepy-read-ahead_{i}" for i in range(READ_AHEAD_DEPTH)
+    ]
+    chunks = store.ranges[opened + 1 :]
+    assert all(a[1] == b[0] for a, b in zip(sorted(chunks), sorted(chunks)[1:], strict=False))
     time.sleep(0.2)
-    assert len(store.ranges) == opened + 3  # bounded: nothing beyond the next chunk
+    assert len(store.ranges) == expected  # bounded: nothing beyond READ_AHEAD_DEPTH chunks
     it.close()
     assert read_ahead_threads() == []
 
@@ -264,10 +288,13 @@ def test_a_warm_or_short_scan_starts_no_thread() -> None:
     reader = TableReader(store)
     assert len(list(reader.scan(PATH, b"key00001000", b"key00001100"))) == 100
     assert reader.stats().read_ahead_threads == 0
+    rows = entries(40_000, 100)[1000:4000]  # ~400 KB: several chunks
+    for key, seq, value in rows:  # gets cache every block of the range
+        assert reader.get(PATH, key) == (seq, value)
+    assert list(reader.scan(PATH, rows[0][0], rows[-1][0] + b"~")) == rows
+    assert reader.stats().read_ahead_threads == 0
     list(reader.scan(PATH, b"", None))
-    started = reader.stats().read_ahead_threads
-    list(reader.scan(PATH, b"", None))  # all cached now
-    assert reader.stats().read_ahead_threads == started
+    assert reader.stats().read_ahead_threads == 1
 
 
 def test_errors_in_the_read_ahead_thread_reach_the_consumer() -> None:
@@ -338,6 +365,9 @@ def test_gets_and_scans_share_cached_indexed_blocks() -> None:
         assert reader.get(PATH, key) == (seq, value)
     raw_bytes = reader.stats().block_cache_bytes
     assert list(reader.scan(PATH, b"", None)) == rows
+    # A short scan (one first chunk) decodes the raw blocks it meets and caches them decoded.
+    first = min(sample)[0]
+    assert list(reader.scan(PATH, first, first + b"~")) == [r for r in rows if r[0] == first]
     assert reader.stats().block_cache_bytes > raw_bytes
     for key, seq, value in sample:
         assert reader.get(PATH, key) == (seq, value)
