@@ -27,8 +27,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import msgspec
-
 from slatepy.cli import verify
 from slatepy.compactor.executor import plan_inputs, write_outputs
 from slatepy.compactor.planner import CompactionPolicy, WalToL0
@@ -38,6 +36,7 @@ from slatepy.engine.fencing import (
     WAL_SUFFIX,
     Conflict,
     empty_sst,
+    epoch_verifier,
     fence_wal,
     fenced,
     resolve_conflict,
@@ -45,7 +44,7 @@ from slatepy.engine.fencing import (
 )
 from slatepy.engine.merge import merge_newest
 from slatepy.engine.table import TableReader
-from slatepy.errors import CompactionAbandoned, FencedError, ManifestConflictError
+from slatepy.errors import CompactionAbandoned, ManifestConflictError
 from slatepy.format.sst import decode_sst
 from slatepy.manifest.record import Manifest, Snapshot, SstHandle
 from slatepy.manifest.repair import (
@@ -234,18 +233,7 @@ def _repair(
         return None
     epoch = plan.writer_epoch
 
-    def check_epoch(width: int) -> None:
-        def check(manifest: Manifest, _: int) -> Manifest | None:
-            if manifest.writer_epoch != epoch:
-                raise FencedError(
-                    f"writer epoch {manifest.writer_epoch} superseded the repair's ({epoch}): "
-                    "someone opened the database while it was being repaired"
-                )
-            if manifest.max_parallel_writes >= width:
-                return None
-            return msgspec.structs.replace(manifest, max_parallel_writes=width)
-
-        manifests.update(check)
+    check_epoch = epoch_verifier(manifests, epoch, "the repair's")
 
     fences = fence_wal(
         wal,

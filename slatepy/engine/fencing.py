@@ -13,8 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
+import msgspec
+
 from slatepy.errors import FencedError
 from slatepy.format.sst import SstBuilder, decode_sst
+from slatepy.manifest.record import Manifest
+from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import PutData
 from slatepy.store.numbered import NumberedObjects
 
@@ -70,6 +74,25 @@ Verify = Callable[[int], None]
 """Called by :func:`fence_wal` before it writes past slots it has not read: raises
 ``FencedError`` if a newer writer has bumped the epoch, and makes sure the manifest's
 fence width is at least the argument (see :class:`Fencing`)."""
+
+
+def epoch_verifier(manifests: ManifestStore, epoch: int, who: str) -> Verify:
+    """The :data:`Verify` of a writer (or a repair, ``who``) that holds writer ``epoch``."""
+
+    def verify(width: int) -> None:
+        def check(manifest: Manifest, _: int) -> Manifest | None:
+            if manifest.writer_epoch != epoch:
+                raise FencedError(
+                    f"writer epoch {manifest.writer_epoch} superseded {who} ({epoch}) while "
+                    "it was fencing the WAL"
+                )
+            if manifest.max_parallel_writes >= width:
+                return None
+            return msgspec.structs.replace(manifest, max_parallel_writes=width)
+
+        manifests.update(check)
+
+    return verify
 
 
 @dataclass(frozen=True, slots=True)

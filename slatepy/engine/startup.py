@@ -34,12 +34,13 @@ from slatepy.engine.fencing import (
     WAL_DIR,
     WAL_SUFFIX,
     describe_gap,
+    epoch_verifier,
     fence_wal,
     fenced,
     wal_gaps,
 )
 from slatepy.engine.memtable import Memtable
-from slatepy.errors import CorruptionError, FencedError, NotFound
+from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, Snapshot
@@ -107,18 +108,7 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     epoch = stored.manifest.writer_epoch
     first = stored.manifest.wal_id_last_compacted + 1
 
-    def verify(width: int) -> None:
-        def check(manifest: Manifest, _: int) -> Manifest | None:
-            if manifest.writer_epoch != epoch:
-                raise FencedError(
-                    f"writer epoch {manifest.writer_epoch} superseded ours ({epoch}) while "
-                    "this writer was fencing the WAL"
-                )
-            if manifest.max_parallel_writes >= width:
-                return None
-            return msgspec.structs.replace(manifest, max_parallel_writes=width)
-
-        manifests.update(check)
+    verify = epoch_verifier(manifests, epoch, "this writer's")
 
     fences = fence_wal(
         wal, start, epoch, fences_needed, verify=verify, attempts=settings.wal_write_attempts

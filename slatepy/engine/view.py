@@ -60,24 +60,20 @@ def get_many_compacted(
     found: dict[bytes, Version] = {}
     pending = list(keys)
 
-    def ask(handle: SstHandle, inside: list[bytes]) -> None:
-        results = tables.get_many(compacted_path(handle.id), inside, size=handle.object_size)
-        for key, result in zip(inside, results, strict=True):
-            if result is not None:
-                found[key] = result
+    def ask(handle: SstHandle) -> None:
+        inside = pending[
+            bisect_left(pending, handle.first_key) : bisect_right(pending, handle.last_key)
+        ]
+        if inside:
+            results = tables.get_many(compacted_path(handle.id), inside, size=handle.object_size)
+            found.update((k, r) for k, r in zip(inside, results, strict=True) if r is not None)
 
-    for handle in view.l0:
-        lo = bisect_left(pending, handle.first_key)
-        hi = bisect_right(pending, handle.last_key)
-        if lo < hi:
-            ask(handle, pending[lo:hi])
-            pending = [k for k in pending if k not in found]
+    for handle in view.l0:  # newest first: what one finds, older ones are not asked
+        ask(handle)
+        pending = [k for k in pending if k not in found]
     for run in view.sorted_runs:
-        for handle in run.ssts:
-            lo = bisect_left(pending, handle.first_key)
-            hi = bisect_right(pending, handle.last_key)
-            if lo < hi:
-                ask(handle, pending[lo:hi])
+        for handle in run.ssts:  # disjoint key ranges: one pass over the run
+            ask(handle)
         pending = [k for k in pending if k not in found]
     return found
 
