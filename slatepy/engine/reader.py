@@ -94,7 +94,11 @@ class DbReader(Closing):
             raise NotFound(f"no slatepy database at {store.url}", path="manifest/")
         stored, tail = self._register()
         first = stored.manifest.wal_id_last_compacted + 1
-        self._memtable, self._wal_max_seq = replay(self._wal, first, tail + 1)
+        try:
+            self._memtable, self._wal_max_seq = replay(self._wal, first, tail + 1)
+        except SlatepyError:
+            self._forget_snapshot()  # a failed open leaves nothing behind (best effort)
+            raise
         self._wal_tail = max(tail, first - 1)
         self._adopt(stored)
         self._stop = threading.Event()
@@ -374,16 +378,20 @@ class DbReader(Closing):
         if threading.current_thread() is not self._poller:
             self._poller.join()
         with self._poll_lock:
-            snapshot_id = self._snapshot_id
-            if not self._read_only:  # a read-only reader has no snapshot and writes nothing
-                self._manifests.update(
-                    lambda m, _: (
-                        m.without_snapshot(snapshot_id)
-                        if any(s.id == snapshot_id for s in m.snapshots)
-                        else None
-                    )
-                )
+            self._forget_snapshot()
         self._store.drain()
+
+    def _forget_snapshot(self) -> None:
+        """Remove our snapshot from the manifest (a read-only reader has none)."""
+        snapshot_id = self._snapshot_id
+        if not self._read_only:
+            self._manifests.update(
+                lambda m, _: (
+                    m.without_snapshot(snapshot_id)
+                    if any(s.id == snapshot_id for s in m.snapshots)
+                    else None
+                )
+            )
 
     def _check_open(self) -> None:
         if self._closed:

@@ -13,6 +13,7 @@ from slatepy.compactor.executor import plan_inputs
 from slatepy.compactor.planner import L0ToRun
 from slatepy.engine.merge import merge_newest
 from slatepy.errors import CorruptionError, NotASlatepyDatabase
+from slatepy.manifest.store import ManifestStore
 from slatepy.store import open_store
 from tests.engine.damaged import (
     OFF,
@@ -82,11 +83,16 @@ def test_a_missing_compacted_sst_is_named(tmp_path: Path) -> None:
         assert caught.value.path == damaged.damaged
 
 
-def test_reader_open_names_a_damaged_wal_sst(tmp_path: Path) -> None:
+def test_reader_open_names_a_damaged_wal_sst_and_leaves_no_snapshot(tmp_path: Path) -> None:
     damaged = flipped_wal(tmp_path / "db")
+    manifests = ManifestStore(open_store(damaged.url))
+    before = manifests.load()
+    assert before is not None
     with pytest.raises(CorruptionError) as caught:
         DbReader.open(damaged.url, settings=OFF)
     assert caught.value.path == damaged.damaged
+    after = manifests.load()
+    assert after is not None and after.manifest.snapshots == before.manifest.snapshots
 
 
 def test_a_slatedb_directory_is_not_a_slatepy_database(tmp_path: Path) -> None:
