@@ -10,7 +10,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
@@ -46,6 +46,8 @@ from slatepy.store.url import open_store
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
+
+T = TypeVar("T")
 
 STALL_POLL_SECONDS = 0.05
 
@@ -246,16 +248,7 @@ class Db(Closing):
             return version[1]
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
-        view = self._view
-        try:
-            found = get_compacted(self._tables, view, key)
-        except NotFound:
-            # A view older than GC's grace period lost an SST: adopt the current manifest.
-            self.refresh()
-            try:
-                found = get_compacted(self._tables, self._view, key)
-            except NotFound as exc:
-                raise missing_sst(exc) from exc
+        found = self._read(lambda view: get_compacted(self._tables, view, key), self._view)
         return None if found is None else found[1]
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
@@ -273,15 +266,20 @@ class Db(Closing):
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
         rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None})
-        try:
-            found = get_many_compacted(self._tables, view, rest)
-        except NotFound:
-            self.refresh()  # as in get: a view older than GC's grace period lost an SST
-            try:
-                found = get_many_compacted(self._tables, self._view, rest)
-            except NotFound as exc:
-                raise missing_sst(exc) from exc
+        found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
         return values_of(keys, newer, found)
+
+    def _read(self, read: Callable[[Manifest], T], view: Manifest) -> T:
+        """``read(view)``; if an SST of ``view`` is gone (a view older than GC's grace period),
+        adopt the current manifest and read again. Gone from that one too: damage."""
+        try:
+            return read(view)
+        except NotFound:
+            self.refresh()
+        try:
+            return read(self._view)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
 
     def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).
