@@ -50,8 +50,10 @@ class RetryingStore(WrappingStore):
         self.attempts = attempts
         self.give_up_after = give_up_after
 
-    def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        """``fn()``, tried again on ``StoreUnavailable`` within the attempt and time budget.
+    def _retry(self, fn: Callable[[], T], what: str, *args: object) -> T:
+        """``fn()``, tried again on ``StoreUnavailable`` within the attempt and time budget;
+        ``what % args`` names the request in logs and errors (formatted only on a failure,
+        as this wraps every read).
 
         Raises:
             StoreUnavailable: the last failure; when more than one try was made, its message
@@ -65,13 +67,13 @@ class RetryingStore(WrappingStore):
                 elapsed = time.monotonic() - started
                 out_of_time = self.give_up_after is not None and elapsed >= self.give_up_after
                 if attempt == self.attempts or out_of_time:
-                    failure = self._gave_up(what, attempt, elapsed, exc)
+                    failure = self._gave_up(what % args, attempt, elapsed, exc)
                     if failure is exc:
                         raise
                     raise failure from exc
                 log.info(
                     "retrying %s on %s: attempt %d of %d failed after %.1f s: %s",
-                    what,
+                    what % args,
                     self.url,
                     attempt,
                     self.attempts,
@@ -103,39 +105,41 @@ class RetryingStore(WrappingStore):
         )
 
     def get(self, path: str) -> bytes:
-        return self._retry(f"GET {path}", lambda: self.inner.get(path))
+        return self._retry(lambda: self.inner.get(path), "GET %s", path)
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
         return self._retry(
-            f"GET {path} [{start}, {end})", lambda: self.inner.get_range(path, start, end)
+            lambda: self.inner.get_range(path, start, end), "GET %s [%d, %d)", path, start, end
         )
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return self._retry(
-            f"GET {path} ({len(ranges)} ranges)", lambda: self.inner.get_ranges(path, ranges)
+            lambda: self.inner.get_ranges(path, ranges), "GET %s (%d ranges)", path, len(ranges)
         )
 
     def get_suffix(self, path: str, length: int) -> bytes:
         return self._retry(
-            f"GET {path} (last {length} bytes)", lambda: self.inner.get_suffix(path, length)
+            lambda: self.inner.get_suffix(path, length), "GET %s (last %d bytes)", path, length
         )
 
     def head(self, path: str) -> ObjectMeta:
-        return self._retry(f"HEAD {path}", lambda: self.inner.head(path))
+        return self._retry(lambda: self.inner.head(path), "HEAD %s", path)
 
     def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         if mode != "overwrite":
             return self.inner.put(path, data, mode=mode)
-        return self._retry(f"PUT {path}", lambda: self.inner.put(path, data))
+        return self._retry(lambda: self.inner.put(path, data), "PUT %s", path)
 
     def delete(self, path: str) -> None:
-        self._retry(f"DELETE {path}", lambda: self.inner.delete(path))
+        self._retry(lambda: self.inner.delete(path), "DELETE %s", path)
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
-        return self._retry(f"LIST {prefix or '/'}", lambda: self.inner.list(prefix, offset=offset))
+        return self._retry(lambda: self.inner.list(prefix, offset=offset), "LIST %s", prefix or "/")
 
     def copy(self, source: str, destination: str) -> None:
-        self._retry(f"COPY {source} to {destination}", lambda: self.inner.copy(source, destination))
+        self._retry(
+            lambda: self.inner.copy(source, destination), "COPY %s to %s", source, destination
+        )
 
 
 def with_retries(
