@@ -27,6 +27,8 @@ from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 
 READ_AHEAD_BYTES = 16 * 1024 * 1024
+SEND_BYTES = 8 * 1024 * 1024
+"""Finished data blocks an output SST buffers before they are streamed to the store."""
 YIELD_EVERY = 128
 MIN_CHUNK_BYTES = 64 * 1024
 
@@ -80,41 +82,82 @@ def write_outputs(
 
     The outputs have disjoint, increasing key ranges: as L0 SSTs (WalToL0) a key is in at
     most one of them, so their order among themselves does not matter to reads; as a sorted
-    run (L0ToRun) they are its SSTs in order.
+    run (L0ToRun) they are its SSTs in order. If the stream fails, the output being written
+    is aborted; outputs already written stay unreferenced until GC deletes them.
     """
     handles: list[SstHandle] = []
-    builder: SstBuilder | None = None
-
-    for count, (key, seq, value) in enumerate(entries):
-        if count % YIELD_EVERY == 0:
-            # Let the writer's threads have the GIL: a thread back from its WAL PUT would
-            # otherwise wait out the interpreter's 5 ms switch interval (RFC 0006).
-            time.sleep(0)
-        if value is None and drop_tombstones:
-            continue
-        if builder is None:
-            builder = SstBuilder(
-                writer_epoch=0, block_size=block_size, bloom_bits_per_key=bloom_bits_per_key
-            )
-        builder.add(key, seq, value)
-        if builder.estimated_size >= policy.target_sst_bytes:
-            handles.append(store_sst(tables.store, builder.finish()))
-            builder = None
-    if builder is not None:
-        handles.append(store_sst(tables.store, builder.finish()))
+    output: _Output | None = None
+    try:
+        for count, (key, seq, value) in enumerate(entries):
+            if count % YIELD_EVERY == 0:
+                # Let the writer's threads have the GIL: a thread back from its WAL PUT would
+                # otherwise wait out the interpreter's 5 ms switch interval (RFC 0006).
+                time.sleep(0)
+                if output is not None:
+                    output.send_if_due()
+            if value is None and drop_tombstones:
+                continue
+            if output is None:
+                output = _Output(tables.store, block_size, bloom_bits_per_key)
+            output.builder.add(key, seq, value)
+            if output.builder.estimated_size >= policy.target_sst_bytes:
+                handles.append(output.finish())
+                output = None
+        if output is not None:
+            handles.append(output.finish())
+            output = None
+    finally:
+        if output is not None:
+            output.abort()
     return handles
 
 
+class _Output:
+    """One output SST on its way to ``compacted/`` under a fresh random id: finished data
+    blocks are streamed out (``ObjectStore.open_writer``) once ``SEND_BYTES`` of them are
+    buffered, so memory holds about one part of the SST, not the whole of it (RFC 0011).
+
+    Written with an overwrite: the id is a fresh uuid4, and the SST becomes part of the
+    database only when the manifest update naming it succeeds.
+    """
+
+    def __init__(self, store: ObjectStore, block_size: int, bloom_bits_per_key: int) -> None:
+        self.id = uuid.uuid4().hex
+        self.builder = SstBuilder(
+            writer_epoch=0, block_size=block_size, bloom_bits_per_key=bloom_bits_per_key
+        )
+        self._writer = store.open_writer(compacted_path(self.id))
+
+    def send_if_due(self) -> None:
+        if self.builder.buffered_bytes >= SEND_BYTES:
+            self._writer.write(self.builder.take_data())
+
+    def finish(self) -> SstHandle:
+        encoded = self.builder.finish()
+        self._writer.write(encoded.data)
+        self._writer.commit()
+        return handle_of(self.id, encoded)
+
+    def abort(self) -> None:
+        self._writer.abort()
+
+
 def store_sst(store: ObjectStore, encoded: EncodedSst) -> SstHandle:
-    """Write ``encoded`` (not empty) under a fresh id in ``compacted/``; return its handle."""
+    """Write ``encoded`` (whole, not empty) under a fresh id in ``compacted/``; return its
+    handle."""
     sst_id = uuid.uuid4().hex
-    props = encoded.meta.props
-    assert props.first_key is not None and props.last_key is not None
     if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
         raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
+    return handle_of(sst_id, encoded)
+
+
+def handle_of(sst_id: str, encoded: EncodedSst) -> SstHandle:
+    """The manifest's handle of the SST ``encoded`` written as ``compacted/{sst_id}``."""
+    props = encoded.meta.props
+    assert props.first_key is not None and props.last_key is not None
     return SstHandle(
         sst_id,
-        len(encoded.data),
+        encoded.meta.object_size,
         props.first_key,
         props.last_key,
         props.entry_count,

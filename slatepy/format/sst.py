@@ -117,7 +117,11 @@ class SstMeta(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True, slots=True)
 class EncodedSst:
-    """An SST's bytes together with its decoded meta (so writers need not re-read it)."""
+    """An SST's bytes together with its decoded meta (so writers need not re-read it).
+
+    ``data`` is the whole object, or its tail after the builder's ``take_data`` handed out
+    the beginning (``meta.top.object_size`` is the whole object's size either way).
+    """
 
     data: bytearray
     meta: SstMeta
@@ -157,6 +161,7 @@ class SstBuilder:
         # The SST's bytes so far, in one buffer that finish() hands out without a copy: a
         # compaction output of target_sst_bytes then costs its size once, not twice.
         self._data = bytearray()
+        self._taken = 0  # bytes handed out by take_data()
         self._offset = 0
         self._block_first: bytes | None = None
         self._first_key: bytes | None = None
@@ -218,6 +223,19 @@ class SstBuilder:
     @property
     def estimated_size(self) -> int:
         return self._offset + self._block.encoded_size
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of finished data blocks held here (not yet taken by :meth:`take_data`)."""
+        return len(self._data)
+
+    def take_data(self) -> bytearray:
+        """Hand out the data blocks finished so far (they never change again), so a writer
+        can stream a large SST out while building it; :meth:`finish` then returns only the
+        rest, and its meta's ``object_size`` counts the whole object."""
+        data, self._data = self._data, bytearray()
+        self._taken += len(data)
+        return data
 
     def _close_block(self) -> None:
         first = self._block_first
@@ -314,7 +332,7 @@ class SstBuilder:
         self._t_first_blocks.append(self._blocks)
         sst_top = SstTop(
             self._version,
-            len(data),
+            self._taken + len(data),
             props,
             keys,
             offsets,

@@ -42,6 +42,63 @@ without first being copied into a ``bytes``."""
 ``IfMatch`` fails with ``PreconditionFailed`` unless the current ETag matches."""
 
 
+class ObjectWriter(abc.ABC):
+    """One object written as a stream of parts (``ObjectStore.open_writer``), so a writer of
+    a large object holds about one part in memory, not the whole object.
+
+    Nothing is visible at the path until :meth:`commit` returns; :meth:`abort` (also after a
+    failed ``write`` or ``commit``) discards what was sent. The write overwrites: a streamed
+    upload cannot be conditional on every backend, so callers write only fresh, unique paths
+    this way (compaction outputs under random ids).
+    """
+
+    @abc.abstractmethod
+    def write(self, data: PutData) -> None:
+        """Append ``data`` to the object (sent once a part's worth is buffered)."""
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Send what is buffered and make the object visible (and, on ``file://``, durable)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Discard the object; idempotent, and safe after a failure or a commit."""
+
+    @property
+    @abc.abstractmethod
+    def requests(self) -> int:
+        """Requests the committed upload took (what the store bills), for the metrics."""
+
+
+class BufferedWriter(ObjectWriter):
+    """The fallback ``ObjectWriter``: buffers the whole object and writes it with one
+    ``put`` on commit. Every wrapper that does not stream (fault injectors, test doubles)
+    gets this, so its ``put`` sees the write as it always did."""
+
+    def __init__(self, store: ObjectStore, path: str) -> None:
+        self._store = store
+        self._path = path
+        self._data: bytearray | None = bytearray()
+
+    def write(self, data: PutData) -> None:
+        if self._data is None:
+            raise ValueError(f"write to {self._path} after commit or abort")
+        self._data += data
+
+    def commit(self) -> None:
+        if self._data is None:
+            raise ValueError(f"commit of {self._path} after commit or abort")
+        self._store.put(self._path, self._data)
+        self._data = None
+
+    def abort(self) -> None:
+        self._data = None
+
+    @property
+    def requests(self) -> int:
+        return 1
+
+
 class ObjectStore(abc.ABC):
     """Abstract object store; see the module docstring for the error contract."""
 
@@ -100,6 +157,15 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def copy(self, source: str, destination: str) -> None:
         """Copy ``source`` to ``destination``, overwriting it."""
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        """Start a streamed write of ``path`` (overwrite; see :class:`ObjectWriter`).
+
+        Here the object is buffered and written with one ``put`` on commit; the backend store
+        streams it as a multipart upload, and the wrappers that do not change writes pass
+        the stream through.
+        """
+        return BufferedWriter(self, path)
 
     def recover(self) -> int:
         """Finish writes a crashed process left half done; returns how many.

@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
+from slatepy.store.base import (
+    ObjectMeta,
+    ObjectStore,
+    ObjectWriter,
+    PutData,
+    PutMode,
+    WrappingStore,
+)
 
 T = TypeVar("T")
 
@@ -207,6 +214,9 @@ class MetricsStore(WrappingStore):
     def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         return self._count("put", lambda: self.inner.put(path, data, mode=mode), sent=len(data))
 
+    def open_writer(self, path: str) -> ObjectWriter:
+        return _CountedWriter(self.inner.open_writer(path), self.metrics)
+
     def delete(self, path: str) -> None:
         self._count("delete", lambda: self.inner.delete(path))
 
@@ -215,6 +225,41 @@ class MetricsStore(WrappingStore):
 
     def copy(self, source: str, destination: str) -> None:
         self._count("copy", lambda: self.inner.copy(source, destination))
+
+
+class _CountedWriter(ObjectWriter):
+    """A streamed write counted as ``put`` requests: as many as the upload took (create,
+    parts, complete), with its bytes on the first; a failure counts one failed ``put``."""
+
+    def __init__(self, inner: ObjectWriter, metrics: StoreMetrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._sent = 0
+
+    def write(self, data: PutData) -> None:
+        try:
+            self._inner.write(data)
+        except Exception:
+            self._metrics.record("put", error=True)
+            raise
+        self._sent += len(data)
+
+    def commit(self) -> None:
+        try:
+            self._inner.commit()
+        except Exception:
+            self._metrics.record("put", error=True)
+            raise
+        self._metrics.record("put", sent=self._sent)
+        for _ in range(self._inner.requests - 1):
+            self._metrics.record("put")
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    @property
+    def requests(self) -> int:
+        return self._inner.requests
 
 
 def _received(result: object) -> int:

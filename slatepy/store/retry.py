@@ -22,7 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from slatepy.errors import StoreUnavailable
-from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
+from slatepy.store.base import (
+    ObjectMeta,
+    ObjectStore,
+    ObjectWriter,
+    PutData,
+    PutMode,
+    WrappingStore,
+)
 
 T = TypeVar("T")
 BACKOFF_START = 0.01
@@ -129,6 +136,11 @@ class RetryingStore(WrappingStore):
         if mode != "overwrite":
             return self.inner.put(path, data, mode=mode)
         return self._retry(lambda: self.inner.put(path, data), "PUT %s", path)
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        """Passed through: a stream cannot be sent again from here (the backend client
+        retries each part; a failed stream fails its writer, which starts over)."""
+        return self.inner.open_writer(path)
 
     def delete(self, path: str) -> None:
         self._retry(lambda: self.inner.delete(path), "DELETE %s", path)

@@ -28,6 +28,7 @@ import pytest
 
 from slatepy.errors import AlreadyExists, NotFound, PreconditionFailed, StoreUnavailable
 from slatepy.store.base import IfMatch, ObjectStore
+from slatepy.store.obstore_store import STREAM_PART_BYTES
 
 PAYLOAD = b"0123456789"
 
@@ -164,6 +165,37 @@ class StoreConformance:
         store.copy("src", "dst")
         assert store.get("dst") == PAYLOAD
         assert store.get("src") == PAYLOAD
+
+    # Streamed writes.
+
+    def test_streamed_write_is_visible_only_after_commit(self, store: ObjectStore) -> None:
+        # Three parts of a multipart upload, sent from pieces that do not align with them.
+        pieces = [bytes([i]) * (STREAM_PART_BYTES - 1000 * i) for i in range(1, 4)]
+        writer = store.open_writer("big/obj")
+        for piece in pieces:
+            writer.write(piece)
+        with pytest.raises(NotFound):
+            store.get("big/obj")
+        assert store.list("big/") == []
+        writer.commit()
+        assert store.get("big/obj") == b"".join(pieces)
+        assert [m.path for m in store.list("big/")] == ["big/obj"]
+
+    def test_small_streamed_write_round_trips(self, store: ObjectStore) -> None:
+        writer = store.open_writer("small")
+        writer.write(PAYLOAD)
+        writer.write(bytearray(b"!"))
+        writer.commit()
+        assert store.get("small") == PAYLOAD + b"!"
+
+    def test_aborted_streamed_write_leaves_nothing(self, store: ObjectStore) -> None:
+        writer = store.open_writer("dropped")
+        writer.write(b"x" * (STREAM_PART_BYTES + 1))  # a part is on its way
+        writer.abort()
+        writer.abort()
+        with pytest.raises(NotFound):
+            store.get("dropped")
+        assert store.list("") == []
 
     # Conditional writes.
 

@@ -137,3 +137,25 @@ def test_flipping_any_byte_of_an_sst_is_detected(bits_per_key: int) -> None:
 def test_random_bytes_never_decode_as_an_sst(data: bytes) -> None:
     with pytest.raises(CorruptionError):
         _decode_everything(data)
+
+
+def test_taking_data_while_building_gives_the_same_sst() -> None:
+    """A writer streaming an SST out (``take_data``) sends exactly the bytes of one built
+    whole, and the meta counts the whole object."""
+
+    def build(take_every: int | None) -> tuple[bytes, int]:
+        builder = SstBuilder(writer_epoch=0, block_size=256)
+        taken = bytearray()
+        for i in range(3000):
+            builder.add(b"key%06d" % i, i + 1, b"v" * (i % 40))
+            if take_every and i % take_every == 0:
+                taken += builder.take_data()
+                assert builder.buffered_bytes == 0
+        encoded = builder.finish()
+        return bytes(taken + encoded.data), encoded.meta.object_size
+
+    whole, size = build(None)
+    streamed, streamed_size = build(97)
+    assert streamed == whole and size == streamed_size == len(whole)
+    meta, entries = decode_sst(streamed)
+    assert meta.props.entry_count == 3000 and len(list(entries)) == 3000

@@ -17,6 +17,7 @@ from slatepy.errors import (
 from slatepy.store import IfMatch, MetricsStore, ObjectMeta, ObjectStore, PutMode, open_store
 from slatepy.store.base import WrappingStore
 from slatepy.store.cas import create_if_absent
+from slatepy.store.obstore_store import STREAM_PART_BYTES
 from tests.conftest import Backend
 
 
@@ -92,6 +93,21 @@ def test_metrics_count_requests_and_bytes(backend: Backend) -> None:
     assert ops["put"].requests == 1 and ops["put"].bytes_out == 5
     assert ops["get"].requests == 2 and ops["get"].errors == 1 and ops["get"].bytes_in == 5
     assert ops["get_range"].bytes_in == 2
+
+
+def test_metrics_count_a_streamed_write_as_its_upload_requests() -> None:
+    """A multipart upload is billed per request: create, each part, complete."""
+    store = MetricsStore(open_store("memory://"))
+    writer = store.open_writer("big")
+    for _ in range(5):
+        writer.write(b"x" * (STREAM_PART_BYTES // 2))
+    writer.commit()
+    small = store.open_writer("small")
+    small.write(b"12345")
+    small.commit()
+    put = store.metrics.snapshot()["put"]
+    assert put.requests == (3 + 2) + 1
+    assert put.bytes_out == 5 * (STREAM_PART_BYTES // 2) + 5
 
 
 class _LandThenFail(WrappingStore):
