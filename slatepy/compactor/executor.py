@@ -4,10 +4,11 @@ Inputs are read in large sequential chunks through ``TableReader.scan_all`` (unc
 not pinned: compaction must not evict the read path's hot blocks, nor keep the indexes of
 the SSTs it is about to replace) and merged with :func:`merge_newest`;
 output SSTs are cut at ``target_sst_bytes`` (a WalToL0's too: its outputs are several L0
-SSTs with disjoint key ranges, RFC 0011), so memory holds one output SST and one chunk per
-input (together at most ``READ_AHEAD_BYTES``) at a time, whatever the size of the inputs.
-Outputs are written create-if-absent under ``compacted/`` with fresh random ids; they become
-part of the database only when the manifest update publishing them succeeds.
+SSTs with disjoint key ranges, RFC 0011) and streamed to the store while they are built, so
+memory holds about ``SEND_BYTES`` of output and one chunk per input (together at most
+``READ_AHEAD_BYTES``) at a time, whatever the size of the inputs or outputs. Outputs are
+written under ``compacted/`` with fresh random ids; they become part of the database only
+when the manifest update publishing them succeeds.
 """
 
 from __future__ import annotations
