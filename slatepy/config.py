@@ -150,7 +150,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     reader_gap_timeout: float = 10.0
     block_cache_bytes: int = 64 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024
-    scan_read_ahead_bytes: int = 8 * 1024 * 1024
+    scan_read_ahead_bytes: int = 4 * 1024 * 1024
     disk_cache: Literal["auto", "on", "off"] = "auto"
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 4 * 1024 * 1024 * 1024
