@@ -97,6 +97,29 @@ def _metadata_merge(inputs: Sequence[HollowBatch], batch_id: int) -> HollowBatch
     )
 
 
+def _merge_empty_neighbours(
+    trace: Sequence[HollowBatch], claimed: set[int], next_batch_id: int
+) -> tuple[list[HollowBatch], int]:
+    """``trace`` with each run of adjacent unclaimed empty batches merged into one, so that
+    progress-only appends never grow the trace, even where the spine rule's spans cannot be
+    claimed (compaction off here, or spans extending over data nobody merges yet)."""
+    out: list[HollowBatch] = []
+    for batch in trace:
+        previous = out[-1] if out else None
+        if (
+            previous is not None
+            and previous.is_empty
+            and batch.is_empty
+            and previous.id not in claimed
+            and batch.id not in claimed
+        ):
+            out[-1] = _metadata_merge((previous, batch), next_batch_id)
+            next_batch_id += 1
+        else:
+            out.append(batch)
+    return out, next_batch_id
+
+
 def plan_merges(
     state: State, *, claimant: str | None, walltime_ms: int, lease_ms: int
 ) -> tuple[State, tuple[MergeReq, ...]]:
@@ -107,8 +130,10 @@ def plan_merges(
     Returns the state at the same seqno (the caller makes the successor) and the new claims.
     """
     merges = {i: c for i, c in state.merges.items() if not c.expired(walltime_ms)}
-    trace = list(state.trace)
-    next_batch_id, next_merge_id = state.next_batch_id, state.next_merge_id
+    next_merge_id = state.next_merge_id
+    trace, next_batch_id = _merge_empty_neighbours(
+        state.trace, set().union(*(claim.inputs for claim in merges.values())), state.next_batch_id
+    )
     skipped: set[int] = set()
     requests: list[MergeReq] = []
     while True:
