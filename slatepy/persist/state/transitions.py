@@ -95,13 +95,11 @@ def check_step(old: State, new: State) -> None:
         )
 
 
-def _expired(kind: str, handle_id: str, what_to_do: str) -> Break[Any]:
-    return refuse(
-        UsageError(
-            f"{kind} {handle_id} is not registered: its lease expired (or it was expired); "
-            f"{what_to_do}"
-        )
+def _unregistered(kind: str, handle_id: str, what_to_do: str) -> Break[Any]:
+    gone = (
+        "it was expired" if kind == "critical reader" else "its lease expired (or it was expired)"
     )
+    return refuse(UsageError(f"{kind} {handle_id} is not registered: {gone}; {what_to_do}"))
 
 
 def _finalized(state: State) -> UsageError:
@@ -229,7 +227,7 @@ def heartbeat_writer(
     """
     writer = state.writers.get(args.writer_id)
     if writer is None:
-        return _expired("writer", args.writer_id, "open a new writer")
+        return _unregistered("writer", args.writer_id, "open a new writer")
     beat = msgspec.structs.replace(writer, last_heartbeat_ms=walltime_after(state, now_ms))
     return Change(successor(state, now_ms, writers={**state.writers, args.writer_id: beat}), beat)
 
@@ -254,7 +252,7 @@ def heartbeat_leased_reader(
     """
     reader = state.leased_readers.get(args.reader_id)
     if reader is None:
-        return _expired("leased reader", args.reader_id, "open a new reader")
+        return _unregistered("leased reader", args.reader_id, "open a new reader")
     beat = msgspec.structs.replace(
         reader,
         last_heartbeat_ms=walltime_after(state, now_ms),
@@ -284,7 +282,7 @@ def downgrade_since(
     """
     reader = state.leased_readers.get(args.reader_id)
     if reader is None:
-        return _expired("leased reader", args.reader_id, "open a new reader")
+        return _unregistered("leased reader", args.reader_id, "open a new reader")
     if frontier.le(args.new_since, reader.since):
         return noop(reader.since)
     moved = msgspec.structs.replace(
@@ -322,7 +320,7 @@ def compare_and_downgrade_since(
         return refuse(UsageError("opaque tokens must be bytes"))
     reader = state.critical_readers.get(args.reader_id)
     if reader is None:
-        return _expired("critical reader", args.reader_id, "open it again")
+        return _unregistered("critical reader", args.reader_id, "open it again")
     if reader.opaque != args.expected_opaque:
         return refuse(OpaqueMismatch(args.expected_opaque, reader.opaque))
     since = frontier.join(reader.since, args.new_since)
