@@ -10,7 +10,8 @@ and each update is rewritten ``O(log)`` times.
 
 A span with at most one non-empty batch needs no data rewritten: it is merged at once, in
 the same transition, by extending that batch's description over its empty neighbours (a
-*metadata merge*). This is how progress-only appends (empty batches) stay out of the
+*metadata merge*), and adjacent unclaimed empty batches are always merged so, even where
+no span can be claimed. This is how progress-only appends (empty batches) stay out of the
 trace, and why the spine never sends a compactor to rewrite a batch only to absorb an empty
 one.
 
@@ -222,6 +223,7 @@ def renew_merge(
     Rule: NoOp(False) when the claim is gone or another claimant holds it (the merge may
     still be applied: safety is the exact-id check of :func:`apply_merge`); else stamp
     ``claimed_ms`` with the new walltime and answer True.
+    Keeps: everything but the claim's stamp.
     """
     claim = state.merges.get(args.merge_id)
     if claim is None or claim.claimant != args.claimant:

@@ -122,6 +122,7 @@ def register_writer(
     Rules: ``UsageError`` on a finalized shard or at ``max_handles`` writers; NoOp(entry)
     if already registered; else add ``Writer(heartbeat=now, writer_lease, token "",
     most_recent_upper=upper)``.
+    Keeps: at most ``max_handles`` writers; nothing is registered on a finalized shard.
     """
     if state.finalized:
         return refuse(_finalized(state))
@@ -224,6 +225,7 @@ def heartbeat_writer(
 
     Rules: ``UsageError`` when the writer is not registered (expired); else stamp
     ``last_heartbeat_ms`` with the new walltime.
+    Keeps: an expired writer stays expired (a heartbeat never registers).
     """
     writer = state.writers.get(args.writer_id)
     if writer is None:
@@ -342,7 +344,7 @@ def expire_writer(
     state: State, now_ms: int, settings: PersistSettings, args: ExpireWriter
 ) -> Outcome[bool]:
     """Remove a writer (its handle closed). Rule: NoOp(False) if absent; else remove it.
-    Its merge claims stay until their lease lapses (a merge in flight may still apply)."""
+    Keeps: its merge claims, until their lease lapses (a merge in flight may still apply)."""
     if args.writer_id not in state.writers:
         return noop(False)
     writers = {i: w for i, w in state.writers.items() if i != args.writer_id}
