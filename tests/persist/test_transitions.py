@@ -25,7 +25,7 @@ from slatepy.persist.state.append import (
     check_batch_covers,
     compare_and_append,
 )
-from slatepy.persist.state.outcome import Change
+from slatepy.persist.state.outcome import Break, Change
 from slatepy.persist.state.records import CriticalReader, InlinePart, State
 from slatepy.persist.state.transitions import (
     AddRollup,
@@ -53,6 +53,7 @@ from slatepy.persist.state.transitions import (
     register_critical_reader,
     register_leased_reader,
     register_writer,
+    step,
 )
 from tests.persist.state_kit import (
     SETTINGS,
@@ -388,6 +389,14 @@ def test_caa_stalls_at_max_trace_batches() -> None:
         state, compare_and_append, caa(token="t9", expected=8, new=9), settings=settings
     )
     assert isinstance(error, WriteStalled)
+    # Progress-only appends go on: empty batches merge with each other.
+    state = append(append(state, 8, 9, settings=settings), 9, 10, settings=settings)
+    assert len(state.trace) == 9
+
+
+def test_caa_needs_an_idempotency_token() -> None:
+    error = refused(initial(), compare_and_append, caa(token="", registered=False))
+    assert isinstance(error, UsageError) and "token" in str(error)
 
 
 # The idempotency decision table of §6.2, for a retry after an indefinite failure.
@@ -540,3 +549,13 @@ def test_a_change_commits_the_expiry_a_break_does_not() -> None:
     # A Change of another handle commits the writer's expiry with it.
     change = commit(state, downgrade_since, DowngradeSince("r1", 2), now=late)
     assert isinstance(change, Change) and "w1" not in change.state.writers
+
+
+def test_a_break_answers_its_value_or_raises_its_error() -> None:
+    state = commit(initial(), compare_and_append, caa(registered=False)).state
+    retry = step(state, state.walltime_ms + 1, SETTINGS, compare_and_append, caa(uncertain=True))
+    assert isinstance(retry, Break) and retry.answer() == AlreadyCommitted(1)
+    stale = step(state, state.walltime_ms + 1, SETTINGS, compare_and_append, caa(token="t2"))
+    assert isinstance(stale, Break)
+    with pytest.raises(UpperMismatch):
+        stale.answer()

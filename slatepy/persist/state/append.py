@@ -76,7 +76,7 @@ def compare_and_append(
     Rules, in order (the first that applies decides):
 
     1. ``InvalidBounds`` unless ``new`` is beyond ``expected`` — before the upper is
-       looked at; ``UsageError`` for runs with an empty run or part.
+       looked at; ``UsageError`` for an empty token or runs with an empty run or part.
     2. The writer is not registered: if an earlier attempt was uncertain and the upper is
        not ``expected``, ``Indeterminate`` (it may have landed and the writer expired since,
        taking the token with it: never a guess); else if the handle had registered,
@@ -86,7 +86,9 @@ def compare_and_append(
     5. The upper is not ``expected``: ``UpperMismatch(expected, upper)``. With an
        uncertain earlier attempt this is the idempotency table's "another token" row: the
        handle serializes its calls, so a landed attempt would have left our token.
-    6. ``WriteStalled`` when the trace holds ``max_trace_batches`` (compaction is behind).
+    6. ``WriteStalled`` when the trace holds ``max_trace_batches`` (compaction is behind)
+       and the batch has data; progress-only appends go on (empty batches merge with their
+       empty neighbours, so they add at most one batch).
     7. Append ``HollowBatch(next_batch_id, Desc(expected, new), runs)``, set ``upper =
        new``, record ``token``/``new``/heartbeat on the writer (registering it), and run
        the spine rule (metadata merges, claims for this writer).
@@ -98,7 +100,7 @@ def compare_and_append(
         check_bounds(args.expected, args.new, names=("expected upper", "new upper"))
     except InvalidBounds as exc:
         return refuse(exc)
-    problem = runs_problem(args.runs)
+    problem = "no idempotency token" if not args.token else runs_problem(args.runs)
     if problem:
         return refuse(UsageError(f"compare_and_append: {problem}"))
     writer = state.writers.get(args.writer_id)
@@ -124,7 +126,7 @@ def compare_and_append(
         return refuse(UpperMismatch(args.expected, None))
     if state.upper != args.expected:
         return refuse(UpperMismatch(args.expected, state.upper))
-    if len(state.trace) >= settings.max_trace_batches:
+    if args.runs and len(state.trace) >= settings.max_trace_batches:
         return refuse(
             WriteStalled(
                 f"shard {state.shard_id!r} has {len(state.trace)} batches (max_trace_batches): "

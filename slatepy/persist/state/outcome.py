@@ -74,6 +74,13 @@ class Break(Generic[R_co]):
 
     reason: NoOp[R_co] | Refused
 
+    def answer(self) -> R_co:
+        """What the call answers without committing: the NoOp's value, or the refusal's
+        error raised."""
+        if isinstance(self.reason, Refused):
+            raise self.reason.error
+        return self.reason.value
+
 
 Outcome = Change[R] | Break[R]
 
