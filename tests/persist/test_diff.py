@@ -10,6 +10,7 @@ import pytest
 from msgspec import UNSET
 
 from slatepy.errors import CorruptionError, InvalidArgument
+from slatepy.format.envelope import seal, unseal
 from slatepy.persist.state.diff import (
     Put,
     Remove,
@@ -108,7 +109,6 @@ def broken(diff: StateDiff, **changes: Any) -> StateDiff:
     ("changes", "message"),
     [
         ({"shard_id": "other"}, "of shard 'other'"),
-        ({"format_version": 2}, "format version"),
         ({"seqno_from": 0}, "does not follow"),
         ({"seqno_to": 99}, "does not follow"),
         ({"walltime_ms": 0}, "is not after"),
@@ -144,6 +144,9 @@ def test_encoding_round_trip_and_corruption() -> None:
         assert caught.value.path == "consensus/orders/3"
     with pytest.raises(CorruptionError, match="magic"):
         decode_state_diff(encode_rollup(new))
+    payload = unseal(data, b"SLPD", (1,), "diff")[1]
+    with pytest.raises(CorruptionError, match="unsupported format version 2"):
+        decode_state_diff(seal(b"SLPD", 2, payload))
 
 
 def test_digest_chain() -> None:

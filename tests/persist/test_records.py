@@ -152,7 +152,6 @@ BROKEN: list[tuple[str, Callable[[State], State], str]] = [
     ),
     ("last-gc", lambda s: msgspec.structs.replace(s, last_gc_seqno=s.seqno + 1), "future"),
     ("finalized", lambda s: msgspec.structs.replace(s, finalized=True), "finalized"),
-    ("version", lambda s: msgspec.structs.replace(s, format_version=2), "format version"),
     ("shard", lambda s: msgspec.structs.replace(s, shard_id="a b"), "invalid shard id"),
 ]
 

@@ -58,7 +58,6 @@ class Remove(msgspec.Struct, Generic[K], frozen=True, array_like=True, tag="r"):
 class StateDiff(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The change from the state at ``seqno_from`` to the one at ``seqno_to``."""
 
-    format_version: int = STATE_FORMAT_VERSION
     shard_id: str
     seqno_from: int
     seqno_to: int
@@ -163,14 +162,12 @@ def apply(state: State, diff: StateDiff) -> State:
     """The state after ``diff``: ``apply(old, StateDiff.between(old, new, ...)) == new``.
 
     Raises:
-        CorruptionError: the diff is of another shard or format, does not start at
+        CorruptionError: the diff is of another shard, does not start at
             ``state.seqno`` (or skips one), goes back in walltime, removes what is not there,
             adds a batch id twice, or names another latest rollup than the result has.
     """
     if diff.shard_id != state.shard_id:
         raise CorruptionError(f"persist diff of shard {diff.shard_id!r} for {state.shard_id!r}")
-    if diff.format_version != STATE_FORMAT_VERSION:
-        raise CorruptionError(f"persist diff: unknown format version {diff.format_version}")
     if diff.seqno_from != state.seqno or diff.seqno_to != state.seqno + 1:
         raise CorruptionError(
             f"persist diff {diff.seqno_from}->{diff.seqno_to} does not follow state {state.seqno}"

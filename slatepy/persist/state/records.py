@@ -20,6 +20,9 @@ from slatepy.persist.errors import UsageError
 from slatepy.persist.ids import rollup_seqno, validate_shard_id
 
 STATE_FORMAT_VERSION = 1
+"""Format of encoded states and diffs. It lives in the envelope only (``seal``), not in the
+structs: ``omit_defaults`` would drop a defaulted version field, and a later default would
+then misread old bytes."""
 ROLLUP_MAGIC = b"SLPR"
 
 
@@ -205,7 +208,6 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
       writers or merges.
     """
 
-    format_version: int = STATE_FORMAT_VERSION
     shard_id: str
     seqno: int
     walltime_ms: int
@@ -274,8 +276,6 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             raise CorruptionError(f"shard {self.shard_id!r} state {self.seqno}: {problem}")
 
     def _problems(self) -> Iterator[str]:
-        if self.format_version != STATE_FORMAT_VERSION:
-            yield f"unknown format version {self.format_version}"
         try:
             validate_shard_id(self.shard_id)
         except UsageError:
