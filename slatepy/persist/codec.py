@@ -1,0 +1,215 @@
+"""Updates ``((key, value), time, diff)``: validation, consolidation, and their encoding as
+entries of the engine's SST format (RFC 0015 §2, §5.1).
+
+One update is one entry: the **key** is ``esc(k) ‖ esc(v) ‖ t`` (``t`` as u64 big-endian)
+where ``esc(x) = x.replace(b"\\0", b"\\0\\xff") + b"\\0\\x01"``; the **seq** is ``t``; the
+**value** is the diff as i64 little-endian. The escape preserves order: comparing encoded
+keys byte by byte is comparing ``(k, v, t)`` tuples, so sorted runs of different writers
+merge as byte strings, and equal ``(k, v)`` sit together with ascending times. A terminator
+``\\0\\x01`` is unambiguous because every ``\\0`` of the data is followed by ``\\xff``.
+
+Inline parts (small batches kept in the state itself) are one data block of that layout
+(``format/block.py``), so one entry decoder serves inline and blob parts. Nothing here does
+I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+from slatepy.errors import CorruptionError
+from slatepy.format.block import BlockBuilder, decode_block
+from slatepy.persist.errors import InvalidBounds, UsageError
+from slatepy.persist.frontier import Frontier
+
+Update = tuple[tuple[bytes, bytes], int, int]
+"""``((key, value), time, diff)``."""
+
+U64_MAX = (1 << 64) - 1
+I64_MIN = -(1 << 63)
+I64_MAX = (1 << 63) - 1
+MAX_ENCODED_KEY = 65_535
+"""Largest encoded key: the SST format stores key lengths as u16."""
+
+_TIME = struct.Struct(">Q")
+_DIFF = struct.Struct("<q")
+_TERMINATOR = b"\0\x01"
+_ESCAPED_NUL = b"\0\xff"
+
+
+def escape(data: bytes) -> bytes:
+    """``data`` with every NUL escaped, terminated: order-preserving as a tuple field."""
+    return data.replace(b"\0", _ESCAPED_NUL) + _TERMINATOR
+
+
+def encoded_key_size(key: bytes, value: bytes) -> int:
+    """Length of the encoded key of ``(key, value)`` at any time."""
+    return len(key) + key.count(0) + len(value) + value.count(0) + 12
+
+
+def encode_key(key: bytes, value: bytes, time: int) -> bytes:
+    """The entry key of ``(key, value)`` at ``time`` (inputs assumed valid)."""
+    return escape(key) + escape(value) + _TIME.pack(time)
+
+
+def _unescape_field(data: bytes, start: int, what: str) -> tuple[bytes, int]:
+    end = data.find(_TERMINATOR, start)
+    if end < 0:
+        raise CorruptionError(f"persist update key: {what} has no terminator")
+    field = data[start:end]
+    if field.count(0) != field.count(_ESCAPED_NUL):
+        raise CorruptionError(f"persist update key: {what} has an unescaped NUL")
+    return field.replace(_ESCAPED_NUL, b"\0"), end + len(_TERMINATOR)
+
+
+def decode_key(data: bytes) -> tuple[bytes, bytes, int]:
+    """Split an entry key into ``(key, value, time)``.
+
+    Raises:
+        CorruptionError: the bytes are not an encoded update key.
+    """
+    key, pos = _unescape_field(data, 0, "key")
+    value, pos = _unescape_field(data, pos, "value")
+    if len(data) - pos != _TIME.size:
+        raise CorruptionError("persist update key: the time is not the last 8 bytes")
+    (time,) = _TIME.unpack_from(data, pos)
+    return key, value, time
+
+
+def encode_diff(diff: int) -> bytes:
+    """A diff as the entry value (i64 little-endian)."""
+    return _DIFF.pack(diff)
+
+
+def decode_entry(key: bytes, seq: int, value: bytes | None) -> Update:
+    """The update an SST (or inline block) entry holds.
+
+    Raises:
+        CorruptionError: a tombstone, a value that is not 8 bytes, or a seq that is not the
+            key's time.
+    """
+    k, v, t = decode_key(key)
+    if value is None or len(value) != _DIFF.size:
+        raise CorruptionError("persist update entry: the value is not an 8-byte diff")
+    if seq != t:
+        raise CorruptionError(f"persist update entry: seq {seq} is not the key's time {t}")
+    return (k, v), t, _DIFF.unpack(value)[0]
+
+
+def check_time(time: object, what: str = "time") -> int:
+    """Return ``time`` if it is a u64 ``int``; else raise ``UsageError``."""
+    if type(time) is not int or not 0 <= time <= U64_MAX:
+        raise UsageError(f"{what} must be an int in [0, 2**64), not {time!r}")
+    return time
+
+
+def check_frontier(frontier: object, what: str) -> Frontier:
+    """Return ``frontier`` if it is a u64 ``int`` or ``None``; else raise ``UsageError``."""
+    return None if frontier is None else check_time(frontier, what)
+
+
+def check_bounds(lower: int | None, upper: Frontier, *, names: tuple[str, str]) -> None:
+    """Raise ``InvalidBounds`` unless ``lower < upper`` (``None`` greatest; a ``None``
+    lower is beyond every upper). ``names`` name the two arguments in the message."""
+    if lower is None or (upper is not None and upper <= lower):
+        raise InvalidBounds(
+            f"{names[1]} {upper!r} must be beyond {names[0]} {lower!r} "
+            "(None, the closed frontier, is beyond every time; nothing is beyond None)"
+        )
+
+
+def check_updates(updates: Iterable[object], lower: int, upper: Frontier) -> list[Update]:
+    """Validate ``updates`` for a batch or append over ``[lower, upper)``.
+
+    Keys and values must be ``bytes``, times u64 within ``[lower, upper)``, diffs i64, and
+    the encoded key at most 65,535 bytes. Returns the updates as a list.
+
+    Raises:
+        UsageError: the first update that breaks a rule, with its index.
+    """
+    checked: list[Update] = []
+    key: object
+    value: object
+    time: object
+    diff: object
+    for i, update in enumerate(updates):
+        try:
+            (key, value), time, diff = update  # type: ignore[misc]
+        except (TypeError, ValueError):
+            raise UsageError(f"update {i} is not ((key, value), time, diff): {update!r}") from None
+        if type(key) is not bytes or type(value) is not bytes:
+            raise UsageError(
+                f"update {i}: key and value must be bytes, not "
+                f"{type(key).__name__} and {type(value).__name__}"
+            )
+        time = check_time(time, f"update {i}: time")
+        if not (lower <= time and (upper is None or time < upper)):
+            raise UsageError(f"update {i}: time {time} is outside [{lower}, {upper})")
+        if type(diff) is not int or not I64_MIN <= diff <= I64_MAX:
+            raise UsageError(f"update {i}: diff must be an int in [-2**63, 2**63), not {diff!r}")
+        if encoded_key_size(key, value) > MAX_ENCODED_KEY:
+            raise UsageError(
+                f"update {i}: key and value are too large together "
+                f"(encoded {encoded_key_size(key, value)} bytes > {MAX_ENCODED_KEY})"
+            )
+        checked.append(((key, value), time, diff))
+    return checked
+
+
+def advance(time: int, frontier: int) -> int:
+    """``time`` forwarded to ``frontier``: ``max(time, frontier)``. Monotone, so a stream
+    sorted by ``(k, v, t)`` stays sorted after it."""
+    return frontier if time < frontier else time
+
+
+def consolidate(updates: Iterable[Update], since: int | None = None) -> list[Update]:
+    """Forward times to ``since`` (none when ``None``), sum the diffs of equal
+    ``(k, v, t)``, drop zero sums, sort by ``(k, v, t)``.
+
+    Raises:
+        UsageError: a sum does not fit an i64.
+    """
+    sums: dict[tuple[bytes, bytes, int], int] = {}
+    for (key, value), time, diff in updates:
+        triple = (key, value, since if since is not None and time < since else time)
+        sums[triple] = sums.get(triple, 0) + diff
+    out: list[Update] = []
+    for (key, value, time), diff in sorted(sums.items()):
+        if diff:
+            if not I64_MIN <= diff <= I64_MAX:
+                raise UsageError(f"the diffs of {(key, value, time)!r} sum beyond an i64")
+            out.append(((key, value), time, diff))
+    return out
+
+
+def encode_inline(updates: Sequence[Update]) -> bytes:
+    """Encode consolidated updates as an inline part (one data block).
+
+    Raises:
+        UsageError: no updates, a zero diff, or updates not strictly sorted by (k, v, t).
+    """
+    if not updates:
+        raise UsageError("an inline part needs at least one update")
+    builder = BlockBuilder()
+    previous: tuple[bytes, bytes, int] | None = None
+    for (key, value), time, diff in updates:
+        triple = (key, value, time)
+        if diff == 0 or (previous is not None and triple <= previous):
+            raise UsageError("inline part updates must be consolidated (sorted, no zero diffs)")
+        previous = triple
+        builder.add(encode_key(key, value, time), time, encode_diff(diff))
+    return builder.finish()
+
+
+def decode_inline(data: bytes) -> list[Update]:
+    """Decode an inline part.
+
+    Raises:
+        CorruptionError: a checksum or layout error, or an entry that is not an update.
+    """
+    block = decode_block(data)
+    return [
+        decode_entry(key, seq, value)
+        for key, seq, value in zip(block.keys, block.seqs, block.values, strict=True)
+    ]

@@ -1,0 +1,233 @@
+"""The write path's decisions: ``compare_and_append`` with its idempotency rules (RFC 0015
+§6.2), ``append``'s four cases (§6.3) and the checks on applying a written batch (§6.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from slatepy.errors import WriteStalled
+from slatepy.persist import frontier
+from slatepy.persist.codec import check_bounds
+from slatepy.persist.config import PersistSettings
+from slatepy.persist.errors import Indeterminate, InvalidBounds, UpperMismatch, UsageError
+from slatepy.persist.state.gc_rules import gc_due
+from slatepy.persist.state.outcome import (
+    Change,
+    Maintenance,
+    Outcome,
+    noop,
+    refuse,
+    successor,
+    walltime_after,
+)
+from slatepy.persist.state.records import Desc, HollowBatch, Runs, State, Writer, runs_updates
+from slatepy.persist.state.spine import plan_for, runs_problem
+
+
+@dataclass(frozen=True, slots=True)
+class CompareAndAppend:
+    """Args of :func:`compare_and_append`.
+
+    Attributes:
+        writer_id: The appending write handle.
+        token: The idempotency token of this logical call (the same on every retry).
+        expected: The upper the shard must have.
+        new: The upper after the append.
+        runs: The batch's runs, already windowed to ``[expected, new)`` where narrower.
+        registered: The handle's writer entry was committed before (so its absence means
+            its lease expired); False registers the writer with this append.
+        uncertain: An earlier attempt of this call failed indefinitely (it may have landed).
+        debug: Stored with a writer registered by this call.
+    """
+
+    writer_id: str
+    token: str
+    expected: int
+    new: int | None
+    runs: Runs
+    registered: bool = True
+    uncertain: bool = False
+    debug: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """The batch was appended; the shard's upper is now ``upper``."""
+
+    upper: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyCommitted:
+    """An earlier attempt of this call landed (its token is the writer's latest); the
+    writer's upper after it was ``upper``. Report success, write nothing again."""
+
+    upper: int | None
+
+
+def compare_and_append(
+    state: State, now_ms: int, settings: PersistSettings, args: CompareAndAppend
+) -> Outcome[Appended | AlreadyCommitted]:
+    """Append a batch iff the shard's upper is ``expected``, moving it to ``new``.
+
+    Rules, in order (the first that applies decides):
+
+    1. ``InvalidBounds`` unless ``new`` is beyond ``expected`` — before the upper is
+       looked at; ``UsageError`` for an empty token or runs with an empty run or part.
+    2. The writer is not registered: if an earlier attempt was uncertain and the upper is
+       not ``expected``, ``Indeterminate`` (it may have landed and the writer expired since,
+       taking the token with it: never a guess); else if the handle had registered,
+       ``UsageError`` (lease expired). Otherwise the append registers it.
+    3. The writer's ``most_recent_token`` is ``token``: NoOp(``AlreadyCommitted``).
+    4. The shard is finalized or closed: ``UpperMismatch(expected, None)``.
+    5. The upper is not ``expected``: ``UpperMismatch(expected, upper)``. With an
+       uncertain earlier attempt this is the idempotency table's "another token" row: the
+       handle serializes its calls, so a landed attempt would have left our token.
+    6. ``WriteStalled`` when the trace holds ``max_trace_batches`` (compaction is behind)
+       and the batch has data; progress-only appends go on (empty batches merge with their
+       empty neighbours, so they add at most one batch).
+    7. Append ``HollowBatch(next_batch_id, Desc(expected, new), runs)``, set ``upper =
+       new``, record ``token``/``new``/heartbeat on the writer (registering it), and run
+       the spine rule (metadata merges, claims for this writer).
+
+    Keeps: the trace stays contiguous from 0 to the upper, which only grows; a token is
+    committed at most once.
+    """
+    try:
+        check_bounds(args.expected, args.new, names=("expected upper", "new upper"))
+    except InvalidBounds as exc:
+        return refuse(exc)
+    problem = "no idempotency token" if not args.token else runs_problem(args.runs)
+    if problem:
+        return refuse(UsageError(f"compare_and_append: {problem}"))
+    writer = state.writers.get(args.writer_id)
+    if writer is None:
+        if args.uncertain and state.upper != args.expected:
+            return refuse(
+                Indeterminate(
+                    f"compare_and_append to {args.new} may or may not have landed: the write "
+                    f"failed indefinitely and writer {args.writer_id} expired before the "
+                    "retry could check its token; read the shard to find out"
+                )
+            )
+        if args.registered:
+            return refuse(
+                UsageError(
+                    f"writer {args.writer_id} is not registered: its lease expired; open a "
+                    "new writer"
+                )
+            )
+    elif writer.most_recent_token == args.token:
+        return noop(AlreadyCommitted(writer.most_recent_upper))
+    if state.finalized or state.upper is None:
+        return refuse(UpperMismatch(args.expected, None))
+    if state.upper != args.expected:
+        return refuse(UpperMismatch(args.expected, state.upper))
+    if args.runs and len(state.trace) >= settings.max_trace_batches:
+        return refuse(
+            WriteStalled(
+                f"shard {state.shard_id!r} has {len(state.trace)} batches (max_trace_batches): "
+                "compaction is behind; wait for it and try again"
+            )
+        )
+    if writer is None and len(state.writers) >= settings.max_handles:
+        return refuse(UsageError(f"shard {state.shard_id!r} has {settings.max_handles} writers"))
+    now = walltime_after(state, now_ms)
+    if writer is None:
+        writer = Writer(last_heartbeat_ms=now, lease_ms=settings.writer_lease_ms, debug=args.debug)
+    writer = msgspec.structs.replace(
+        writer, last_heartbeat_ms=now, most_recent_token=args.token, most_recent_upper=args.new
+    )
+    batch = HollowBatch(
+        id=state.next_batch_id,
+        desc=Desc(args.expected, args.new),
+        runs=args.runs,
+        updates=runs_updates(args.runs),
+    )
+    appended = msgspec.structs.replace(
+        state,
+        trace=(*state.trace, batch),
+        next_batch_id=state.next_batch_id + 1,
+        upper=args.new,
+        writers={**state.writers, args.writer_id: writer},
+    )
+    planned, requests = plan_for(appended, now_ms, settings, args.writer_id)
+    new = successor(planned, now_ms)
+    return Change(new, Appended(args.new), Maintenance(gc=gc_due(new, settings), merges=requests))
+
+
+@dataclass(frozen=True, slots=True)
+class AppendFrom:
+    """``append`` goes on with ``compare_and_append(expected=expected)``; when
+    ``narrowed``, its parts get the window ``[expected, upper)`` (the updates before
+    ``expected`` were appended already, by a replica)."""
+
+    expected: int
+    narrowed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyAppended:
+    """The shard's upper ``current`` is at or beyond the append's upper: everything was
+    written already; ``append`` does nothing (and deletes its parts)."""
+
+    current: int
+
+
+def append_case(current: int | None, lower: int, upper: int | None) -> AppendFrom | AlreadyAppended:
+    """Decide ``append(updates, lower, upper)`` against the shard's upper ``current``.
+
+    ``current == lower``: append; ``lower < current < upper``: append ``[current,
+    upper)``, dropping the updates before ``current``; ``current >= upper``: nothing to
+    do.
+
+    Raises:
+        InvalidBounds: ``lower`` is not before ``upper`` (checked first).
+        UsageError: the shard is closed (``current`` is None).
+        UpperMismatch: ``current < lower`` (a gap would open).
+    """
+    check_bounds(lower, upper, names=("lower", "upper"))
+    if current is None:
+        raise UsageError("append: the shard is closed (its upper is None); nothing can be added")
+    if current < lower:
+        raise UpperMismatch(lower, current)
+    if upper is not None and current >= upper:
+        return AlreadyAppended(current)
+    return AppendFrom(current, current > lower)
+
+
+def check_batch_covers(
+    batch_lower: int, batch_upper: int | None, expected: int, new: int | None
+) -> bool:
+    """Check that a batch written for ``[batch_lower, batch_upper)`` can be applied for
+    ``[expected, new)``; answer whether its parts need the window ``[expected, new)``.
+
+    Raises:
+        InvalidBounds: ``new`` is not beyond ``expected`` (checked first).
+        UsageError: the batch does not cover ``[expected, new)``.
+    """
+    check_bounds(expected, new, names=("expected upper", "new upper"))
+    if expected < batch_lower or not frontier.le(new, batch_upper):
+        raise UsageError(
+            f"a batch of [{batch_lower}, {batch_upper}) cannot be applied for "
+            f"[{expected}, {new}): it must cover that range"
+        )
+    return expected > batch_lower or new != batch_upper
+
+
+def check_batch_age(written_ms: int, now_ms: int, settings: PersistSettings) -> None:
+    """Check that a batch written at ``written_ms`` may still be applied at ``now_ms``:
+    within half of ``batch_lease``, so GC (which deletes unreferenced parts older than the
+    lease) cannot have taken its parts.
+
+    Raises:
+        UsageError: the batch is too old; write it again.
+    """
+    if now_ms - written_ms > settings.batch_lease_ms // 2:
+        raise UsageError(
+            f"batch too old: written {now_ms - written_ms} ms ago, more than half of "
+            f"batch_lease ({settings.batch_lease} s); GC may delete its parts: write it again"
+        )
