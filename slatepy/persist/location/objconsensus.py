@@ -61,8 +61,8 @@ from slatepy.persist.location.consensus import (
     check_seqno,
     next_seqno,
 )
-from slatepy.store.base import ObjectStore
-from slatepy.store.numbered import NumberedObjects, parse_id
+from slatepy.store.base import ObjectMeta, ObjectStore
+from slatepy.store.numbered import parse_id
 
 CONSENSUS_DIR = "consensus"
 ENTRY_SUFFIX = ".diff"
@@ -180,8 +180,24 @@ class ObjectConsensus(Consensus):
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
 
-    def _objects(self, key: str) -> NumberedObjects:
-        return NumberedObjects(self.store, f"{CONSENSUS_DIR}/{key}", ENTRY_SUFFIX)
+    def _entries(self, key: str, *, after: int | None = None) -> list[tuple[int, ObjectMeta]]:
+        """``(seqno, meta)`` of ``key``'s entries above ``after``, ascending: one LIST.
+
+        Only exact entry paths count: not the two-phase CAS's temporaries
+        (``….diff.{uuid}.{hash}``), nor anything in a subdirectory, nor other names.
+        """
+        directory = f"{CONSENSUS_DIR}/{key}/"
+        offset = entry_path(key, after) if after is not None else None
+        found = []
+        for meta in self.store.list(directory, offset=offset):
+            name = meta.path[len(directory) :]
+            seqno = parse_id(name, ENTRY_SUFFIX) if "/" not in name else None
+            if seqno is not None and seqno > (after or 0):
+                found.append((seqno, meta))
+        return found
+
+    def _ids(self, key: str, *, after: int | None = None) -> list[int]:
+        return [seqno for seqno, _ in self._entries(key, after=after)]
 
     def _saw(self, key: str, entry: VersionedData | None = None, *, reached: int = 0) -> None:
         """Remember that ``key``'s log reached ``entry.seqno`` (and ``reached``)."""
@@ -204,13 +220,12 @@ class ObjectConsensus(Consensus):
     def head(self, key: str) -> VersionedData | None:
         check_key(key)
         self._check_open()
-        objects = self._objects(key)
         for _ in range(MOVING_ATTEMPTS):
             with self._lock:
                 cached = self._heads.get(key)
             # The cached entry stays the head until something newer exists (heads are never
             # deleted), so only newer entries need listing.
-            ids = objects.ids(after=cached.seqno if cached is not None else None)
+            ids = self._ids(key, after=cached.seqno if cached is not None else None)
             if not ids:
                 return cached
             try:
@@ -230,10 +245,9 @@ class ObjectConsensus(Consensus):
         check_seqno(from_seqno, "from_seqno", minimum=0)
         check_limit(limit)
         self._check_open()
-        objects = self._objects(key)
         after = from_seqno - 1 if from_seqno > 1 else None
         for _ in range(MOVING_ATTEMPTS):
-            ids = objects.ids(after=after)[:limit]
+            ids = self._ids(key, after=after)[:limit]
             for lower, upper in pairwise(ids):
                 if upper != lower + 1:
                     # Entries are created only at head + 1 and deleted from the bottom, so a
@@ -331,7 +345,7 @@ class ObjectConsensus(Consensus):
         with self._lock:
             reached = self._reached.get(key, 0)
         if expected is None:
-            if reached or self._objects(key).ids():
+            if reached or self._ids(key):
                 return Mismatch(self.head(key))
             return None
         if expected <= reached:
@@ -406,8 +420,7 @@ class ObjectConsensus(Consensus):
         check_key(key)
         check_seqno(seqno, "seqno")
         self._check_open()
-        objects = self._objects(key)
-        entries = objects.entries()
+        entries = self._entries(key)
         head = entries[-1][0] if entries else None
         if head is None or seqno > head:
             raise InvalidArgument(
@@ -423,7 +436,7 @@ class ObjectConsensus(Consensus):
             if self.min_age and successor.last_modified.timestamp() > cutoff:
                 break  # too young: this and everything above stays (the log stays contiguous)
             # One at a time, ascending: a crash leaves a contiguous suffix.
-            self.store.delete(objects.path(current))
+            self.store.delete(entry_path(key, current))
             deleted += 1
         return deleted
 
