@@ -46,6 +46,12 @@ def pg_on() -> Iterator[MakePg]:
 
 
 @pytest.fixture
+def watched(postgres: PostgresServer, pg_table: str, pg_on: MakePg, app: str) -> PostgresConsensus:
+    """A consensus whose server session is named ``app`` (so ``side`` can watch it)."""
+    return pg_on(f"{postgres.url()}?application_name={app}", pg_table)
+
+
+@pytest.fixture
 def side(postgres: PostgresServer) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A plain connection for the other actor (explicit transactions, locks)."""
     with psycopg.connect(postgres.url(), autocommit=True) as conn:
@@ -181,30 +187,50 @@ def test_statement_timeout_is_indefinite_for_a_write(
 # The locks the compare-and-set relies on.
 
 
-def test_a_first_insert_waits_for_a_concurrent_one_and_loses_if_it_commits(
-    postgres: PostgresServer,
-    pg_table: str,
-    pg_on: MakePg,
+@pytest.mark.parametrize(
+    "case",
+    [
+        (then, outcome)
+        for then in ("nothing", "append and truncate")
+        for outcome in ("commit", "rollback")
+    ],
+    ids=lambda case: "-then-".join(case).replace(" ", "-"),
+)
+def test_a_first_insert_waits_for_a_concurrent_first_insert(
+    watched: PostgresConsensus,
     side: psycopg.Connection[tuple[object, ...]],
     app: str,
+    pg_table: str,
+    case: tuple[str, str],
 ) -> None:
-    consensus = pg_on(f"{postgres.url()}?application_name={app}", pg_table)
-    insert = sql.SQL("INSERT INTO {} VALUES (%s, 1, %s)").format(sql.Identifier(pg_table))
-    consensus.list_keys()  # the table exists
-    for outcome in ("commit", "rollback"):
-        key = f"first-{outcome}"
-        tx = side.transaction()
-        tx.__enter__()
-        side.execute(insert, (key, b"side"))
-        thread, out = in_thread(lambda key=key: consensus.compare_and_set(key, None, b"ours"))
-        wait_until_waiting(side, app)  # on the unique index entry of the side's row
-        if outcome == "commit":
-            tx.__exit__(None, None, None)
-            assert finish(thread, out) == Mismatch(VersionedData(1, b"side"))
-        else:
-            tx.__exit__(RuntimeError, RuntimeError("roll back"), None)
-            assert finish(thread, out) == Committed()
-            assert consensus.head(key) == VersionedData(1, b"ours")
+    """Another client's first insert (its claim of the key and row 1), maybe followed by an
+    append and a truncation to 2, is in an open transaction while our first insert runs:
+    ours waits on the claim. If theirs commits, ours writes nothing (even though row 1 is
+    gone again, which a plain "no row for the key" check in our statement's snapshot
+    would have missed); if theirs rolls back, ours commits."""
+    then, outcome = case
+    consensus = watched
+    consensus.list_keys()  # the tables exist
+    table, shards = sql.Identifier(pg_table), sql.Identifier(f"{pg_table}_shards")
+    tx = side.transaction()
+    tx.__enter__()
+    side.execute(sql.SQL("INSERT INTO {} VALUES (%s)").format(shards), (KEY,))
+    side.execute(sql.SQL("INSERT INTO {} VALUES (%s, 1, 'theirs 1')").format(table), (KEY,))
+    if then == "append and truncate":
+        side.execute(sql.SQL("INSERT INTO {} VALUES (%s, 2, 'theirs 2')").format(table), (KEY,))
+        side.execute(sql.SQL("DELETE FROM {} WHERE shard = %s AND seqno < 2").format(table), (KEY,))
+    thread, out = in_thread(lambda: consensus.compare_and_set(KEY, None, b"ours"))
+    wait_until_waiting(side, app)
+    if outcome == "commit":
+        tx.__exit__(None, None, None)
+        head = VersionedData(1, b"theirs 1") if then == "nothing" else VersionedData(2, b"theirs 2")
+        assert finish(thread, out) == Mismatch(head)
+        assert consensus.scan(KEY, 0, 10) == [head]
+    else:
+        tx.__exit__(RuntimeError, RuntimeError("roll back"), None)
+        assert finish(thread, out) == Committed()
+        assert consensus.scan(KEY, 0, 10) == [VersionedData(1, b"ours")]
+    assert consensus.list_keys() == [KEY]
 
 
 def test_a_cas_whose_predecessor_is_being_truncated_waits_and_writes_nothing(
@@ -259,7 +285,8 @@ def test_bad_arguments_are_refused_before_connecting() -> None:
     with pytest.raises(InvalidArgument, match="table"):
         PostgresConsensus("postgresql://u@h/db", table="Robert'); DROP TABLE x;--")
     with pytest.raises(InvalidArgument, match="table"):
-        PostgresConsensus("postgresql://u@h/db", table="x" * 64)
+        PostgresConsensus("postgresql://u@h/db", table="x" * 57)  # + "_shards": over 63
+    PostgresConsensus("postgresql://u@h/db", table="x" * 56).close()
     with pytest.raises(InvalidArgument):
         PostgresConsensus("postgresql://u@h/db", statement_timeout=0)
     with pytest.raises(InvalidArgument, match="not a PostgreSQL URL"):

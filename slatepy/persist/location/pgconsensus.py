@@ -1,6 +1,7 @@
 """``Consensus`` in PostgreSQL (RFC 0015 §3.3): ``consensus="postgresql://..."``.
 
-One table holds every key's log, one row per entry, primary key ``(shard, seqno)``. One
+One table holds every key's log, one row per entry, primary key ``(shard, seqno)``; a second
+(``{table}_shards``) one row per key ever written, which makes the first insert safe. One
 psycopg 3 connection per instance in autocommit mode (every statement is its own READ
 COMMITTED transaction: one round trip), guarded by a lock, opened on first use and again
 after it breaks. The table is created on first connection under an advisory lock
@@ -49,28 +50,42 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 DEFAULT_TABLE = "slatepy_consensus"
 SCHEMA_LOCK = 7394611205316437
 """The advisory lock id serializing schema creation (any constant every client agrees on)."""
-TABLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+TABLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,55}")
+"""Lower-case identifiers short enough that ``{table}_shards`` fits PostgreSQL's 63 bytes."""
 
 
 class _Queries:
-    """The statements for one table name (composed once, quoted as an identifier)."""
+    """The statements for one table name (composed once, quoted as identifiers).
+
+    Two tables: ``{table}`` holds the entries; ``{table}_shards`` one row per key that ever
+    had an entry, claimed by the key's first insert and never deleted (see
+    :meth:`PostgresConsensus.compare_and_set` for why).
+    """
 
     def __init__(self, table: str) -> None:
         t = sql.Identifier(table)
-        self.create = sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {t} ("
-            " shard text NOT NULL,"
-            " seqno bigint NOT NULL CHECK (seqno > 0),"
-            " data bytea NOT NULL,"
-            " PRIMARY KEY (shard, seqno))"
-        ).format(t=t)
+        shards = sql.Identifier(f"{table}_shards")
+        self.create = [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {t} ("
+                " shard text NOT NULL,"
+                " seqno bigint NOT NULL CHECK (seqno > 0),"
+                " data bytea NOT NULL,"
+                " PRIMARY KEY (shard, seqno))"
+            ).format(t=t),
+            sql.SQL("CREATE TABLE IF NOT EXISTS {shards} (shard text PRIMARY KEY)").format(
+                shards=shards
+            ),
+        ]
         # See PostgresConsensus.compare_and_set for why these are atomic.
         self.cas_first = sql.SQL(
-            "INSERT INTO {t} (shard, seqno, data)"
-            " SELECT %(shard)s, 1, %(data)s"
-            " WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE shard = %(shard)s)"
+            "WITH claim AS ("
+            " INSERT INTO {shards} (shard) VALUES (%(shard)s)"
+            " ON CONFLICT (shard) DO NOTHING RETURNING shard)"
+            " INSERT INTO {t} (shard, seqno, data)"
+            " SELECT shard, 1, %(data)s FROM claim"
             " ON CONFLICT (shard, seqno) DO NOTHING"
-        ).format(t=t)
+        ).format(t=t, shards=shards)
         self.cas_next = sql.SQL(
             "INSERT INTO {t} (shard, seqno, data)"
             " SELECT shard, %(new)s, %(data)s FROM {t}"
@@ -93,7 +108,11 @@ class _Queries:
             "DELETE FROM {t} WHERE shard = %(shard)s AND seqno < %(seqno)s"
             " AND EXISTS (SELECT 1 FROM {t} WHERE shard = %(shard)s AND seqno >= %(seqno)s)"
         ).format(t=t)
-        self.keys = sql.SQL("SELECT DISTINCT shard FROM {t} ORDER BY shard").format(t=t)
+        # One index probe per key, not a scan of every entry.
+        self.keys = sql.SQL(
+            "SELECT s.shard FROM {shards} s"
+            " WHERE EXISTS (SELECT 1 FROM {t} WHERE shard = s.shard) ORDER BY s.shard"
+        ).format(t=t, shards=shards)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -185,7 +204,8 @@ class PostgresConsensus(Consensus):
             try:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-                    conn.execute(self._q.create)
+                    for statement in self._q.create:
+                        conn.execute(statement)
             except psycopg.Error as exc:
                 conn.close()
                 raise StoreUnavailable(
@@ -305,10 +325,13 @@ class PostgresConsensus(Consensus):
           predecessor exists when the new row commits, which rules out re-creating a seqno
           a truncation already removed (``truncate`` deletes row ``n`` only together with
           everything below it, and only once a higher row exists).
-        * ``expected=None`` (seqno 1): "no row for the shard" in the statement's snapshot;
-          two first inserts conflict on the key as above. (Re-creating a truncated row 1
-          would need two appends and a truncation of the brand-new log to commit inside
-          this one statement's run; persist never truncates a log that young.)
+        * ``expected=None`` (seqno 1): there is no row to lock, and "no row for the shard"
+          in the statement's snapshot could be stale the same way (row 1 inserted, row 2
+          appended and row 1 truncated after the snapshot: the insert would re-create row
+          1). So the first insert instead claims the key in ``{table}_shards``, whose rows
+          are never deleted, in the same statement: the claim's primary key lets exactly
+          one first insert per key ever succeed (a concurrent claim waits for the other
+          transaction and then takes ``DO NOTHING``), and row 1 is inserted only with it.
 
         Rowcount 1 is ``Committed``; 0 is ``Mismatch(head)``. A connection lost after the
         statement was sent is resolved by reading row ``expected + 1`` back (our bytes:
