@@ -150,6 +150,8 @@ def test_requests_per_operation(backend: Backend, consensus_on: MakeConsensus) -
     append(other, KEY, b"v3")
     assert count(lambda: a.compare_and_set(KEY, 2, b"lost")) == {"put": 1, "get": 1}
     assert count(lambda: a.head(KEY)) == {"list": 1}  # nothing newer than what it saw
+    # Below a seqno it has seen taken: no write, the head is the mismatch.
+    assert count(lambda: a.compare_and_set(KEY, 1, b"stale")) == {"list": 1}
     append(other, KEY, b"v4")
     assert count(lambda: a.head(KEY)) == {"list": 1, "get": 1}
     fresh = consensus_on(metrics)
@@ -200,7 +202,9 @@ def test_the_guard_keeps_the_slot_a_stale_writer_would_recreate(
     it (``min_age=0``) the late create resurrects seqno 2 below the truncation point, and
     a scan reports the gap instead of handing the resurrected entry out as log."""
     stale = consensus_on(store, min_age=0)
-    append(stale, KEY, b"v1")  # the stale writer saw head 1
+    append(stale, KEY, b"v1")  # the stale writers saw head 1
+    stale_too = consensus_on(store, min_age=0)
+    assert stale_too.head(KEY) == VersionedData(1, b"v1")
     others = consensus_on(store, min_age=3600)
     for n in range(2, 5):
         append(others, KEY, b"v%d" % n)
@@ -209,7 +213,7 @@ def test_the_guard_keeps_the_slot_a_stale_writer_would_recreate(
 
     unguarded = consensus_on(store, min_age=0)
     assert unguarded.truncate(KEY, 4) == 3
-    assert stale.compare_and_set(KEY, 1, b"resurrected") == Committed()  # the hole
+    assert stale_too.compare_and_set(KEY, 1, b"resurrected") == Committed()  # the hole
     with pytest.raises(CorruptionError, match="gap") as raised:
         unguarded.scan(KEY, 0, 10)
     assert raised.value.path == entry_path(KEY, 2)
@@ -217,6 +221,21 @@ def test_the_guard_keeps_the_slot_a_stale_writer_would_recreate(
     assert unguarded.scan(KEY, 4, 10) == [VersionedData(4, b"v4")]
     assert unguarded.truncate(KEY, 4) == 1  # a truncation removes it again
     assert unguarded.scan(KEY, 0, 10) == [VersionedData(4, b"v4")]
+
+
+def test_an_instance_never_recreates_a_seqno_it_has_seen_taken(
+    store: ObjectStore, consensus_on: MakeConsensus
+) -> None:
+    writes: list[str] = []
+    counted = Hooked(store, lambda op, path: writes.append(path) if op == "put" else None)
+    a = consensus_on(counted)
+    for n in range(1, 5):
+        append(a, KEY, b"v%d" % n)
+    assert consensus_on(store, min_age=0).truncate(KEY, 4) == 3  # seqnos 1-3 are free again
+    writes.clear()
+    assert a.compare_and_set(KEY, 1, b"stale") == Mismatch(VersionedData(4, b"v4"))
+    assert writes == []
+    assert consensus_on(store).scan(KEY, 0, 10) == [VersionedData(4, b"v4")]
 
 
 def test_negative_min_age_is_invalid(store: ObjectStore) -> None:

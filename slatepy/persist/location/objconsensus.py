@@ -11,6 +11,8 @@ ever created at head + 1, and truncation removes only entries below the head). T
 checks the second half atomically. The first half is a fact that never becomes false once
 true, so this instance remembers the highest seqno it has seen exist per key and checks it
 with one HEAD only for an ``expected`` it has never seen (``None`` needs an empty listing).
+An ``expected`` below the highest seqno seen is a mismatch without any write: the instance
+never re-creates a seqno it has seen taken.
 
 Each object is a small envelope around the caller's bytes: magic ``SLPC``, format version,
 seqno, key, data, XXH3-64 checksum. A damaged object, another program's file at an entry's
@@ -23,7 +25,8 @@ Requests (conditional CAS; ``MetricsStore`` counts, see ``tests/persist``):
 ==========================  ==========================================================
 ``compare_and_set`` won     1 PUT (+1 HEAD if ``expected`` was never seen here; +1 LIST
                             for ``expected=None``)
-``compare_and_set`` lost    1 PUT + 1 GET (the winner's entry is ``Mismatch.current``)
+``compare_and_set`` lost    1 PUT + 1 GET (the winner's entry is ``Mismatch.current``);
+                            1 LIST (+1 GET) if this instance had seen a newer entry
 ``head``                    1 LIST from the newest seqno seen here, +1 GET if newer
 ``scan``                    1 LIST + one GET per entry (up to 16 in parallel)
 ``truncate``                1 LIST + one DELETE per entry, ascending
@@ -340,15 +343,24 @@ class ObjectConsensus(Consensus):
 
     def _check_expected(self, key: str, expected: int | None) -> Mismatch | None:
         """A ``Mismatch`` if ``expected`` cannot be the head for a reason the create itself
-        would not catch: the log is not empty (``expected=None``) or never reached
-        ``expected``. Free when this instance has already seen ``expected`` exist."""
+        would not catch; ``None`` if the create decides.
+
+        * ``expected=None``: the log must be empty (one LIST, or nothing if this instance
+          has seen an entry).
+        * ``expected`` below the highest seqno seen here: ``expected + 1`` existed, so it is
+          taken for good. Answered without writing: if a truncation had deleted it, a create
+          would succeed and resurrect it.
+        * ``expected`` above it: the log must have reached ``expected`` (one HEAD).
+        """
         with self._lock:
             reached = self._reached.get(key, 0)
         if expected is None:
             if reached or self._ids(key):
                 return Mismatch(self.head(key))
             return None
-        if expected <= reached:
+        if expected < reached:
+            return Mismatch(self.head(key))
+        if expected == reached:
             return None
         try:
             self.store.head(entry_path(key, expected))
