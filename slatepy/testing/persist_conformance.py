@@ -357,11 +357,16 @@ class ConsensusConformance:
         assert instances[0].scan(KEY, 0, RACE_ROUNDS + 10) == won
         assert instances[-1].head(KEY) == won[-1]
 
-    def test_racing_writers_free_running(self, open_consensus: Opener) -> None:
+    @pytest.mark.parametrize("sharing", ["own instances", "one shared instance"])
+    def test_racing_writers_free_running(self, open_consensus: Opener, sharing: str) -> None:
         """The same 8 writers without rounds (head, CAS, repeat; bounded in iterations and
         time) until the log holds RACE_ENTRIES entries: one winner per seqno, a contiguous
-        log of exactly the winners' bytes, whatever the interleaving."""
-        instances = [open_consensus() for _ in range(RACE_THREADS)]
+        log of exactly the winners' bytes, whatever the interleaving. Also with all threads
+        on one instance (its caches and connection are shared)."""
+        if sharing == "own instances":
+            instances = [open_consensus() for _ in range(RACE_THREADS)]
+        else:
+            instances = [open_consensus()] * RACE_THREADS
         start = threading.Barrier(RACE_THREADS, timeout=RACE_SECONDS)
         deadline = time.monotonic() + RACE_SECONDS
         won: list[tuple[int, bytes]] = []
