@@ -74,8 +74,14 @@ class Opener:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        errors = []
         for consensus in self._opened:
-            consensus.close()
+            try:
+                consensus.close()
+            except Exception as error:  # close the rest; report the first
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
 @dataclass

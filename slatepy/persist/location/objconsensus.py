@@ -280,6 +280,8 @@ class ObjectConsensus(Consensus):
         if len(ids) <= 1:
             return [self._read(key, seqno) for seqno in ids]
         with self._lock:
+            if self._closed:
+                raise ClosedError(f"{self!r} is closed")  # no pool may outlive close()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
                     READ_PARALLELISM, thread_name_prefix="slatepy-consensus-read"
