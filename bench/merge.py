@@ -16,8 +16,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from slatepy.engine.merge import merge_newest
 from slatepy.format.block import Entry
+from slatepy.table.merge import merge_newest
 
 Merge = Callable[[list[Iterator[Entry]]], Iterator[Entry]]
 
