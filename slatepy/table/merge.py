@@ -18,12 +18,17 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
     if len(sources) == 1:  # a database compacted into one sorted run: nothing to merge
         yield from sources[0]
         return
-    tagged = (
-        ((key, -seq, order, value) for key, seq, value in source)
-        for order, source in enumerate(sources)
-    )
+    tagged = (_tagged(source, order) for order, source in enumerate(sources))
     last: bytes | None = None
     for key, neg_seq, _, value in heapq.merge(*tagged):
         if key != last:
             last = key
             yield key, -neg_seq, value
+
+
+def _tagged(source: Iterator[Entry], order: int) -> Iterator[tuple[bytes, int, int, bytes | None]]:
+    # A function, not a nested generator expression: that would read ``order`` only when
+    # heapq.merge first pulls from it, after every source was enumerated, and tag all of
+    # them with the last index (ties on seq then fell to comparing the values).
+    for key, seq, value in source:
+        yield key, -seq, order, value
