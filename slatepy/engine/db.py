@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.closing import Closing
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.startup import start_writer
-from slatepy.engine.table import TableReader
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -43,6 +41,8 @@ from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.reader import TableReader
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
