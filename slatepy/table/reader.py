@@ -475,6 +475,12 @@ class TableReader:
             loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
         )
 
+    def clear_caches(self) -> None:
+        """Drop the cached blocks and index partitions (a closed database's memory); reads
+        still work, from the store."""
+        self._blocks.clear()
+        self._metas.clear()
+
     def is_open(self, path: str) -> bool:
         """Whether the SST's top level is in memory (opening it would need no request)."""
         return path in self._tops
