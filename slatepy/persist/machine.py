@@ -9,7 +9,9 @@ A command is ``run(transition, args)``: take the cached state, run
 :class:`StateDiff`, ``compare_and_set`` it at ``expected = state.seqno``. A ``Mismatch``
 means another process committed first: apply what we missed and run the transition again,
 with a small randomized backoff, up to :data:`MAX_ATTEMPTS` times (then
-``StateConflictError``).
+``StateConflictError``). A ``Break`` (a no-op or a refusal) decided on the cached state is
+confirmed on the head first (one consensus read): an answer such as ``UpperMismatch`` is
+never given from a stale cache.
 
 **Indefinite failures.** A CAS whose outcome is unknown (``StoreUnavailable(definite=False)``)
 may still have landed. The machine remembers the bytes of every attempt of the command; on
@@ -194,17 +196,25 @@ class ShardMachine:
     ) -> R:
         attempts: dict[bytes, Change[R]] = {}
         uncertain = 0
-        if not self._versions.loaded:
-            self._refresh(rollup=False)
+        # Whether the cached state was read from consensus during this command: a Break
+        # decided on a stale cache (say, an upper mismatch) is confirmed on a fresh one.
+        fresh = False
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._check_open()
+            if not self._versions.loaded:
+                self._refresh(rollup=False)
+                fresh = True
             state = self._versions.state
             now = self.now_ms()
             if check is not None:
                 check(now)
             outcome = step(state, now, self.settings, transition, args)
             if isinstance(outcome, Break):
-                return outcome.answer()
+                if fresh:
+                    return outcome.answer()
+                self._refresh(rollup=False)
+                fresh = True
+                continue
             data = self._encode(state, outcome.state)
             attempts[data] = outcome
             try:
@@ -220,6 +230,7 @@ class ShardMachine:
                 resolved = self._resolve(attempts, on_uncertain is not None, exc)
                 if resolved is not None:
                     return resolved.result
+                fresh = False
                 if on_uncertain is not None:
                     args = on_uncertain(args)
                 continue
@@ -230,6 +241,7 @@ class ShardMachine:
             ours = self._match(self._versions.catch_up(state.seqno + 1, cas.current), attempts)
             if ours is not None:
                 return ours.result
+            fresh = True
             self._changed.notify_all()
             time.sleep(random.uniform(0, BACKOFF_STEP * attempt))
         raise StateConflictError(
@@ -246,18 +258,19 @@ class ShardMachine:
         self, attempts: dict[bytes, Change[R]], can_rerun: bool, cause: StoreUnavailable
     ) -> Change[R] | None:
         """After an indefinite CAS: re-read the log. Our attempt's bytes there → committed
-        (returned). Otherwise None: rerun (someone else's entry took the slot, or nothing is
-        there yet and a rerun CASes at the same seqno, so at most one can land).
+        (returned). Otherwise None: rerun (someone else's entry took the slot, nothing is there
+        yet, or the re-read failed: a rerun CASes at the same seqno, so at most one lands).
 
         Raises:
             Indeterminate: a cold load hid the answer and the command cannot rerun safely.
-            StoreUnavailable: the re-read failed (``definite=False``: the attempt may stand).
         """
         loaded_before = self._versions.state.seqno
         try:
             applied = self._versions.refresh()
-        except StoreUnavailable as exc:
-            raise _indefinite(exc) from exc
+        except StoreUnavailable:
+            # The next attempt CASes from the cached state: a landed attempt then comes
+            # back as the mismatch's entry (or in the catch-up after it) and is recognized.
+            return None
         if applied:
             self._changed.notify_all()
         ours = self._match(applied, attempts)

@@ -1,0 +1,172 @@
+"""Batch parts: writing sorted, consolidated updates as inline or blob parts, and reading
+them back as sorted update streams (RFC 0015 §5, §6.4, §7.2).
+
+A small run is kept **inline** in the state (one data block, no blob write) while it fits
+``inline_part_max_bytes`` and the state's inline budget; anything else becomes **hollow**
+parts: SSTs of the engine's format (key ``codec.encode_key``, seq = time, value
+``codec.encode_diff``, no bloom filter: parts are only scanned), cut at
+``part_target_bytes``, written under ``shards/{shard}/part/{writer}/{uuid}.sst``.
+
+Reading (for now) GETs a hollow part whole and decodes it with ``format.sst.decode_sst``;
+memory is one part per run being read.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+
+from slatepy.errors import CorruptionError, NotFound, StoreError
+from slatepy.format.sst import SstBuilder, decode_sst
+from slatepy.persist import frontier
+from slatepy.persist.codec import (
+    Update,
+    decode_entry,
+    decode_inline,
+    encode_diff,
+    encode_inline,
+    encode_key,
+)
+from slatepy.persist.config import PersistSettings
+from slatepy.persist.ids import part_key
+from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs
+from slatepy.persist.versions import shard_path
+from slatepy.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+KEY_LOWER_BYTES = 64
+"""Bytes of a part's first encoded key kept in the state (for range pruning later)."""
+
+_ENTRY_OVERHEAD = 16
+"""Rough bytes per entry beyond its key and 8-byte value (lengths, seq, block index)."""
+
+
+class PartWriter:
+    """Writes the parts of one writer's batches on one shard."""
+
+    def __init__(
+        self, blob: ObjectStore, shard_id: str, writer_id: str, settings: PersistSettings
+    ) -> None:
+        self.blob = blob
+        self.shard_id = shard_id
+        self.writer_id = writer_id
+        self.settings = settings
+
+    def write_run(self, updates: Sequence[Update], *, inline_budget: int) -> Run:
+        """Write consolidated, sorted ``updates`` (at least one) as one run.
+
+        Args:
+            inline_budget: Inline bytes the state may still take; the run is inline only if
+                it fits both this and ``inline_part_max_bytes``.
+        """
+        limit = min(self.settings.inline_part_max_bytes, inline_budget)
+        estimate = sum(len(k) + len(v) + 16 + _ENTRY_OVERHEAD for (k, v), _, _ in updates)
+        if estimate <= 2 * limit:
+            data = encode_inline(updates)
+            if len(data) <= limit:
+                return (InlinePart(data, len(updates)),)
+        return tuple(self._write_hollow(updates))
+
+    def _write_hollow(self, updates: Iterable[Update]) -> Iterator[HollowPart]:
+        builder: SstBuilder | None = None
+        count = 0
+        for (key, value), time, diff in updates:
+            if builder is None:
+                builder, count = SstBuilder(writer_epoch=0, bloom_bits_per_key=0), 0
+            builder.add(encode_key(key, value, time), time, encode_diff(diff))
+            count += 1
+            if builder.estimated_size >= self.settings.part_target_bytes:
+                yield self._put(builder, count)
+                builder = None
+        if builder is not None:
+            yield self._put(builder, count)
+
+    def _put(self, builder: SstBuilder, count: int) -> HollowPart:
+        sst = builder.finish()
+        props = sst.meta.props
+        key = part_key(self.writer_id)
+        self.blob.put(shard_path(self.shard_id, key), sst.data)
+        return HollowPart(
+            key=key,
+            size=len(sst.data),
+            updates=count,
+            key_lower=(props.first_key or b"")[:KEY_LOWER_BYTES],
+            t_min=props.min_seq,
+            t_max=props.max_seq,
+        )
+
+    def delete(self, runs: Runs) -> None:
+        """Delete the blobs of ``runs`` now (never applied; best effort: GC catches the
+        rest after ``batch_lease``)."""
+        for run in runs:
+            for part in run:
+                if isinstance(part, HollowPart):
+                    try:
+                        self.blob.delete(shard_path(self.shard_id, part.key))
+                    except StoreError:
+                        log.warning("could not delete part %s", part.key, exc_info=True)
+
+
+def read_part(blob: ObjectStore, shard_id: str, part: Part) -> Iterator[Update]:
+    """The updates of ``part`` inside its window, sorted by ``(k, v, t)``.
+
+    Raises:
+        NotFound: the part's blob is gone (the caller decides: lease expired, or corruption).
+        CorruptionError: the part does not decode (with its path).
+    """
+    window = part.window
+    if isinstance(part, InlinePart):
+        updates: Iterable[Update] = decode_inline(part.data)
+    else:
+        path = shard_path(shard_id, part.key)
+        data = blob.get(path)
+        try:
+            _, entries = decode_sst(data)
+            updates = [decode_entry(key, seq, value) for key, seq, value in entries]
+        except CorruptionError as exc:
+            raise CorruptionError(f"persist part: {exc}", path=path) from exc
+    for update in updates:
+        if window is None or frontier.contains(window.lower, window.upper, update[1]):
+            yield update
+
+
+def read_run(blob: ObjectStore, shard_id: str, run: Run) -> Iterator[Update]:
+    """The updates of a run (its parts in key order, one at a time in memory)."""
+    for part in run:
+        yield from read_part(blob, shard_id, part)
+
+
+def merge_runs(
+    blob: ObjectStore, shard_id: str, runs: Iterable[Run], *, as_of: int | None = None
+) -> Iterator[Update]:
+    """Every update of ``runs`` merged into one consolidated stream sorted by ``(k, v, t)``:
+    times ``> as_of`` dropped and the rest forwarded to ``as_of`` (when given, RFC §7.2),
+    diffs of equal ``(k, v, t)`` summed, zeros dropped. Memory: one part per run."""
+    streams = [_advanced(read_run(blob, shard_id, run), as_of) for run in runs]
+    current: tuple[bytes, bytes, int] | None = None
+    total = 0
+    for (key, value), time, diff in heapq.merge(*streams, key=lambda u: (u[0], u[1])):
+        triple = (key, value, time)
+        if triple != current:
+            if current is not None and total:
+                yield (current[0], current[1]), current[2], total
+            current, total = triple, 0
+        total += diff
+    if current is not None and total:
+        yield (current[0], current[1]), current[2], total
+
+
+def _advanced(updates: Iterator[Update], as_of: int | None) -> Iterator[Update]:
+    if as_of is None:
+        yield from updates
+        return
+    for kv, time, diff in updates:
+        if time <= as_of:
+            yield kv, as_of, diff
+
+
+def part_missing(exc: NotFound, part_key_: str) -> CorruptionError:
+    """The error for a part a live reader cannot find (GC invariant broken)."""
+    return CorruptionError(f"persist part {part_key_} is missing: {exc}", path=part_key_)

@@ -1,0 +1,282 @@
+"""Leased read handles: ``snapshot``, ``listen``, ``subscribe`` and the reader's since (RFC
+0015 §7.1-§7.4).
+
+A read handle is registered in the shard's state (a lease) and holds the shard's since at
+its own since: times at or after it stay exact. Reads wait for the upper by polling the
+consensus head with an adaptive backoff (10 ms after a change, doubling to
+``listen_poll_max``); commits of the same client wake them at once.
+
+**A listen's since hold.** The since the handle sends is the meet of what the caller asked
+for and ``frontier - 1`` of each open listen: compaction may then forward delivered times
+(``< frontier``) only up to ``frontier - 1``, where the filter ``t >= frontier`` cannot
+deliver them again, and leaves undelivered ones unchanged (RFC §7.3).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from slatepy.errors import ClosedError, CorruptionError, NotFound
+from slatepy.persist import frontier
+from slatepy.persist.codec import Update, check_frontier
+from slatepy.persist.errors import UsageError
+from slatepy.persist.frontier import Frontier
+from slatepy.persist.machine import ShardMachine, rerun_as_is
+from slatepy.persist.parts import merge_runs
+from slatepy.persist.state.records import Run, State
+from slatepy.persist.state.transitions import (
+    DowngradeSince,
+    ExpireLeasedReader,
+    downgrade_since,
+    expire_leased_reader,
+)
+
+POLL_MIN = 0.01
+"""Seconds between polls right after the shard changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Updates:
+    """Updates a listen delivers (each update with ``t > as_of`` exactly once)."""
+
+    updates: list[Update]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Every update at a time before ``upper`` was delivered (``None``: the listen ended)."""
+
+    upper: int | None
+
+
+Event = Updates | Progress
+
+
+def wait_for(
+    machine: ShardMachine, ready: Callable[[State], bool], timeout: float | None
+) -> State | None:
+    """Poll the shard until ``ready(state)``; None when ``timeout`` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = POLL_MIN
+    while True:
+        state = machine.fetch()
+        if ready(state):
+            return state
+        wait = delay
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            wait = min(wait, remaining)
+        if machine.wait_for_change(state.seqno, wait).seqno != state.seqno:
+            delay = POLL_MIN
+        else:
+            delay = min(delay * 2, machine.settings.listen_poll_max)
+
+
+class ReadHandle:
+    """Reads one shard as of times at or after its since. Open with
+    ``PersistClient.open_leased_reader``.
+
+    Attributes:
+        shard_id: The shard.
+        reader_id: This handle's leased reader id (``r`` + 32 hex).
+    """
+
+    def __init__(self, machine: ShardMachine, reader_id: str, since: Frontier) -> None:
+        self.shard_id = machine.shard_id
+        self.reader_id = reader_id
+        self._machine = machine
+        self._since = since
+        self._requested = since
+        self._listens: set[Listen] = set()
+        self._lock = threading.Lock()
+        self._expired = False
+
+    @property
+    def since(self) -> Frontier:
+        """This reader's since as last committed (reads before it raise ``SinceError``)."""
+        return self._since
+
+    def downgrade_since(self, new_since: Frontier) -> Frontier:
+        """Allow compaction to forward times before ``new_since`` (``None``: this reader
+        will read nothing more). Only moves forward: a smaller ``new_since`` is a no-op.
+        An open listen holds the since at its ``frontier - 1`` until it moves on.
+        Durable on return; answers the reader's since.
+
+        Raises:
+            UsageError: ``new_since`` is not an int or None, or the reader's lease expired.
+        """
+        check_frontier(new_since, "new since")
+        with self._lock:
+            self._check_live()
+            self._requested = frontier.join(self._requested, new_since)
+            return self._push_since()
+
+    def _push_since(self) -> Frontier:
+        """Commit the effective since (caller holds the lock) if it is beyond the current."""
+        holds = [listen.frontier - 1 for listen in self._listens if listen.frontier is not None]
+        target = frontier.meet((self._requested, *holds)) if holds else self._requested
+        if frontier.le(target, self._since):
+            return self._since
+        self._since = self._machine.run(
+            downgrade_since, DowngradeSince(self.reader_id, target), on_uncertain=rerun_as_is
+        )
+        return self._since
+
+    def snapshot(self, as_of: int, *, timeout: float | None = None) -> list[Update]:
+        """The shard's contents as of ``as_of``: every update at ``t <= as_of`` with its time
+        advanced to ``as_of``, consolidated (summed, no zero diffs), sorted. Waits until the
+        upper is beyond ``as_of``.
+
+        Raises:
+            SinceError: ``as_of`` is before this reader's since (or None).
+            TimeoutError: the upper did not pass ``as_of`` within ``timeout`` seconds.
+            UsageError: the reader's lease expired.
+        """
+        return list(self.snapshot_iter(as_of, timeout=timeout))
+
+    def snapshot_iter(self, as_of: int, *, timeout: float | None = None) -> Iterator[Update]:
+        """:meth:`snapshot` as a stream in bounded memory (one part per run). The checks
+        and the wait happen at the call; the parts are read as the stream is consumed."""
+        with self._lock:
+            self._check_live()
+            frontier.check_as_of(as_of, self._since)
+        state = wait_for(self._machine, lambda s: frontier.lt(as_of, s.upper), timeout)
+        if state is None:
+            raise TimeoutError(
+                f"shard {self.shard_id!r}: the upper did not pass {as_of} within {timeout} s"
+            )
+        self._check_registered(state)
+        runs = [run for batch in state.trace if batch.desc.lower <= as_of for run in batch.runs]
+        return self._guarded(runs, as_of)
+
+    def _guarded(self, runs: list[Run], as_of: int | None) -> Iterator[Update]:
+        try:
+            yield from merge_runs(self._machine.blob, self.shard_id, runs, as_of=as_of)
+        except NotFound as exc:
+            self._check_registered(self._machine.fetch())
+            raise CorruptionError(
+                f"shard {self.shard_id!r}: a part a live reader needs is missing: {exc}",
+                path=exc.path,
+            ) from exc
+
+    def listen(self, as_of: int) -> Listen:
+        """Updates strictly after ``as_of``, as they are appended (see :class:`Listen`).
+
+        Raises:
+            SinceError: ``as_of`` is before this reader's since (or None).
+        """
+        return self._open_listen(as_of, None)
+
+    def subscribe(self, as_of: int, *, timeout: float | None = None) -> Listen:
+        """A listen whose first event is the snapshot at ``as_of`` as one :class:`Updates`.
+
+        Raises:
+            SinceError, TimeoutError, UsageError: as :meth:`snapshot`.
+        """
+        return self._open_listen(as_of, self.snapshot(as_of, timeout=timeout))
+
+    def _open_listen(self, as_of: int, initial: list[Update] | None) -> Listen:
+        with self._lock:
+            self._check_live()
+            frontier.check_as_of(as_of, self._since)
+            listen = Listen(self, as_of, initial)
+            self._listens.add(listen)
+            return listen
+
+    def _listen_moved(self, listen: Listen, *, closed: bool = False) -> None:
+        with self._lock:
+            if closed:
+                self._listens.discard(listen)
+            if not self._expired:
+                self._push_since()
+
+    def expire(self) -> None:
+        """Remove this reader from the shard (one state change), releasing its since hold.
+        Idempotent; the handle and its listens are unusable afterwards."""
+        with self._lock:
+            if self._expired:
+                return
+            self._expired = True
+            self._listens.clear()
+            self._machine.run(
+                expire_leased_reader, ExpireLeasedReader(self.reader_id), on_uncertain=rerun_as_is
+            )
+
+    def _check_live(self) -> None:
+        if self._expired:
+            raise ClosedError(f"reader {self.reader_id} of shard {self.shard_id!r} was expired")
+
+    def _check_registered(self, state: State) -> None:
+        if self.reader_id not in state.leased_readers:
+            raise UsageError(
+                f"reader {self.reader_id} of shard {self.shard_id!r} is not registered: its "
+                "lease expired (or the shard was finalized); open a new reader"
+            )
+
+
+class Listen:
+    """The updates of a shard after ``as_of``, in order of time, as they are appended.
+
+    Each :meth:`fetch_next` answers ``[Updates(...), Progress(upper)]`` (no ``Updates``
+    when nothing new has data): every update with ``t > as_of`` is delivered exactly once,
+    every update before ``Progress(p)`` has ``t < p``, uppers strictly increase, and
+    ``Progress(None)`` ends the listen. Iterating blocks for the next events.
+
+    Attributes:
+        frontier: Every update before it was delivered (``as_of + 1`` at the start;
+            ``None`` once the shard closed).
+    """
+
+    def __init__(self, handle: ReadHandle, as_of: int, initial: list[Update] | None) -> None:
+        self.frontier: Frontier = as_of + 1
+        self._handle = handle
+        self._initial = initial
+        self._closed = False
+
+    def fetch_next(self, timeout: float | None = None) -> list[Event]:
+        """The next events; ``[]`` when the upper did not move within ``timeout`` seconds
+        (or the listen ended). ``None`` waits as long as it takes.
+
+        Raises:
+            UsageError: the reader's lease expired.
+        """
+        if self._initial is not None:
+            initial, self._initial = self._initial, None
+            return [Updates(initial)]
+        if self._closed or self.frontier is None:
+            return []
+        if self._handle._expired:
+            raise ClosedError(f"reader {self._handle.reader_id} was expired")
+        start = self.frontier
+        state = wait_for(self._handle._machine, lambda s: frontier.lt(start, s.upper), timeout)
+        if state is None:
+            return []
+        self._handle._check_registered(state)
+        runs = [
+            run
+            for batch in state.trace
+            if frontier.lt(start, batch.desc.upper)
+            for run in batch.runs
+        ]
+        updates = [u for u in self._handle._guarded(runs, None) if u[1] >= start]
+        events: list[Event] = [Updates(updates)] if updates else []
+        events.append(Progress(state.upper))
+        self.frontier = state.upper
+        self._handle._listen_moved(self)
+        return events
+
+    def __iter__(self) -> Iterator[Event]:
+        """Block for events until the listen ends (``Progress(None)``) or is closed."""
+        while not self._closed and (self.frontier is not None or self._initial is not None):
+            yield from self.fetch_next()
+
+    def close(self) -> None:
+        """Stop listening and release this listen's since hold."""
+        if not self._closed:
+            self._closed = True
+            self._handle._listen_moved(self, closed=True)

@@ -1,0 +1,109 @@
+"""The persist client: locations, sharing between handles, closing, finalization
+(RFC 0015 §9, §10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slatepy.config import Settings
+from slatepy.errors import ClosedError
+from slatepy.persist import PersistClient, UpperMismatch, UsageError
+from slatepy.persist.location.objconsensus import ObjectConsensus
+from slatepy.store.stack import open_stack
+from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
+    SHARD,
+    TEST_SETTINGS,
+    client_fixture,
+    state_of,
+    url_fixture,
+)
+
+
+def test_memory_locations_are_private_to_one_client() -> None:
+    with PersistClient.open("memory://") as a, PersistClient.open("memory://") as b:
+        a.open_writer(SHARD).compare_and_append([], 0, 3)
+        assert a.open_writer(SHARD).upper == 3  # handles of one client share it
+        assert b.open_writer(SHARD).upper == 0
+
+
+def test_file_locations_are_shared_by_clients(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    with PersistClient.open(url) as a, PersistClient.open(url) as b:
+        a.open_writer(SHARD).compare_and_append([((b"k", b"v"), 1, 1)], 0, 3)
+        assert b.open_leased_reader(SHARD).snapshot(2) == [((b"k", b"v"), 2, 1)]
+        assert b.list_shards() == [SHARD]
+
+
+def test_a_closed_client_refuses_new_handles(url: str) -> None:
+    with PersistClient.open(url) as client:
+        write = client.open_writer(SHARD)
+    client.close()  # idempotent
+    with pytest.raises(ClosedError):
+        client.open_writer(SHARD)
+    with pytest.raises(ClosedError):
+        write.compare_and_append([], 0, 1)
+
+
+def test_a_consensus_instance_is_used_as_is_and_left_open() -> None:
+    store = open_stack("memory://", Settings())
+    with ObjectConsensus(store, min_age=0) as log:
+        with PersistClient.open(store, consensus=log) as client:
+            client.open_writer(SHARD).compare_and_append([], 0, 1)
+        head = log.head(SHARD)  # still open
+        assert head is not None and head.seqno == 1
+
+
+def test_invalid_shard_ids_are_usage_errors(client: PersistClient) -> None:
+    for bad in ("", "a/b", ".hidden", 7):
+        with pytest.raises(UsageError):
+            client.open_writer(bad)  # type: ignore[arg-type]
+
+
+def close_everything(client: PersistClient) -> None:
+    client.open_writer(SHARD).compare_and_append([((b"k", b"v"), 0, 1)], 0, None)
+    read = client.open_leased_reader(SHARD)
+    read.downgrade_since(None)
+    read.expire()
+
+
+def test_finalize_needs_since_and_upper_none(client: PersistClient) -> None:
+    client.open_writer(SHARD).compare_and_append([], 0, None)
+    with pytest.raises(UsageError, match="since and upper both None"):
+        client.finalize_shard(SHARD)  # since is still 0
+    read = client.open_leased_reader(SHARD)
+    read.downgrade_since(None)
+    client.finalize_shard(SHARD)
+    assert state_of(client).finalized
+
+
+def test_finalize_with_an_open_upper_is_refused(client: PersistClient) -> None:
+    client.open_critical_since(SHARD, "c").compare_and_downgrade_since(b"", b"", None)
+    with pytest.raises(UsageError):
+        client.finalize_shard(SHARD)
+    assert not state_of(client).finalized
+
+
+def test_finalize_is_idempotent_and_then_nothing_is_written(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    close_everything(client)
+    client.finalize_shard(SHARD)
+    seqno = state_of(client).seqno
+    client.finalize_shard(SHARD)
+    assert state_of(client).seqno == seqno
+    with pytest.raises(UpperMismatch) as info:
+        write.compare_and_append([], 0, 1)
+    assert info.value.current is None
+    for open_handle in (
+        lambda: client.open_writer(SHARD),
+        lambda: client.open_leased_reader(SHARD),
+        lambda: client.open_critical_since(SHARD, "c"),
+    ):
+        with pytest.raises(UsageError, match="finalized"):
+            open_handle()
+    assert state_of(client).seqno == seqno
+
+
+def test_settings_reach_the_machines(client: PersistClient) -> None:
+    assert client.machine(SHARD).settings is TEST_SETTINGS

@@ -1,0 +1,284 @@
+"""Materialize-style scenarios across handles and clients: lost CAS replies and the
+idempotency token (RFC 0015 §6.2, §13.3 cases 2-6), random consensus faults, replicas
+appending the same data, since downgrades by leased, critical and mixed readers (§13.3
+case 14), closed frontiers, consolidation, and listens across clients."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from slatepy.config import Settings
+from slatepy.errors import StoreUnavailable
+from slatepy.persist import (
+    Indeterminate,
+    PersistClient,
+    PersistSettings,
+    Progress,
+    Updates,
+    UpperMismatch,
+)
+from slatepy.persist.location.consensus import Consensus
+from slatepy.persist.location.objconsensus import ObjectConsensus
+from slatepy.store.base import ObjectStore
+from slatepy.store.stack import open_stack
+from slatepy.testing.faults import FaultRates
+from slatepy.testing.persist_faults import (
+    FaultyConsensus,
+    InterceptConsensus,
+    consensus_uniform,
+)
+from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
+    SHARD,
+    TEST_SETTINGS,
+    Clock,
+    client_fixture,
+    state_of,
+    url_fixture,
+)
+
+Update = tuple[tuple[bytes, bytes], int, int]
+
+
+def upd(key: bytes, time: int, diff: int = 1) -> Update:
+    return (key, b"v"), time, diff
+
+
+@pytest.fixture
+def store() -> ObjectStore:
+    return open_stack("memory://", Settings())
+
+
+@pytest.fixture
+def log(store: ObjectStore) -> Iterator[Consensus]:
+    with ObjectConsensus(store, min_age=0) as opened:
+        yield opened
+
+
+def snapshot(client: PersistClient, as_of: int) -> list[Update]:
+    read = client.open_leased_reader(SHARD)
+    try:
+        return read.snapshot(as_of)
+    finally:
+        read.expire()
+
+
+# -- indefinite failures ------------------------------------------------------------------
+
+
+def test_a_lost_cas_reply_commits_once(store: ObjectStore, log: Consensus) -> None:
+    faulty = FaultyConsensus(log, {"compare_and_set": FaultRates(lost_reply=1.0)})
+    with PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0)], 0, 1)
+        write.compare_and_append([upd(b"b", 1)], 1, 2)
+        assert write.upper == 2
+        faulty.enabled = False
+        assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
+    assert faulty.counts["compare_and_set:lost_reply"] >= 2
+
+
+def lose_reply_after(
+    hook: Callable[[], None],
+) -> Callable[[str, str | None], None]:
+    """An ``after`` hook: on the first armed CAS, run ``hook`` then lose the reply."""
+    armed = [False]
+
+    def after(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed[0]:
+            armed[0] = False
+            hook()
+            raise StoreUnavailable("injected: reply lost", definite=False)
+
+    after.arm = lambda: armed.__setitem__(0, True)  # type: ignore[attr-defined]
+    return after
+
+
+def churn_and_truncate(other: PersistClient, log: Consensus) -> None:
+    """Another client commits until it rolled up, then the log is truncated to that rollup:
+    the lost attempt's entry is gone, only its token can tell."""
+    for i in range(4):
+        other.open_critical_since(SHARD, f"c{i}")
+    rollups = other.machine(SHARD).state.rollups
+    assert rollups
+    assert log.truncate(SHARD, max(rollups)) > 0
+
+
+ROLLING = PersistSettings(
+    rollup_min_bytes=0,
+    rollup_min_diffs=1,
+    writer_lease=10.0,
+    batch_lease=10.0,
+    consensus_min_age=1.0,
+    allow_short_leases=True,
+)
+
+
+def test_the_token_decides_when_the_log_no_longer_shows_the_attempt(
+    store: ObjectStore, log: Consensus
+) -> None:
+    with PersistClient.open(store, consensus=log, settings=ROLLING) as other:
+        after = lose_reply_after(lambda: churn_and_truncate(other, log))
+        intercept = InterceptConsensus(log, after=after)
+        with PersistClient.open(store, consensus=intercept, settings=TEST_SETTINGS) as client:
+            write = client.open_writer(SHARD)
+            write.compare_and_append([], 0, 1)
+            after.arm()  # type: ignore[attr-defined]
+            write.compare_and_append([upd(b"a", 1)], 1, 2)  # AlreadyCommitted by token
+            assert write.upper == 2
+            assert snapshot(client, 1) == [upd(b"a", 1)]
+
+
+def test_an_expired_writer_leaves_an_uncertain_append_indeterminate(
+    store: ObjectStore, log: Consensus
+) -> None:
+    clock = Clock()
+
+    def expire_then_churn() -> None:
+        clock.advance(60)  # past writer_lease: the next commit drops the writer
+        churn_and_truncate(other, log)
+
+    with PersistClient.open(store, consensus=log, settings=ROLLING, clock=clock) as other:
+        after = lose_reply_after(expire_then_churn)
+        intercept = InterceptConsensus(log, after=after)
+        with PersistClient.open(store, consensus=intercept, settings=ROLLING, clock=clock) as a:
+            write = a.open_writer(SHARD)
+            write.compare_and_append([], 0, 1)
+            after.arm()  # type: ignore[attr-defined]
+            with pytest.raises(Indeterminate) as info:
+                write.compare_and_append([upd(b"a", 1)], 1, 2)
+            assert info.value.definite is False
+
+
+def test_an_attempt_that_never_acted_loses_to_another_writer(
+    store: ObjectStore, log: Consensus
+) -> None:
+    with PersistClient.open(store, consensus=log, settings=TEST_SETTINGS) as other:
+        rival = other.open_writer(SHARD)
+        armed = [False]
+
+        def before(op: str, key: str | None) -> None:
+            if op == "compare_and_set" and armed[0]:
+                armed[0] = False
+                rival.compare_and_append([upd(b"r", 1)], 1, 2)
+                raise StoreUnavailable("injected: request lost", definite=False)
+
+        intercept = InterceptConsensus(log, before=before)
+        with PersistClient.open(store, consensus=intercept, settings=TEST_SETTINGS) as client:
+            write = client.open_writer(SHARD)
+            write.compare_and_append([], 0, 1)
+            armed[0] = True
+            with pytest.raises(UpperMismatch) as info:
+                write.compare_and_append([upd(b"a", 1)], 1, 2)
+            assert info.value.current == 2
+            assert snapshot(client, 1) == [upd(b"r", 1)]
+
+
+def test_random_consensus_faults_lose_and_duplicate_nothing(
+    store: ObjectStore, log: Consensus
+) -> None:
+    faulty = FaultyConsensus(log, consensus_uniform(0.2), seed=7, enabled=False)
+    acknowledged: set[Update] = set()
+    uncertain: set[Update] = set()
+    with PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        faulty.enabled = True
+        for n in range(40):
+            update = upd(b"%d" % n, 0)
+            try:
+                expected = write.fetch_recent_upper()
+                assert expected is not None
+                update = upd(b"%d" % n, expected)
+                write.compare_and_append([update], expected, expected + 1)
+                acknowledged.add(update)
+            except UpperMismatch:
+                pass
+            except StoreUnavailable as exc:
+                if not exc.definite:
+                    uncertain.add(update)
+        faulty.enabled = False
+        upper = write.fetch_recent_upper()
+        assert upper is not None and upper > 0
+        contents = snapshot(client, upper - 1)
+    assert sum(faulty.counts.values()) > 0
+    keys = {u[0] for u in contents}
+    assert all(d == 1 for _, _, d in contents)  # never twice
+    assert {u[0] for u in acknowledged} <= keys  # never lost
+    assert keys <= {u[0] for u in acknowledged | uncertain}  # nothing else
+
+
+# -- replicas, frontiers, consolidation ------------------------------------------------
+
+
+def test_replicas_appending_the_same_stream_write_it_once(client: PersistClient) -> None:
+    a, b = client.open_writer(SHARD), client.open_writer(SHARD)
+    stream = [upd(b"k%d" % t, t) for t in range(12)]
+    a.append(stream[0:4], 0, 4)
+    b.append(stream[0:6], 0, 6)  # appends [4, 6)
+    a.append(stream[4:9], 4, 9)  # appends [6, 9)
+    b.append(stream[6:9], 6, 9)  # already there
+    b.append(stream[9:12], 9, 12)
+    assert snapshot(client, 11) == sorted(upd(u[0][0], 11) for u in stream)
+
+
+def test_since_downgrades_by_leased_critical_and_mixed_readers(client: PersistClient) -> None:
+    leased = client.open_leased_reader(SHARD)
+    leased.downgrade_since(4)
+    assert state_of(client).since == 4  # leased alone
+    critical = client.open_critical_since(SHARD, "controller")
+    assert critical.since == 4
+    leased.downgrade_since(10)
+    assert state_of(client).since == 4  # held by the critical reader
+    critical.compare_and_downgrade_since(b"", b"1", 7)
+    assert state_of(client).since == 7  # meet of 10 and 7
+    critical.compare_and_downgrade_since(b"1", b"2", 12)
+    assert state_of(client).since == 10
+    leased.expire()
+    assert state_of(client).since == 12  # critical alone
+    critical.compare_and_downgrade_since(b"2", b"3", None)
+    assert state_of(client).since is None
+
+
+def test_a_closed_shard_ends_listens_and_reads_at_any_time(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    read = client.open_leased_reader(SHARD)
+    listen = read.listen(0)
+    write.compare_and_append([upd(b"a", 1), upd(b"b", 2**63)], 0, None)
+    assert list(listen) == [Updates([upd(b"a", 1), upd(b"b", 2**63)]), Progress(None)]
+    assert read.snapshot(2**64 - 1) == [upd(b"a", 2**64 - 1), upd(b"b", 2**64 - 1)]
+    sub = read.subscribe(5)
+    assert list(sub) == [Updates([upd(b"a", 5)]), Updates([upd(b"b", 2**63)]), Progress(None)]
+
+
+def test_snapshots_consolidate_across_batches_and_part_kinds(url: str) -> None:
+    settings = PersistSettings(
+        inline_part_max_bytes=256, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        model: dict[bytes, int] = {}
+        for t in range(8):
+            batch = [upd(b"k%02d" % ((t * 7 + i) % 20), t, 1 if i % 3 else -1) for i in range(25)]
+            write.compare_and_append(batch if t % 2 else batch[:2], t, t + 1)
+            for (key, _), _, diff in batch if t % 2 else batch[:2]:
+                model[key] = model.get(key, 0) + diff
+        kinds = {type(p).__name__ for b in state_of(client).trace for p in b.parts()}
+        assert kinds == {"InlinePart", "HollowPart"}
+        expected = sorted(upd(k, 7, d) for k, d in model.items() if d)
+        assert snapshot(client, 7) == expected
+
+
+def test_a_listen_in_another_client_sees_appends(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    with PersistClient.open(url) as writer_client, PersistClient.open(url) as reader_client:
+        write = writer_client.open_writer(SHARD)
+        listen = reader_client.open_leased_reader(SHARD).listen(0)
+        timer = threading.Timer(0.1, lambda: write.compare_and_append([upd(b"a", 1)], 0, 2))
+        timer.start()
+        try:
+            assert listen.fetch_next(timeout=10.0) == [Updates([upd(b"a", 1)]), Progress(2)]
+        finally:
+            timer.join()

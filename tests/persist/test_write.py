@@ -1,0 +1,200 @@
+"""Write handles: ``compare_and_append``, ``append``'s four cases, the cached upper, expiry
+(RFC 0015 §6.2, §6.3). One test per rule of the public contract, on memory and file."""
+
+from __future__ import annotations
+
+import pytest
+
+from slatepy.errors import ClosedError
+from slatepy.persist import (
+    InvalidBounds,
+    PersistClient,
+    PersistSettings,
+    UpperMismatch,
+    UsageError,
+)
+from slatepy.persist.state.records import HollowPart
+from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
+    SHARD,
+    Clock,
+    client_fixture,
+    state_of,
+    url_fixture,
+)
+
+
+def upd(key: bytes, time: int, diff: int = 1) -> tuple[tuple[bytes, bytes], int, int]:
+    return (key, b"v"), time, diff
+
+
+def snapshot(client: PersistClient, as_of: int) -> list[tuple[tuple[bytes, bytes], int, int]]:
+    reader = client.open_leased_reader(SHARD)
+    try:
+        return reader.snapshot(as_of)
+    finally:
+        reader.expire()
+
+
+def test_compare_and_append_moves_the_upper(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    assert write.upper == 0
+    write.compare_and_append([((b"k", b"v"), 0, 1)], expected_upper=0, new_upper=1)
+    assert write.upper == 1 and write.fetch_recent_upper() == 1
+    assert snapshot(client, 0) == [((b"k", b"v"), 0, 1)]
+
+
+def test_the_cached_upper_is_refreshed_by_fetch_recent_upper(client: PersistClient) -> None:
+    write, other = client.open_writer(SHARD), client.open_writer(SHARD)
+    other.compare_and_append([], 0, 5)
+    assert write.upper == 0  # cached
+    assert write.fetch_recent_upper() == 5
+    assert write.upper == 5
+
+
+def test_an_upper_mismatch_names_both_uppers_and_refreshes_the_cache(
+    client: PersistClient,
+) -> None:
+    write, other = client.open_writer(SHARD), client.open_writer(SHARD)
+    other.compare_and_append([upd(b"a", 0)], 0, 3)
+    seqno = state_of(client).seqno
+    with pytest.raises(UpperMismatch) as info:
+        write.compare_and_append([upd(b"b", 0)], 0, 1)
+    assert (info.value.expected, info.value.current) == (0, 3)
+    assert write.upper == 3
+    assert state_of(client).seqno == seqno  # nothing committed
+
+
+def test_invalid_bounds_come_before_the_upper_compare(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([], 0, 4)
+    for expected, new in ((2, 2), (3, 1), (None, 5)):
+        with pytest.raises(InvalidBounds):
+            write.compare_and_append([], expected, new)  # type: ignore[arg-type]
+    assert state_of(client).upper == 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [((b"k", b"v"), 5, 1)],  # time at new upper
+        [(("k", b"v"), 0, 1)],  # key not bytes
+        [((b"k", b"v"), 0, 2**63)],  # diff beyond i64
+        [((b"k", b"v"), True, 1)],  # bool time
+        [(b"k", 0, 1)],  # shape
+    ],
+)
+def test_malformed_updates_are_usage_errors_and_commit_nothing(
+    client: PersistClient, bad: list[object]
+) -> None:
+    write = client.open_writer(SHARD)
+    with pytest.raises(UsageError, match="update 0"):
+        write.compare_and_append(bad, 0, 5)  # type: ignore[arg-type]
+    assert state_of(client).seqno == 0
+    assert client.blob.list(f"shards/{SHARD}/") == []
+
+
+def test_zero_diffs_and_cancelling_updates_are_not_stored(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([upd(b"a", 0, 0), upd(b"b", 1, 2), upd(b"b", 1, -2)], 0, 2)
+    state = state_of(client)
+    assert state.upper == 2 and all(batch.is_empty for batch in state.trace)
+
+
+def test_closing_the_shard_then_appending_is_an_upper_mismatch_to_none(
+    client: PersistClient,
+) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([upd(b"a", 7)], 0, None)
+    assert write.upper is None
+    with pytest.raises(UpperMismatch) as info:
+        write.compare_and_append([], 0, 1)
+    assert info.value.current is None
+
+
+def test_append_at_the_upper_appends(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    write.append([upd(b"a", 0)], 0, 2)
+    write.append([upd(b"b", 2)], 2, 4)
+    assert write.upper == 4
+    assert snapshot(client, 3) == [((b"a", b"v"), 3, 1), ((b"b", b"v"), 3, 1)]
+
+
+def test_append_inside_the_range_appends_the_rest_and_drops_the_earlier_updates(
+    client: PersistClient,
+) -> None:
+    replica, write = client.open_writer(SHARD), client.open_writer(SHARD)
+    replica.append([upd(b"a", 0), upd(b"b", 1)], 0, 2)
+    write.append([upd(b"a", 0), upd(b"b", 1), upd(b"c", 2)], 0, 3)
+    assert write.upper == 3
+    assert snapshot(client, 2) == [upd(b"a", 2), upd(b"b", 2), upd(b"c", 2)]
+
+
+def test_append_at_or_beyond_its_upper_does_nothing(client: PersistClient) -> None:
+    replica, write = client.open_writer(SHARD), client.open_writer(SHARD)
+    replica.append([upd(b"a", 0)], 0, 5)
+    seqno = state_of(client).seqno
+    write.append([upd(b"a", 0)], 0, 5)
+    write.append([upd(b"a", 1)], 1, 3)
+    assert state_of(client).seqno == seqno
+    assert snapshot(client, 4) == [upd(b"a", 4)]
+
+
+def test_append_above_the_upper_is_an_upper_mismatch(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    with pytest.raises(UpperMismatch) as info:
+        write.append([upd(b"a", 3)], 3, 5)
+    assert (info.value.expected, info.value.current) == (3, 0)
+    assert state_of(client).seqno == 0
+
+
+def test_append_to_a_closed_shard_is_a_usage_error(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    write.append([], 0, None)
+    with pytest.raises(UsageError, match="closed"):
+        write.append([upd(b"a", 3)], 3, 5)
+
+
+def test_append_checks_bounds_before_anything(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    with pytest.raises(InvalidBounds):
+        write.append([], 3, 3)
+
+
+def test_large_batches_become_blob_parts_and_failed_ones_are_deleted(url: str) -> None:
+    settings = PersistSettings(inline_part_max_bytes=0, allow_short_leases=True, batch_lease=10)
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"k%03d" % i, i % 3) for i in range(100)], 0, 3)
+        parts = [p for b in state_of(client).trace for p in b.parts()]
+        assert len(parts) == 1 and isinstance(parts[0], HollowPart)
+        assert parts[0].updates == 100 and (parts[0].t_min, parts[0].t_max) == (0, 2)
+        assert len(snapshot(client, 2)) == 100
+        listed = client.blob.list(f"shards/{SHARD}/part/")
+        with pytest.raises(UpperMismatch):
+            write.compare_and_append([upd(b"z", 0)], 0, 1)
+        assert client.blob.list(f"shards/{SHARD}/part/") == listed
+
+
+def test_expire_removes_the_writer_and_the_handle_refuses_calls(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([], 0, 1)
+    assert write.writer_id in state_of(client).writers
+    write.expire()
+    write.expire()  # idempotent
+    assert write.writer_id not in state_of(client).writers
+    with pytest.raises(ClosedError):
+        write.compare_and_append([], 1, 2)
+
+
+def test_a_writer_whose_lease_expired_gets_a_usage_error(url: str) -> None:
+    clock = Clock()
+    settings = PersistSettings(
+        writer_lease=10.0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings, clock=clock) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([], 0, 1)
+        clock.advance(60)
+        with pytest.raises(UsageError, match="lease expired"):
+            write.compare_and_append([], 1, 2)
+        assert state_of(client).upper == 1
