@@ -7,8 +7,9 @@ parts: SSTs of the engine's format (key ``codec.encode_key``, seq = time, value
 ``codec.encode_diff``, no bloom filter: parts are only scanned), cut at
 ``part_target_bytes``, written under ``shards/{shard}/part/{writer}/{uuid}.sst``.
 
-Reading (for now) GETs a hollow part whole and decodes it with ``format.sst.decode_sst``;
-memory is one part per run being read.
+Large parts are streamed out as they are built (a multipart upload). Reading (for now, until
+the ``table`` layer's reader is available to persist) GETs a hollow part whole and decodes it
+with ``format.sst.decode_sst``; memory is one part per run being read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import heapq
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 
-from slatepy.errors import CorruptionError, NotFound, StoreError
+from slatepy.errors import CorruptionError, StoreError
 from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.persist import frontier
 from slatepy.persist.codec import (
@@ -32,12 +33,15 @@ from slatepy.persist.config import PersistSettings
 from slatepy.persist.ids import part_key
 from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs
 from slatepy.persist.versions import shard_path
-from slatepy.store.base import ObjectStore
+from slatepy.store.base import ObjectStore, ObjectWriter
 
 log = logging.getLogger(__name__)
 
 KEY_LOWER_BYTES = 64
 """Bytes of a part's first encoded key kept in the state (for range pruning later)."""
+
+SEND_BYTES = 8 * 1024 * 1024
+"""Finished data blocks a part being written buffers before they are streamed out."""
 
 _ENTRY_OVERHEAD = 16
 """Rough bytes per entry beyond its key and 8-byte value (lengths, seq, block index)."""
@@ -70,32 +74,21 @@ class PartWriter:
         return tuple(self._write_hollow(updates))
 
     def _write_hollow(self, updates: Iterable[Update]) -> Iterator[HollowPart]:
-        builder: SstBuilder | None = None
-        count = 0
-        for (key, value), time, diff in updates:
-            if builder is None:
-                builder, count = SstBuilder(writer_epoch=0, bloom_bits_per_key=0), 0
-            builder.add(encode_key(key, value, time), time, encode_diff(diff))
-            count += 1
-            if builder.estimated_size >= self.settings.part_target_bytes:
-                yield self._put(builder, count)
-                builder = None
-        if builder is not None:
-            yield self._put(builder, count)
-
-    def _put(self, builder: SstBuilder, count: int) -> HollowPart:
-        sst = builder.finish()
-        props = sst.meta.props
-        key = part_key(self.writer_id)
-        self.blob.put(shard_path(self.shard_id, key), sst.data)
-        return HollowPart(
-            key=key,
-            size=len(sst.data),
-            updates=count,
-            key_lower=(props.first_key or b"")[:KEY_LOWER_BYTES],
-            t_min=props.min_seq,
-            t_max=props.max_seq,
-        )
+        output: _PartOutput | None = None
+        try:
+            for (key, value), time, diff in updates:
+                if output is None:
+                    output = _PartOutput(self.blob, self.shard_id, self.writer_id)
+                output.add(encode_key(key, value, time), time, encode_diff(diff))
+                if output.builder.estimated_size >= self.settings.part_target_bytes:
+                    yield output.finish()
+                    output = None
+            if output is not None:
+                yield output.finish()
+                output = None
+        finally:
+            if output is not None:
+                output.abort()
 
     def delete(self, runs: Runs) -> None:
         """Delete the blobs of ``runs`` now (never applied; best effort: GC catches the
@@ -107,6 +100,51 @@ class PartWriter:
                         self.blob.delete(shard_path(self.shard_id, part.key))
                     except StoreError:
                         log.warning("could not delete part %s", part.key, exc_info=True)
+
+
+class _PartOutput:
+    """One hollow part on its way to the blob store: finished data blocks are streamed out
+    (``ObjectStore.open_writer``, a multipart upload) once :data:`SEND_BYTES` of them are
+    buffered, so a large part costs about that much memory; a small one is one ``put``.
+    Written with an overwrite: the key is a fresh uuid4, and the part becomes part of the
+    shard only when a state change names it."""
+
+    def __init__(self, blob: ObjectStore, shard_id: str, writer_id: str) -> None:
+        self.builder = SstBuilder(writer_epoch=0, bloom_bits_per_key=0)
+        self.key = part_key(writer_id)
+        self._path = shard_path(shard_id, self.key)
+        self._blob = blob
+        self._writer: ObjectWriter | None = None
+        self._count = 0
+
+    def add(self, key: bytes, time: int, value: bytes) -> None:
+        self.builder.add(key, time, value)
+        self._count += 1
+        if self.builder.buffered_bytes >= SEND_BYTES:
+            if self._writer is None:
+                self._writer = self._blob.open_writer(self._path)
+            self._writer.write(self.builder.take_data())
+
+    def finish(self) -> HollowPart:
+        sst = self.builder.finish()
+        if self._writer is None:
+            self._blob.put(self._path, sst.data)
+        else:
+            self._writer.write(sst.data)
+            self._writer.commit()
+        props = sst.meta.props
+        return HollowPart(
+            key=self.key,
+            size=sst.meta.object_size,
+            updates=self._count,
+            key_lower=(props.first_key or b"")[:KEY_LOWER_BYTES],
+            t_min=props.min_seq,
+            t_max=props.max_seq,
+        )
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
 
 
 def read_part(blob: ObjectStore, shard_id: str, part: Part) -> Iterator[Update]:
@@ -165,8 +203,3 @@ def _advanced(updates: Iterator[Update], as_of: int | None) -> Iterator[Update]:
     for kv, time, diff in updates:
         if time <= as_of:
             yield kv, as_of, diff
-
-
-def part_missing(exc: NotFound, part_key_: str) -> CorruptionError:
-    """The error for a part a live reader cannot find (GC invariant broken)."""
-    return CorruptionError(f"persist part {part_key_} is missing: {exc}", path=part_key_)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from slatepy.errors import CorruptionError
 from slatepy.persist import (
     PersistClient,
     PersistSettings,
@@ -16,6 +17,7 @@ from slatepy.persist import (
     UsageError,
 )
 from slatepy.persist.read import Event
+from slatepy.persist.state.records import HollowPart
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     Clock,
@@ -186,3 +188,33 @@ def test_a_reader_whose_lease_expired_gets_a_usage_error(url: str) -> None:
         write.compare_and_append([], 0, 1)  # the next transition expires the reader
         with pytest.raises(UsageError, match="lease expired"):
             read.snapshot(0)
+
+
+def blob_settings() -> PersistSettings:
+    return PersistSettings(
+        inline_part_max_bytes=0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+
+
+def test_a_damaged_part_is_corruption_naming_it(url: str) -> None:
+    with PersistClient.open(url, settings=blob_settings()) as client:
+        client.open_writer(SHARD).compare_and_append([upd(b"a", 0)], 0, 1)
+        (part,) = state_of(client).trace[0].parts()
+        assert isinstance(part, HollowPart)
+        path = f"shards/{SHARD}/{part.key}"
+        data = bytearray(client.blob.get(path))
+        data[len(data) // 2] ^= 0xFF
+        client.blob.put(path, bytes(data))
+        with pytest.raises(CorruptionError) as info:
+            client.open_leased_reader(SHARD).snapshot(0)
+        assert info.value.path == path
+
+
+def test_a_part_missing_under_a_live_reader_is_corruption(url: str) -> None:
+    with PersistClient.open(url, settings=blob_settings()) as client:
+        client.open_writer(SHARD).compare_and_append([upd(b"a", 0)], 0, 1)
+        (part,) = state_of(client).trace[0].parts()
+        assert isinstance(part, HollowPart)
+        client.blob.delete(f"shards/{SHARD}/{part.key}")
+        with pytest.raises(CorruptionError, match="missing"):
+            client.open_leased_reader(SHARD).snapshot(0)

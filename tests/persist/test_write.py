@@ -13,6 +13,7 @@ from slatepy.persist import (
     UpperMismatch,
     UsageError,
 )
+from slatepy.persist import parts as parts_module
 from slatepy.persist.state.records import HollowPart
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
@@ -198,3 +199,29 @@ def test_a_writer_whose_lease_expired_gets_a_usage_error(url: str) -> None:
         with pytest.raises(UsageError, match="lease expired"):
             write.compare_and_append([], 1, 2)
         assert state_of(client).upper == 1
+
+
+def test_parts_are_cut_at_the_target_size_and_streamed(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parts_module, "SEND_BYTES", 1024)  # stream after every KiB
+    settings = PersistSettings(
+        inline_part_max_bytes=0,
+        part_target_bytes=16 * 1024,
+        batch_lease=10.0,
+        consensus_min_age=1.0,
+        allow_short_leases=True,
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        updates = [((b"k%05d" % i, b"x" * 100), i % 4, 1) for i in range(1000)]
+        write.compare_and_append(updates, 0, 4)
+        (batch,) = state_of(client).trace
+        (run,) = batch.runs
+        assert len(run) > 4 and sum(p.updates for p in run) == 1000
+        keys = [p.key_lower for p in run if isinstance(p, HollowPart)]
+        assert keys == sorted(keys)  # parts of a run in key order
+        for part in run:
+            assert isinstance(part, HollowPart)
+            assert client.blob.head(f"shards/{SHARD}/{part.key}").size == part.size
+        assert snapshot(client, 3) == sorted(((k, v), 3, 1) for (k, v), _, _ in updates)
