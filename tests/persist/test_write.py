@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from slatepy.errors import ClosedError
+from slatepy.errors import ClosedError, CorruptionError
 from slatepy.persist import (
     InvalidBounds,
     PersistClient,
@@ -17,6 +19,7 @@ from slatepy.persist import parts as parts_module
 from slatepy.persist.state.records import HollowPart
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
+    TEST_SETTINGS,
     Clock,
     client_fixture,
     state_of,
@@ -225,3 +228,135 @@ def test_parts_are_cut_at_the_target_size_and_streamed(
             assert isinstance(part, HollowPart)
             assert client.blob.head(f"shards/{SHARD}/{part.key}").size == part.size
         assert snapshot(client, 3) == sorted(((k, v), 3, 1) for (k, v), _, _ in updates)
+
+
+# -- batches, builders, shipping ---------------------------------------------------------
+
+
+def test_a_batch_is_written_but_not_applied_until_compare_and_append_batch(
+    client: PersistClient,
+) -> None:
+    write = client.open_writer(SHARD)
+    batch = write.batch([upd(b"a", 0), upd(b"b", 1)], 0, 2)
+    assert (batch.shard_id, batch.lower, batch.upper) == (SHARD, 0, 2)
+    assert state_of(client).seqno == 0
+    write.compare_and_append_batch([batch], 0, 2)
+    assert write.upper == 2
+    assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
+
+
+def test_a_batch_applies_to_any_range_it_covers_dropping_updates_outside(
+    client: PersistClient,
+) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([], 0, 2)
+    batch = write.batch([upd(b"a", 0), upd(b"b", 2), upd(b"c", 4)], 0, 6)
+    write.compare_and_append_batch([batch], 2, 4)  # only b
+    write.compare_and_append_batch([batch], 4, 6)  # again, for a disjoint range: only c
+    assert snapshot(client, 5) == [upd(b"b", 5), upd(b"c", 5)]
+
+
+def test_a_batch_that_does_not_cover_the_range_is_a_usage_error(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    batch = write.batch([upd(b"a", 1)], 1, 3)
+    for expected, new in ((0, 2), (1, 4), (1, None)):
+        with pytest.raises(UsageError, match="cover"):
+            write.compare_and_append_batch([batch], expected, new)
+    with pytest.raises(InvalidBounds):
+        write.compare_and_append_batch([batch], 2, 2)
+    with pytest.raises(UsageError, match="twice"):
+        write.compare_and_append_batch([batch, batch], 1, 3)
+    assert state_of(client).seqno == 0
+
+
+def test_a_batch_stays_usable_after_an_upper_mismatch(client: PersistClient) -> None:
+    write, other = client.open_writer(SHARD), client.open_writer(SHARD)
+    batch = write.batch([upd(b"a", 0), upd(b"b", 1), upd(b"c", 2)], 0, 3)
+    other.compare_and_append([upd(b"z", 0)], 0, 1)
+    with pytest.raises(UpperMismatch) as info:
+        write.compare_and_append_batch([batch], 0, 3)
+    assert info.value.current == 1
+    write.compare_and_append_batch([batch], 1, 3)
+    assert snapshot(client, 2) == [upd(b"b", 2), upd(b"c", 2), upd(b"z", 2)]
+
+
+def test_a_batch_ships_between_clients(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    settings = PersistSettings(
+        inline_part_max_bytes=0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with (
+        PersistClient.open(url, settings=settings) as a,
+        PersistClient.open(url, settings=settings) as b,
+    ):
+        data = a.open_writer(SHARD).batch([upd(b"a", 0), upd(b"b", 1)], 0, 2).to_bytes()
+        write = b.open_writer(SHARD)
+        shipped = write.batch_from_bytes(data)
+        write.compare_and_append_batch([shipped], 0, 2)
+        assert snapshot(a, 1) == [upd(b"a", 1), upd(b"b", 1)]
+
+
+def test_shipped_bytes_are_checked(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    data = bytearray(write.batch([upd(b"a", 0)], 0, 1).to_bytes())
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0x01
+        with pytest.raises((CorruptionError, UsageError)):
+            write.batch_from_bytes(bytes(damaged))
+    other = client.open_writer("other")
+    with pytest.raises(UsageError, match="cannot be applied"):
+        other.batch_from_bytes(bytes(data))
+
+
+def test_a_batch_older_than_half_the_batch_lease_is_refused(url: str) -> None:
+    clock = Clock()
+    with PersistClient.open(url, settings=TEST_SETTINGS, clock=clock) as client:
+        write = client.open_writer(SHARD)
+        batch = write.batch([upd(b"a", 0)], 0, 1)
+        clock.advance(TEST_SETTINGS.batch_lease / 2 + 1)
+        with pytest.raises(UsageError, match="too old"):
+            write.compare_and_append_batch([batch], 0, 1)
+        assert state_of(client).seqno == 0
+
+
+def test_delete_removes_a_batch_that_was_never_applied(url: str) -> None:
+    settings = PersistSettings(
+        inline_part_max_bytes=0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        batch = client.open_writer(SHARD).batch([upd(b"a", 0)], 0, 1)
+        assert client.blob.list(f"shards/{SHARD}/part/")
+        batch.delete()
+        assert client.blob.list(f"shards/{SHARD}/part/") == []
+
+
+def test_a_builder_writes_full_buffers_as_runs(url: str) -> None:
+    settings = PersistSettings(
+        builder_buffer_bytes=2048, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        builder = write.builder(3)
+        for i in range(200):
+            builder.add(b"k%03d" % (i % 50), b"v", 3 + i % 4, 1)
+        batch = builder.finish(7)
+        assert len(batch.record.runs) > 2  # several buffers, several runs
+        with pytest.raises(UsageError, match="finished"):
+            builder.add(b"k", b"v", 3, 1)
+        write.compare_and_append([], 0, 3)
+        write.compare_and_append_batch([batch], 3, 7)
+        contents = snapshot(client, 6)
+        assert contents == [((b"k%03d" % k, b"v"), 6, 4) for k in range(50)]
+
+
+def test_a_builder_checks_times_against_its_bounds(client: PersistClient) -> None:
+    write = client.open_writer(SHARD)
+    builder = write.builder(3)
+    with pytest.raises(UsageError, match="outside"):
+        builder.add(b"k", b"v", 2, 1)
+    builder.add(b"k", b"v", 5, 1)
+    with pytest.raises(UsageError, match="not before"):
+        builder.finish(5)
+    with pytest.raises(InvalidBounds):
+        write.builder(3).finish(3)
