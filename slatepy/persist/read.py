@@ -270,9 +270,14 @@ class Listen:
         self._handle._listen_moved(self)
         return events
 
+    @property
+    def ended(self) -> bool:
+        """Whether the listen is closed, or delivered ``Progress(None)`` and nothing is left."""
+        return self._closed or (self.frontier is None and self._initial is None)
+
     def __iter__(self) -> Iterator[Event]:
         """Block for events until the listen ends (``Progress(None)``) or is closed."""
-        while not self._closed and (self.frontier is not None or self._initial is not None):
+        while not self.ended:
             yield from self.fetch_next()
 
     def close(self) -> None:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from slatepy.config import Settings
 from slatepy.errors import ClosedError
-from slatepy.persist import PersistClient, UpperMismatch, UsageError
+from slatepy.persist import PersistClient, Progress, UpperMismatch, UsageError, aio
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.stack import open_stack
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
@@ -107,3 +108,33 @@ def test_finalize_is_idempotent_and_then_nothing_is_written(client: PersistClien
 
 def test_settings_reach_the_machines(client: PersistClient) -> None:
     assert client.machine(SHARD).settings is TEST_SETTINGS
+
+
+def test_the_asyncio_facade_mirrors_the_api() -> None:
+    async def scenario() -> None:
+        async with await aio.PersistClient.open("memory://", settings=TEST_SETTINGS) as client:
+            write = await client.open_writer(SHARD)
+            read = await client.open_leased_reader(SHARD)
+            listen = await read.listen(0)
+            await write.compare_and_append([((b"a", b"v"), 0, 1)], 0, 2)
+            batch = await write.batch([((b"b", b"v"), 2, 1)], 2, 3)
+            await write.compare_and_append_batch([batch], 2, 3)
+            builder = write.builder(3)
+            await builder.add(b"c", b"v", 3, 1)
+            await write.compare_and_append_batch([await builder.finish(None)], 3, None)
+            assert write.upper is None and await write.fetch_recent_upper() is None
+            assert await read.snapshot(5) == [
+                ((b"a", b"v"), 5, 1),
+                ((b"b", b"v"), 5, 1),
+                ((b"c", b"v"), 5, 1),
+            ]
+            events = [event async for event in listen]
+            assert events[-1] == Progress(None)
+            since = await client.open_critical_since(SHARD, "c")
+            assert await since.compare_and_downgrade_since(b"", b"1", None) is None
+            assert await read.downgrade_since(None) is None
+            await read.expire()
+            await client.finalize_shard(SHARD)
+            assert await client.list_shards() == [SHARD]
+
+    asyncio.run(scenario())
