@@ -60,6 +60,9 @@ MAX_UNCERTAIN = 5
 BACKOFF_STEP = 0.002
 """Seconds: the backoff before attempt ``n`` is uniform in ``[0, BACKOFF_STEP * n]``."""
 
+POLL_MIN = 0.01
+"""Seconds between polls of the head right after the shard changed."""
+
 Transition = Callable[[State, int, PersistSettings, A], Outcome[R]]
 
 
@@ -132,6 +135,27 @@ class ShardMachine:
             )
             return self._versions.state
 
+    def wait_until(self, ready: Callable[[State], bool], timeout: float | None) -> State | None:
+        """Poll the head until ``ready(state)``; None when ``timeout`` seconds passed first
+        (``None``: no limit). Adaptive: 10 ms after a change, doubling to
+        ``listen_poll_max`` while idle; a commit of this client wakes it at once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = POLL_MIN
+        while True:
+            state = self.fetch()
+            if ready(state):
+                return state
+            wait = delay
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                wait = min(wait, remaining)
+            if self.wait_for_change(state.seqno, wait).seqno != state.seqno:
+                delay = POLL_MIN
+            else:
+                delay = min(delay * 2, self.settings.listen_poll_max)
+
     def close(self) -> None:
         """Wake every waiter; later commands raise ``ClosedError``."""
         with self._changed:
@@ -202,6 +226,9 @@ class ShardMachine:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._check_open()
             if not self._versions.loaded:
+                self._refresh(rollup=False)
+                fresh = True
+            if time.monotonic() - self._versions.confirmed > self.settings.consensus_min_age / 2:
                 self._refresh(rollup=False)
                 fresh = True
             state = self._versions.state

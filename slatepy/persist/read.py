@@ -2,9 +2,8 @@
 0015 §7.1-§7.4).
 
 A read handle is registered in the shard's state (a lease) and holds the shard's since at
-its own since: times at or after it stay exact. Reads wait for the upper by polling the
-consensus head with an adaptive backoff (10 ms after a change, doubling to
-``listen_poll_max``); commits of the same client wake them at once.
+its own since: times at or after it stay exact. Reads wait for the upper with
+``ShardMachine.wait_until`` (polling the head; commits of the same client wake them at once).
 
 **A listen's since hold.** The since the handle sends is the meet of what the caller asked
 for and ``frontier - 1`` of each open listen: compaction may then forward delivered times
@@ -15,8 +14,7 @@ deliver them again, and leaves undelivered ones unchanged (RFC §7.3).
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound
@@ -34,9 +32,6 @@ from slatepy.persist.state.transitions import (
     expire_leased_reader,
 )
 
-POLL_MIN = 0.01
-"""Seconds between polls right after the shard changed."""
-
 
 @dataclass(frozen=True, slots=True)
 class Updates:
@@ -53,28 +48,6 @@ class Progress:
 
 
 Event = Updates | Progress
-
-
-def wait_for(
-    machine: ShardMachine, ready: Callable[[State], bool], timeout: float | None
-) -> State | None:
-    """Poll the shard until ``ready(state)``; None when ``timeout`` seconds passed first."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    delay = POLL_MIN
-    while True:
-        state = machine.fetch()
-        if ready(state):
-            return state
-        wait = delay
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            wait = min(wait, remaining)
-        if machine.wait_for_change(state.seqno, wait).seqno != state.seqno:
-            delay = POLL_MIN
-        else:
-            delay = min(delay * 2, machine.settings.listen_poll_max)
 
 
 class ReadHandle:
@@ -145,7 +118,7 @@ class ReadHandle:
         with self._lock:
             self._check_live()
             frontier.check_as_of(as_of, self._since)
-        state = wait_for(self._machine, lambda s: frontier.lt(as_of, s.upper), timeout)
+        state = self._machine.wait_until(lambda s: frontier.lt(as_of, s.upper), timeout)
         if state is None:
             raise TimeoutError(
                 f"shard {self.shard_id!r}: the upper did not pass {as_of} within {timeout} s"
@@ -253,7 +226,7 @@ class Listen:
         if self._handle._expired:
             raise ClosedError(f"reader {self._handle.reader_id} was expired")
         start = self.frontier
-        state = wait_for(self._handle._machine, lambda s: frontier.lt(start, s.upper), timeout)
+        state = self._handle._machine.wait_until(lambda s: frontier.lt(start, s.upper), timeout)
         if state is None:
             return []
         self._handle._check_registered(state)

@@ -9,6 +9,7 @@ latest rollup (what ``gc_rules.rollup_due`` weighs). It does no locking: the
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from slatepy.errors import CorruptionError, NotFound
@@ -76,6 +77,10 @@ class Versions:
         self.replayed = 0
         """Diffs the last cold load replayed (a rollup is due past ``rollup_replay_limit``)."""
         self._sizes: dict[int, int] = {}
+        self.confirmed = time.monotonic()
+        """When the cached state was last seen to be the log's head or written by us (a
+        monotonic time): the applier re-reads a head older than ``consensus_min_age / 2``
+        before it CASes from it (RFC §3.2 (b), create-after-truncate)."""
 
     # -- moving forward ---------------------------------------------------------------
 
@@ -90,6 +95,7 @@ class Versions:
             StoreUnavailable: consensus or blob could not be reached.
         """
         head = self.consensus.head(self.shard_id)
+        self.confirmed = time.monotonic()
         if not self.loaded:
             self._load(head)
             return []
@@ -161,6 +167,7 @@ class Versions:
             new.validate()
         before = self.state.latest_rollup()
         self.state, self.entry = new, data
+        self.confirmed = time.monotonic()
         self._sizes[new.seqno] = len(data)
         latest = new.latest_rollup()
         if latest != before and latest is not None:

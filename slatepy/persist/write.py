@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from slatepy.errors import ClosedError, CorruptionError
+from slatepy.errors import ClosedError, CorruptionError, WriteStalled
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist import frontier
 from slatepy.persist.codec import Update, check_bounds, check_time, check_updates, consolidate
@@ -32,13 +33,15 @@ from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import PartWriter
 from slatepy.persist.state.append import (
     AlreadyAppended,
+    AlreadyCommitted,
+    Appended,
     CompareAndAppend,
     append_case,
     check_batch_age,
     check_batch_covers,
     compare_and_append,
 )
-from slatepy.persist.state.records import HollowPart, Run, Runs, narrow_runs
+from slatepy.persist.state.records import HollowPart, Run, Runs, State, narrow_runs
 from slatepy.persist.state.transitions import ExpireWriter, expire_writer
 
 BATCH_MAGIC = b"SLPB"
@@ -418,9 +421,7 @@ class WriteHandle:
             debug=self._debug,
         )
         try:
-            result = self._machine.run(
-                compare_and_append, args, on_uncertain=_mark_uncertain, check=check
-            )
+            result = self._run_unstalled(args, check)
         except UpperMismatch as exc:
             self._upper = exc.current
             if delete_on_mismatch:
@@ -434,6 +435,28 @@ class WriteHandle:
         # Appended answers the new upper; AlreadyCommitted the one its landed attempt set
         # (the shard's may be beyond it by now). Uppers only grow.
         self._upper = frontier.join(self._upper, result.upper)
+
+    def _run_unstalled(
+        self, args: CompareAndAppend, check: Callable[[int], None] | None
+    ) -> Appended | AlreadyCommitted:
+        """Run the append; while the trace is full (``WriteStalled``: compaction is behind)
+        wait for the state to change and rerun, up to ``write_stall_timeout``."""
+        deadline = time.monotonic() + self._machine.settings.write_stall_timeout
+        while True:
+            try:
+                return self._machine.run(
+                    compare_and_append, args, on_uncertain=_mark_uncertain, check=check
+                )
+            except WriteStalled:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                seen = self._machine.state.seqno
+
+                def changed(state: State, seen: int = seen) -> bool:
+                    return state.seqno > seen
+
+                self._machine.wait_until(changed, remaining)
 
     def expire(self) -> None:
         """Remove this writer from the shard (one state change); the handle is unusable

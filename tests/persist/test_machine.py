@@ -232,3 +232,20 @@ def test_a_closed_machine_wakes_waiters_and_refuses_commands(
     assert m.wait_for_change(0, 5.0).seqno == 0
     with pytest.raises(ClosedError):
         register(m, "w1")
+
+
+def test_a_head_older_than_half_the_min_age_is_read_again_before_a_cas(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    calls: list[str] = []
+    log = InterceptConsensus(consensus, before=lambda op, key: calls.append(op))
+    settings = PersistSettings(consensus_min_age=0.02, batch_lease=10, allow_short_leases=True)
+    m = make(log, blob, settings)
+    register(m, "w1")
+    calls.clear()
+    register(m, "w2")
+    assert calls == ["compare_and_set"]  # confirmed by its own write just now
+    time.sleep(0.03)
+    calls.clear()
+    register(m, "w3")
+    assert calls == ["head", "compare_and_set"]

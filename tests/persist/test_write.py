@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slatepy.errors import ClosedError, CorruptionError
+from slatepy.errors import ClosedError, CorruptionError, WriteStalled
 from slatepy.persist import (
     InvalidBounds,
     PersistClient,
@@ -360,3 +360,22 @@ def test_a_builder_checks_times_against_its_bounds(client: PersistClient) -> Non
         builder.finish(5)
     with pytest.raises(InvalidBounds):
         write.builder(3).finish(3)
+
+
+def test_a_full_trace_stalls_data_appends_until_the_timeout(url: str) -> None:
+    settings = PersistSettings(
+        max_trace_batches=8,
+        write_stall_timeout=0.1,
+        batch_lease=10.0,
+        consensus_min_age=1.0,
+        allow_short_leases=True,
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        for t in range(8):  # nobody compacts: each data batch stays
+            write.compare_and_append([upd(b"k", t)], t, t + 1)
+        assert len(state_of(client).trace) == 8
+        with pytest.raises(WriteStalled):
+            write.compare_and_append([upd(b"k", 8)], 8, 9)
+        write.compare_and_append([], 8, 9)  # progress-only appends go on
+        assert write.upper == 9
