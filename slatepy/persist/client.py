@@ -8,13 +8,15 @@ blobs on that store and, unless ``consensus=`` says otherwise, the consensus log
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 from slatepy.config import Settings
 from slatepy.errors import ClosedError
@@ -37,6 +39,82 @@ from slatepy.persist.state.transitions import (
 from slatepy.persist.write import WriteHandle
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
+
+log = logging.getLogger(__name__)
+
+
+class _Leased(Protocol):
+    def heartbeat(self) -> None: ...
+
+
+class Heartbeats:
+    """The client's heartbeat thread: keeps the leases of its open handles (leased readers
+    every ``reader_lease / 4``, writers every ``writer_lease / 4``), leaving three quarters
+    of a lease for pauses and clock skew (RFC §7.1). Started with the first handle, stopped
+    by ``close``. Handles are held weakly: one dropped without ``expire`` lets its lease
+    lapse. A failed heartbeat is logged and tried again at the next interval."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[_Leased], float, float]] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def add(self, handle: _Leased, interval: float) -> None:
+        """Heartbeat ``handle`` every ``interval`` seconds from now on."""
+        with self._changed:
+            if self._stopped:
+                return
+            self._entries[id(handle)] = (
+                weakref.ref(handle),
+                interval,
+                time.monotonic() + interval,
+            )
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="slatepy-persist-heartbeats", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """Stop the thread (waiting for a heartbeat in flight, up to 10 s)."""
+        with self._changed:
+            self._stopped = True
+            thread, self._thread = self._thread, None
+            self._changed.notify_all()
+        if thread is not None:
+            thread.join(10.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                due = [(key, ref) for key, (ref, _, at) in self._entries.items() if at <= now]
+                for key, _ in due:
+                    ref, interval, _ = self._entries[key]
+                    self._entries[key] = (ref, interval, now + interval)
+                if not due:
+                    wake = min((at for _, _, at in self._entries.values()), default=now + 60)
+                    self._changed.wait(max(0.0, wake - now))
+                    continue
+            for key, ref in due:
+                handle = ref()
+                if handle is None:
+                    with self._changed:
+                        self._entries.pop(key, None)
+                    continue
+                try:
+                    handle.heartbeat()
+                except ClosedError:
+                    return
+                except UsageError:  # the lease lapsed already: nothing left to keep
+                    with self._changed:
+                        self._entries.pop(key, None)
+                except Exception:  # logged and retried: a heartbeat must not end the thread
+                    log.warning("persist heartbeat failed", exc_info=True)
 
 
 def _debug(purpose: str) -> str:
@@ -63,6 +141,7 @@ class PersistClient:
         self._owns_consensus = owns_consensus
         self._clock = clock
         self._machines: dict[str, ShardMachine] = {}
+        self._heartbeats = Heartbeats()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -132,7 +211,9 @@ class PersistClient:
         state = machine.fetch()
         if state.finalized:
             raise UsageError(f"shard {shard_id!r} is finalized; it accepts no writers")
-        return WriteHandle(machine, new_writer_id(), state.upper, debug=_debug(purpose))
+        handle = WriteHandle(machine, new_writer_id(), state.upper, debug=_debug(purpose))
+        self._heartbeats.add(handle, self.settings.writer_lease / 4)
+        return handle
 
     def open_leased_reader(self, shard_id: str, *, purpose: str = "") -> ReadHandle:
         """A read handle on ``shard_id``, registered (one state change) at the shard's since.
@@ -147,7 +228,9 @@ class PersistClient:
             RegisterLeasedReader(reader_id, _debug(purpose)),
             on_uncertain=rerun_as_is,
         )
-        return ReadHandle(machine, reader_id, reader.since)
+        handle = ReadHandle(machine, reader_id, reader.since)
+        self._heartbeats.add(handle, self.settings.reader_lease / 4)
+        return handle
 
     def open_critical_since(self, shard_id: str, reader_id: str) -> SinceHandle:
         """The critical since hold ``reader_id`` on ``shard_id``: registered at the shard's
@@ -186,6 +269,7 @@ class PersistClient:
                 return
             self._closed = True
             machines = list(self._machines.values())
+        self._heartbeats.stop()
         for machine in machines:
             machine.close()
         if self._owns_consensus:

@@ -14,7 +14,9 @@ deliver them again, and leaves undelivered ones unchanged (RFC §7.3).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import weakref
+from collections import Counter
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound
@@ -28,8 +30,10 @@ from slatepy.persist.state.records import Run, State
 from slatepy.persist.state.transitions import (
     DowngradeSince,
     ExpireLeasedReader,
+    HeartbeatLeasedReader,
     downgrade_since,
     expire_leased_reader,
+    heartbeat_leased_reader,
 )
 
 
@@ -66,6 +70,7 @@ class ReadHandle:
         self._since = since
         self._requested = since
         self._listens: set[Listen] = set()
+        self._pins: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._expired = False
 
@@ -125,9 +130,9 @@ class ReadHandle:
             )
         self._check_registered(state)
         runs = [run for batch in state.trace if batch.desc.lower <= as_of for run in batch.runs]
-        return self._guarded(runs, as_of)
+        return _Pinned(self, state.seqno, self._guarded(runs, as_of))
 
-    def _guarded(self, runs: list[Run], as_of: int | None) -> Iterator[Update]:
+    def _guarded(self, runs: list[Run], as_of: int | None) -> Generator[Update, None, None]:
         try:
             yield from merge_runs(self._machine.blob, self.shard_id, runs, as_of=as_of)
         except NotFound as exc:
@@ -136,6 +141,35 @@ class ReadHandle:
                 f"shard {self.shard_id!r}: a part a live reader needs is missing: {exc}",
                 path=exc.path,
             ) from exc
+
+    def _pin(self, seqno: int) -> None:
+        with self._lock:
+            self._pins[seqno] += 1
+
+    def _unpin(self, seqno: int) -> None:
+        with self._lock:
+            self._pins[seqno] -= 1
+            if not self._pins[seqno]:
+                del self._pins[seqno]
+
+    def heartbeat(self) -> None:
+        """Extend this reader's lease and move its seqno hold to the oldest state a read
+        in progress still uses (else the cached state), then push the since a listen hold
+        kept back. Called by the client's heartbeat thread every ``reader_lease / 4``.
+
+        Raises:
+            UsageError: the lease expired already (the handle's next read says so too).
+        """
+        with self._lock:
+            if self._expired:
+                return
+            seqno = min(self._pins) if self._pins else self._machine.state.seqno
+            self._machine.run(
+                heartbeat_leased_reader,
+                HeartbeatLeasedReader(self.reader_id, seqno),
+                on_uncertain=rerun_as_is,
+            )
+            self._push_since()
 
     def listen(self, as_of: int) -> Listen:
         """Updates strictly after ``as_of``, as they are appended (see :class:`Listen`).
@@ -236,7 +270,11 @@ class Listen:
             if frontier.lt(start, batch.desc.upper)
             for run in batch.runs
         ]
-        updates = [u for u in self._handle._guarded(runs, None) if u[1] >= start]
+        self._handle._pin(state.seqno)
+        try:
+            updates = [u for u in self._handle._guarded(runs, None) if u[1] >= start]
+        finally:
+            self._handle._unpin(state.seqno)
         events: list[Event] = [Updates(updates)] if updates else []
         events.append(Progress(state.upper))
         self.frontier = state.upper
@@ -258,3 +296,27 @@ class Listen:
         if not self._closed:
             self._closed = True
             self._handle._listen_moved(self, closed=True)
+
+
+class _Pinned(Iterator[Update]):
+    """A snapshot stream that holds its state's seqno in the reader until it is exhausted,
+    closed or dropped, so the heartbeat never releases parts it may still fetch."""
+
+    def __init__(
+        self, handle: ReadHandle, seqno: int, updates: Generator[Update, None, None]
+    ) -> None:
+        handle._pin(seqno)
+        self._updates = updates
+        self._release = weakref.finalize(self, handle._unpin, seqno)
+
+    def __next__(self) -> Update:
+        try:
+            return next(self._updates)
+        except BaseException:
+            self._release()
+            raise
+
+    def close(self) -> None:
+        """Stop reading and release the seqno hold."""
+        self._updates.close()
+        self._release()

@@ -42,7 +42,12 @@ from slatepy.persist.state.append import (
     compare_and_append,
 )
 from slatepy.persist.state.records import HollowPart, Run, Runs, State, narrow_runs
-from slatepy.persist.state.transitions import ExpireWriter, expire_writer
+from slatepy.persist.state.transitions import (
+    ExpireWriter,
+    HeartbeatWriter,
+    expire_writer,
+    heartbeat_writer,
+)
 
 BATCH_MAGIC = b"SLPB"
 BATCH_FORMAT_VERSION = 1
@@ -457,6 +462,19 @@ class WriteHandle:
                     return state.seqno > seen
 
                 self._machine.wait_until(changed, remaining)
+
+    def heartbeat(self) -> None:
+        """Extend this writer's lease (once registered by its first append). Called by the
+        client's heartbeat thread every ``writer_lease / 4``.
+
+        Raises:
+            UsageError: the lease expired already (the next append says so too).
+        """
+        with self._lock:
+            if self._registered and not self._expired:
+                self._machine.run(
+                    heartbeat_writer, HeartbeatWriter(self.writer_id), on_uncertain=rerun_as_is
+                )
 
     def expire(self) -> None:
         """Remove this writer from the shard (one state change); the handle is unusable

@@ -4,13 +4,22 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from slatepy.config import Settings
 from slatepy.errors import ClosedError
-from slatepy.persist import PersistClient, Progress, UpperMismatch, UsageError, aio
+from slatepy.persist import (
+    PersistClient,
+    PersistSettings,
+    Progress,
+    UpperMismatch,
+    UsageError,
+    aio,
+)
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.stack import open_stack
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
@@ -138,3 +147,45 @@ def test_the_asyncio_facade_mirrors_the_api() -> None:
             assert await client.list_shards() == [SHARD]
 
     asyncio.run(scenario())
+
+
+def heartbeat_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "slatepy-persist-heartbeats"]
+
+
+def test_heartbeats_keep_idle_handles_alive_and_stop_with_the_client(url: str) -> None:
+    settings = PersistSettings(
+        reader_lease=0.4,
+        writer_lease=0.4,
+        batch_lease=10.0,
+        consensus_min_age=1.0,
+        allow_short_leases=True,
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        read = client.open_leased_reader(SHARD)
+        write.compare_and_append([((b"k", b"v"), 0, 1)], 0, 1)
+        time.sleep(1.0)  # over two leases, idle but for the heartbeats
+        write.compare_and_append([], 1, 2)  # would expire lapsed leases
+        assert read.reader_id in state_of(client).leased_readers
+        assert read.snapshot(1) == [((b"k", b"v"), 1, 1)]
+        assert heartbeat_threads()
+    assert not heartbeat_threads()
+
+
+def test_a_reader_heartbeat_holds_the_seqno_of_a_snapshot_in_progress(
+    client: PersistClient,
+) -> None:
+    write = client.open_writer(SHARD)
+    write.compare_and_append([((b"k", b"v"), 0, 1)], 0, 1)
+    read = client.open_leased_reader(SHARD)
+    stream = read.snapshot_iter(0)
+    pinned = state_of(client).seqno
+    for upper in range(2, 5):
+        write.compare_and_append([], upper - 1, upper)
+    read.heartbeat()
+    assert state_of(client).leased_readers[read.reader_id].seqno == pinned
+    assert list(stream) == [((b"k", b"v"), 0, 1)]  # exhausted: the hold is released
+    read.heartbeat()
+    held = state_of(client).leased_readers[read.reader_id].seqno
+    assert held > pinned
