@@ -32,9 +32,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
-from slatepy.errors import ClosedError, StoreUnavailable
+from slatepy.errors import ClosedError, SlatepyError, StoreUnavailable
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import Indeterminate, StateConflictError
 from slatepy.persist.ids import new_nonce
@@ -218,17 +219,36 @@ class ShardMachine:
         on_uncertain: Callable[[A], A] | None,
         check: Callable[[int], None] | None,
     ) -> R:
+        attempt = _Attempts()
+        try:
+            return self._attempts(transition, args, on_uncertain, check, attempt)
+        except SlatepyError as exc:
+            if self._versions.state.seqno < attempt.pending and not _is_indefinite(exc):
+                raise Indeterminate(
+                    f"shard {self.shard_id!r}: a state change failed indefinitely, then its "
+                    f"retry stopped ({exc}); the first attempt may still land at seqno "
+                    f"{attempt.pending}: read the shard to find out"
+                ) from exc
+            raise
+
+    def _attempts(
+        self,
+        transition: Transition[A, R],
+        args: A,
+        on_uncertain: Callable[[A], A] | None,
+        check: Callable[[int], None] | None,
+        tried: _Attempts,
+    ) -> R:
         attempts: dict[bytes, Change[R]] = {}
-        uncertain = 0
         # Whether the cached state was read from consensus during this command: a Break
         # decided on a stale cache (say, an upper mismatch) is confirmed on a fresh one.
         fresh = False
         for attempt in range(1, MAX_ATTEMPTS + 1):
             self._check_open()
-            if not self._versions.loaded:
-                self._refresh(rollup=False)
-                fresh = True
-            if time.monotonic() - self._versions.confirmed > self.settings.consensus_min_age / 2:
+            stale = (
+                time.monotonic() - self._versions.confirmed > self.settings.consensus_min_age / 2
+            )
+            if not self._versions.loaded or stale:
                 self._refresh(rollup=False)
                 fresh = True
             state = self._versions.state
@@ -237,11 +257,16 @@ class ShardMachine:
                 check(now)
             outcome = step(state, now, self.settings, transition, args)
             if isinstance(outcome, Break):
-                if fresh:
-                    return outcome.answer()
-                self._refresh(rollup=False)
-                fresh = True
-                continue
+                if not fresh:
+                    self._refresh(rollup=False)
+                    fresh = True
+                    continue
+                if state.seqno < tried.pending:
+                    raise Indeterminate(
+                        f"shard {self.shard_id!r}: a retry of a state change that failed "
+                        "indefinitely no longer applies, and the first attempt may still land"
+                    )
+                return outcome.answer()
             data = self._encode(state, outcome.state)
             attempts[data] = outcome
             try:
@@ -249,10 +274,11 @@ class ShardMachine:
                     self.shard_id, state.seqno if state.seqno else None, data
                 )
             except StoreUnavailable as exc:
-                if exc.definite and not uncertain:
+                if exc.definite and not tried.uncertain:
                     raise
-                uncertain += 1
-                if uncertain > MAX_UNCERTAIN:
+                tried.uncertain += 1
+                tried.pending = state.seqno + 1
+                if tried.uncertain > MAX_UNCERTAIN:
                     raise _indefinite(exc) from exc
                 resolved = self._resolve(attempts, on_uncertain is not None, exc)
                 if resolved is not None:
@@ -337,6 +363,21 @@ class ShardMachine:
             log.warning("shard %r: writing a rollup failed", self.shard_id, exc_info=True)
         finally:
             self._rolling_up = False
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What a command's indefinite failures left open."""
+
+    uncertain: int = 0
+    """Attempts that failed indefinitely."""
+    pending: int = 0
+    """The seqno the latest of them wrote at (0: none): until the log reaches it, that
+    attempt may still land, so the command may answer nothing but our commit."""
+
+
+def _is_indefinite(exc: BaseException) -> bool:
+    return isinstance(exc, StoreUnavailable) and not exc.definite
 
 
 def _indefinite(exc: StoreUnavailable) -> StoreUnavailable:

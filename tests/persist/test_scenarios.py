@@ -20,6 +20,7 @@ from slatepy.persist import (
     Progress,
     Updates,
     UpperMismatch,
+    UsageError,
 )
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
@@ -282,3 +283,28 @@ def test_a_listen_in_another_client_sees_appends(tmp_path: Path) -> None:
             assert listen.fetch_next(timeout=10.0) == [Updates([upd(b"a", 1)]), Progress(2)]
         finally:
             timer.join()
+
+
+def test_a_retry_that_stops_while_the_first_attempt_may_land_is_indeterminate(
+    store: ObjectStore, log: Consensus
+) -> None:
+    clock = Clock()
+    armed = [False]
+
+    def before(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed[0]:
+            armed[0] = False
+            clock.advance(TEST_SETTINGS.batch_lease)  # the retry finds the batch too old
+            raise StoreUnavailable("injected: request lost", definite=False)
+
+    intercept = InterceptConsensus(log, before=before)
+    with PersistClient.open(
+        store, consensus=intercept, settings=TEST_SETTINGS, clock=clock
+    ) as client:
+        write = client.open_writer(SHARD)
+        batch = write.batch([upd(b"a", 0)], 0, 1)
+        armed[0] = True
+        with pytest.raises(Indeterminate) as info:
+            write.compare_and_append_batch([batch], 0, 1)
+        assert isinstance(info.value.__cause__, UsageError)
+        assert log.head(SHARD) is None
