@@ -6,6 +6,7 @@ case 14), closed frontiers, consolidation, and listens across clients."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from slatepy.persist import (
     Updates,
     UpperMismatch,
     UsageError,
+    frontier,
 )
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
+from slatepy.persist.location.pgconsensus import PostgresConsensus
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
 from slatepy.testing.faults import FaultRates
@@ -40,6 +43,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     state_of,
     url_fixture,
 )
+from tests.processes import spawn
 
 Update = tuple[tuple[bytes, bytes], int, int]
 
@@ -308,3 +312,95 @@ def test_a_retry_that_stops_while_the_first_attempt_may_land_is_indeterminate(
             write.compare_and_append_batch([batch], 0, 1)
         assert isinstance(info.value.__cause__, UsageError)
         assert log.head(SHARD) is None
+
+
+@pytest.fixture(params=["object-store", "postgresql"])
+def consensus_factory(
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[[ObjectStore], Consensus]]:
+    """Makes one consensus instance per client: the object-store log on its blob store, or
+    a table on the session's PostgreSQL server (skipped without one)."""
+    opened: list[Consensus] = []
+    if request.param == "postgresql":  # resolved here: fixtures are not thread-safe
+        server_url = request.getfixturevalue("postgres").url()
+        table = request.getfixturevalue("pg_table")
+
+    def make(blob: ObjectStore) -> Consensus:
+        if request.param == "object-store":
+            log: Consensus = ObjectConsensus(blob, min_age=0)
+        else:
+            log = PostgresConsensus(server_url, table=table)
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        log.close()
+
+
+def test_clients_racing_on_one_shard_keep_one_chain(
+    tmp_path: Path, consensus_factory: Callable[[ObjectStore], Consensus]
+) -> None:
+    url = f"file://{tmp_path}"
+    acknowledged: list[tuple[int, Update]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def writer(name: int) -> None:
+        try:
+            blob = open_stack(url, Settings())
+            with PersistClient.open(
+                blob, consensus=consensus_factory(blob), settings=TEST_SETTINGS
+            ) as client:
+                write = client.open_writer(SHARD)
+                done = 0
+                for _ in range(200):
+                    expected = write.upper
+                    assert expected is not None
+                    update = upd(b"w%d-%d" % (name, done), expected)
+                    try:
+                        write.compare_and_append([update], expected, expected + 1)
+                    except UpperMismatch:
+                        continue
+                    with lock:
+                        acknowledged.append((expected, update))
+                    done += 1
+                    if done == 6:
+                        return
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert sorted(e for e, _ in acknowledged) == list(range(18))  # one chain from 0
+    blob = open_stack(url, Settings())
+    with PersistClient.open(blob, consensus=consensus_factory(blob)) as client:
+        assert snapshot(client, 17) == sorted(upd(u[0][0], 17) for _, u in acknowledged)
+
+
+def test_a_listen_follows_a_writer_in_another_process(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    with PersistClient.open(url) as client:
+        listen = client.open_leased_reader(SHARD).listen(0)
+        child = spawn("tests.persist.writer_process", url, SHARD, "20")
+        try:
+            updates: list[Update] = []
+            uppers: list[int | None] = []
+            deadline = time.monotonic() + 60
+            while not listen.ended and time.monotonic() < deadline:
+                for event in listen.fetch_next(timeout=1.0):
+                    if isinstance(event, Updates):
+                        updates.extend(event.updates)
+                    else:  # everything delivered so far is before this upper
+                        assert all(frontier.lt(t, event.upper) for _, t, _ in updates)
+                        uppers.append(event.upper)
+        finally:
+            assert child.wait(60) == 0
+    assert sorted(updates) == sorted(((b"k%d" % t, b"v"), t, 1) for t in range(1, 20))
+    assert uppers[-1] is None
+    closed = [u for u in uppers if u is not None]
+    assert closed == sorted(set(closed))  # strictly increasing
