@@ -20,9 +20,11 @@ from slatepy.persist.errors import (
     UsageError,
 )
 from slatepy.persist.read import Listen, Progress, ReadHandle, Updates
-from slatepy.persist.write import WriteHandle
+from slatepy.persist.write import Batch, BatchBuilder, WriteHandle
 
 __all__ = [
+    "Batch",
+    "BatchBuilder",
     "Indeterminate",
     "InvalidBounds",
     "Listen",

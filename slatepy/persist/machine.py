@@ -21,7 +21,10 @@ An entry of someone else at that seqno means ours can never land; no entry yet m
 at that seqno again (at most one of the two can land). Only a cold load (the log was
 truncated past the attempt) hides the answer: then the command's ``on_uncertain`` decides —
 ``compare_and_append`` reruns with ``uncertain=True`` and its idempotency token decides;
-commands without one raise :class:`Indeterminate`.
+commands without one raise :class:`Indeterminate`. And while the log has not reached the
+seqno of an uncertain attempt, that attempt may still land: the command then answers nothing
+but our own commit, so a retry that stops there (a refusal, a failed batch-age check, a
+closed client) raises :class:`Indeterminate` instead of its own error.
 """
 
 from __future__ import annotations

@@ -241,7 +241,7 @@ class Versions:
         """Whether this process should write a rollup of its cached state now: the diff
         bytes since the latest rollup reach its size (RFC §4.3), or the last cold load
         replayed more than ``rollup_replay_limit`` diffs."""
-        if not self.state.seqno or self.state.seqno in self.state.rollups:
+        if not self.state.seqno:
             return False
         if self.replayed > self.settings.rollup_replay_limit:
             return True
