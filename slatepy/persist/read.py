@@ -13,16 +13,17 @@ deliver them again, and leaves undelivered ones unchanged (RFC §7.3).
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import Counter
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
-from slatepy.errors import ClosedError, CorruptionError, NotFound
+from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier
 from slatepy.persist.codec import Update, check_frontier
-from slatepy.persist.errors import UsageError
+from slatepy.persist.errors import StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import merge_runs
@@ -52,6 +53,9 @@ class Progress:
 
 
 Event = Updates | Progress
+
+
+log = logging.getLogger(__name__)
 
 
 class ReadHandle:
@@ -196,11 +200,18 @@ class ReadHandle:
             return listen
 
     def _listen_moved(self, listen: Listen, *, closed: bool = False) -> None:
+        """A listen moved its frontier (or closed): push the since its hold kept back.
+        Best effort: the events are delivered already, and a since left behind is only
+        held longer (the next push or heartbeat moves it)."""
         with self._lock:
             if closed:
                 self._listens.discard(listen)
-            if not self._expired:
+            if self._expired:
+                return
+            try:
                 self._push_since()
+            except (StoreError, UsageError, StateConflictError):
+                log.warning("shard %r: pushing the since failed", self.shard_id, exc_info=True)
 
     def expire(self) -> None:
         """Remove this reader from the shard (one state change), releasing its since hold.

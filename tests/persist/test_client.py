@@ -21,6 +21,7 @@ from slatepy.persist import (
     aio,
 )
 from slatepy.persist.location.objconsensus import ObjectConsensus
+from slatepy.store.metrics import MetricsStore
 from slatepy.store.stack import open_stack
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
@@ -189,3 +190,28 @@ def test_a_reader_heartbeat_holds_the_seqno_of_a_snapshot_in_progress(
     read.heartbeat()
     held = state_of(client).leased_readers[read.reader_id].seqno
     assert held > pinned
+
+
+def requests(client: PersistClient) -> dict[str, int]:
+    assert isinstance(client.blob, MetricsStore)
+    return {kind: stats.requests for kind, stats in client.blob.metrics.snapshot().items()}
+
+
+def test_requests_per_operation_on_the_object_store_consensus(url: str) -> None:
+    with PersistClient.open(url, settings=TEST_SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([((b"k", b"v"), 0, 1)], 0, 1)  # registers, warms the cache
+        before = requests(client)
+        write.compare_and_append([((b"k", b"v"), 1, 1)], 1, 2)  # small, inline
+        after = requests(client)
+        assert {k: after[k] - before.get(k, 0) for k in after} == {
+            **{k: 0 for k in after},
+            "put": 1,
+        }
+        before = requests(client)
+        assert write.fetch_recent_upper() == 2
+        after = requests(client)
+        assert {k: after[k] - before.get(k, 0) for k in after} == {
+            **{k: 0 for k in after},
+            "list": 1,
+        }

@@ -5,10 +5,12 @@ case 14), closed frontiers, consolidation, and listens across clients."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -24,6 +26,7 @@ from slatepy.persist import (
     UsageError,
     frontier,
 )
+from slatepy.persist.codec import consolidate
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.persist.location.pgconsensus import PostgresConsensus
@@ -46,6 +49,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
 from tests.processes import spawn
 
 Update = tuple[tuple[bytes, bytes], int, int]
+T = TypeVar("T")
 
 
 def upd(key: bytes, time: int, diff: int = 1) -> Update:
@@ -208,7 +212,7 @@ def test_random_consensus_faults_lose_and_duplicate_nothing(
         upper = write.fetch_recent_upper()
         assert upper is not None and upper > 0
         contents = snapshot(client, upper - 1)
-    assert sum(faulty.counts.values()) > 0
+    assert sum(faulty.counts.values()) >= 5
     keys = {u[0] for u in contents}
     assert all(d == 1 for _, _, d in contents)  # never twice
     assert {u[0] for u in acknowledged} <= keys  # never lost
@@ -404,3 +408,82 @@ def test_a_listen_follows_a_writer_in_another_process(tmp_path: Path) -> None:
     assert uppers[-1] is None
     closed = [u for u in uppers if u is not None]
     assert closed == sorted(set(closed))  # strictly increasing
+
+
+def retrying(call: Callable[[], T], attempts: int = 20) -> T:
+    """``call`` again while consensus fails (reads only: they are idempotent)."""
+    for _ in range(attempts - 1):
+        try:
+            return call()
+        except StoreUnavailable:
+            continue
+    return call()
+
+
+def model_snapshot(model: list[Update], as_of: int) -> list[Update]:
+    return consolidate([(kv, as_of, d) for kv, t, d in model if t <= as_of])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_a_random_workload_under_consensus_faults_matches_a_model(
+    store: ObjectStore, log: Consensus, seed: int
+) -> None:
+    rng = random.Random(seed)
+    rates = {
+        "compare_and_set": FaultRates(fail=0.05, timeout=0.05, lost_reply=0.1),
+        "head": FaultRates(fail=0.05, timeout=0.05),
+        "scan": FaultRates(timeout=0.05),
+    }
+    faulty = FaultyConsensus(log, rates, seed=seed, enabled=False)
+    model: list[Update] = []
+    with PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS) as client:
+        writers = [client.open_writer(SHARD), client.open_writer(SHARD)]
+        read = client.open_leased_reader(SHARD)
+        listen = read.listen(0)
+        delivered: list[Update] = []
+        faulty.enabled = True
+        for _ in range(40):
+            write = rng.choice(writers)
+            lower = retrying(write.fetch_recent_upper)
+            assert lower is not None
+            upper = lower + rng.randint(1, 3)
+            updates = [
+                upd(b"k%d" % rng.randint(0, 5), rng.randrange(lower, upper), rng.choice([-1, 1]))
+                for _ in range(rng.randint(0, 4))
+            ]
+            kind = rng.choice(["caa", "append", "batch"])
+            try:
+                if kind == "caa":
+                    write.compare_and_append(updates, lower, upper)
+                elif kind == "append":
+                    write.append(updates, lower, upper)
+                else:
+                    batch = write.batch(updates, lower, upper)
+                    write.compare_and_append_batch([batch], lower, upper)
+            except StoreUnavailable as exc:
+                # One writer at a time: the upper says whether the append landed.
+                landed = retrying(write.fetch_recent_upper) == upper
+                assert not (landed and exc.definite)  # a definite failure wrote nothing
+                if not landed:
+                    continue
+            model.extend(updates)
+            if rng.random() < 0.3:
+                since = rng.randrange(0, upper)
+                retrying(lambda since=since: read.downgrade_since(since))
+            if rng.random() < 0.3:
+                as_of = rng.randrange(0, upper)
+                if frontier.le(read.since, as_of):
+                    got = retrying(lambda as_of=as_of: read.snapshot(as_of))
+                    assert got == model_snapshot(model, as_of)
+            for event in retrying(lambda: listen.fetch_next(timeout=0.0)):
+                if isinstance(event, Updates):
+                    delivered.extend(event.updates)
+        faulty.enabled = False
+        final = write.fetch_recent_upper()
+        assert final is not None
+        while listen.frontier != final:
+            for event in listen.fetch_next(timeout=1.0):
+                if isinstance(event, Updates):
+                    delivered.extend(event.updates)
+    assert consolidate(delivered) == consolidate(u for u in model if u[1] > 0)
+    assert sum(faulty.counts.values()) >= 5
