@@ -345,45 +345,51 @@ def consensus_factory(
 def test_clients_racing_on_one_shard_keep_one_chain(
     tmp_path: Path, consensus_factory: Callable[[ObjectStore], Consensus]
 ) -> None:
+    """Two clients (like two processes), two writer threads sharing each client."""
     url = f"file://{tmp_path}"
     acknowledged: list[tuple[int, Update]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
+    blobs = [open_stack(url, Settings()) for _ in range(2)]
+    clients = [
+        PersistClient.open(blob, consensus=consensus_factory(blob), settings=TEST_SETTINGS)
+        for blob in blobs
+    ]
 
     def writer(name: int) -> None:
         try:
-            blob = open_stack(url, Settings())
-            with PersistClient.open(
-                blob, consensus=consensus_factory(blob), settings=TEST_SETTINGS
-            ) as client:
-                write = client.open_writer(SHARD)
-                done = 0
-                for _ in range(200):
-                    expected = write.upper
-                    assert expected is not None
-                    update = upd(b"w%d-%d" % (name, done), expected)
-                    try:
-                        write.compare_and_append([update], expected, expected + 1)
-                    except UpperMismatch:
-                        continue
-                    with lock:
-                        acknowledged.append((expected, update))
-                    done += 1
-                    if done == 6:
-                        return
+            write = clients[name % 2].open_writer(SHARD)
+            done = 0
+            for _ in range(200):
+                expected = write.upper
+                assert expected is not None
+                update = upd(b"w%d-%d" % (name, done), expected)
+                try:
+                    write.compare_and_append([update], expected, expected + 1)
+                except UpperMismatch:
+                    continue
+                with lock:
+                    acknowledged.append((expected, update))
+                done += 1
+                if done == 5:
+                    return
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        for client in clients:
+            client.close()
     assert not errors, errors
-    assert sorted(e for e, _ in acknowledged) == list(range(18))  # one chain from 0
+    assert sorted(e for e, _ in acknowledged) == list(range(20))  # one chain from 0
     blob = open_stack(url, Settings())
     with PersistClient.open(blob, consensus=consensus_factory(blob)) as client:
-        assert snapshot(client, 17) == sorted(upd(u[0][0], 17) for _, u in acknowledged)
+        assert snapshot(client, 19) == sorted(upd(u[0][0], 19) for _, u in acknowledged)
 
 
 def test_a_listen_follows_a_writer_in_another_process(tmp_path: Path) -> None:
