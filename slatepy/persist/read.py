@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier
-from slatepy.persist.codec import Update, check_frontier
+from slatepy.persist.codec import Update, check_frontier, check_time
 from slatepy.persist.errors import StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
@@ -56,6 +56,12 @@ Event = Updates | Progress
 
 
 log = logging.getLogger(__name__)
+
+
+def _check_as_of(as_of: object, since: Frontier) -> int:
+    """``frontier.check_as_of`` for a caller's value: ``SinceError`` for None or a time
+    before ``since``, ``UsageError`` for anything but a u64 int."""
+    return frontier.check_as_of(None if as_of is None else check_time(as_of, "as_of"), since)
 
 
 class ReadHandle:
@@ -126,7 +132,7 @@ class ReadHandle:
         and the wait happen at the call; the parts are read as the stream is consumed."""
         with self._lock:
             self._check_live()
-            frontier.check_as_of(as_of, self._since)
+            _check_as_of(as_of, self._since)
         state = self._machine.wait_until(lambda s: frontier.lt(as_of, s.upper), timeout)
         if state is None:
             raise TimeoutError(
@@ -194,7 +200,7 @@ class ReadHandle:
     def _open_listen(self, as_of: int, initial: list[Update] | None) -> Listen:
         with self._lock:
             self._check_live()
-            frontier.check_as_of(as_of, self._since)
+            _check_as_of(as_of, self._since)
             listen = Listen(self, as_of, initial)
             self._listens.add(listen)
             return listen

@@ -26,7 +26,14 @@ import msgspec
 from slatepy.errors import ClosedError, CorruptionError, WriteStalled
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist import frontier
-from slatepy.persist.codec import Update, check_bounds, check_time, check_updates, consolidate
+from slatepy.persist.codec import (
+    Update,
+    check_bounds,
+    check_frontier,
+    check_time,
+    check_updates,
+    consolidate,
+)
 from slatepy.persist.errors import UpperMismatch, UsageError
 from slatepy.persist.ids import new_token
 from slatepy.persist.machine import ShardMachine, rerun_as_is
@@ -54,6 +61,14 @@ BATCH_FORMAT_VERSION = 1
 
 APPEND_ATTEMPTS = 64
 """Rounds ``append`` retries after an ``UpperMismatch`` (each a concurrent writer's commit)."""
+
+
+def _check_range(lower: object, upper: object, names: tuple[str, str]) -> None:
+    """``codec.check_bounds`` for values from a caller: u64 ints (a None upper), else
+    ``UsageError``; then ``InvalidBounds`` unless ``lower < upper``. A None lower passes
+    to ``check_bounds``, which calls it out of order (nothing is beyond None)."""
+    checked = None if lower is None else check_time(lower, names[0])
+    check_bounds(checked, check_frontier(upper, names[1]), names=names)
 
 
 def _mark_uncertain(args: CompareAndAppend) -> CompareAndAppend:
@@ -178,7 +193,7 @@ class BatchBuilder:
         self._check_open()
         self._finished = True
         try:
-            check_bounds(self.lower, upper, names=("lower", "upper"))
+            _check_range(self.lower, upper, ("lower", "upper"))
             if self._max_time is not None and not frontier.lt(self._max_time, upper):
                 raise UsageError(f"an added update has time {self._max_time}, not before {upper}")
         except UsageError:
@@ -250,7 +265,7 @@ class WriteHandle:
         """
         with self._lock:
             self._check_live()
-            check_bounds(expected_upper, new_upper, names=("expected upper", "new upper"))
+            _check_range(expected_upper, new_upper, ("expected upper", "new upper"))
             checked = check_updates(updates, expected_upper, new_upper)
             runs = self._write_runs(checked)
             self._commit(runs, expected_upper, new_upper)
@@ -268,7 +283,7 @@ class WriteHandle:
         """
         with self._lock:
             self._check_live()
-            check_bounds(lower, upper, names=("lower", "upper"))
+            _check_range(lower, upper, ("lower", "upper"))
             checked = check_updates(updates, lower, upper)
             runs = self._write_runs(checked)
             try:
@@ -331,7 +346,7 @@ class WriteHandle:
             UsageError: an update is malformed or outside the bounds.
         """
         self._check_live()
-        check_bounds(lower, upper, names=("lower", "upper"))
+        _check_range(lower, upper, ("lower", "upper"))
         runs = self._write_runs(check_updates(updates, lower, upper))
         return self._new_batch(runs, lower, upper)
 
@@ -381,7 +396,7 @@ class WriteHandle:
         """
         with self._lock:
             self._check_live()
-            check_bounds(expected_upper, new_upper, names=("expected upper", "new upper"))
+            _check_range(expected_upper, new_upper, ("expected upper", "new upper"))
             if len({id(batch) for batch in batches}) != len(batches):
                 raise UsageError("compare_and_append_batch: the same batch was passed twice")
             runs: list[Run] = []

@@ -218,3 +218,13 @@ def test_a_part_missing_under_a_live_reader_is_corruption(url: str) -> None:
         client.blob.delete(f"shards/{SHARD}/{part.key}")
         with pytest.raises(CorruptionError, match="missing"):
             client.open_leased_reader(SHARD).snapshot(0)
+
+
+def test_read_times_that_are_not_u64_are_usage_errors(client: PersistClient) -> None:
+    read = client.open_leased_reader(SHARD)
+    for bad in ("1", -1, 1.5, True):
+        for call in (read.snapshot, read.listen, read.subscribe):
+            with pytest.raises(UsageError):
+                call(bad)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            read.downgrade_since(bad)  # type: ignore[arg-type]

@@ -379,3 +379,17 @@ def test_a_full_trace_stalls_data_appends_until_the_timeout(url: str) -> None:
             write.compare_and_append([upd(b"k", 8)], 8, 9)
         write.compare_and_append([], 8, 9)  # progress-only appends go on
         assert write.upper == 9
+
+
+@pytest.mark.parametrize("bounds", [("0", 1), (0, "1"), (-1, 1), (0, 2**64), (True, 2)])
+def test_bounds_that_are_not_u64_times_are_usage_errors(
+    client: PersistClient, bounds: tuple[object, object]
+) -> None:
+    write = client.open_writer(SHARD)
+    with pytest.raises(UsageError):
+        write.compare_and_append([], *bounds)  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        write.append([], *bounds)  # type: ignore[arg-type]
+    with pytest.raises(UsageError):
+        write.batch([], *bounds)  # type: ignore[arg-type]
+    assert state_of(client).seqno == 0
