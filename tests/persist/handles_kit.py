@@ -36,6 +36,12 @@ def url_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return "memory://" if request.param == "memory" else f"file://{tmp_path}"
 
 
+@pytest.fixture(autouse=True)
+def validate_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every state a machine reaches is checked (``State.validate``, ``check_step``)."""
+    monkeypatch.setenv("SLATEPY_PERSIST_VALIDATE", "1")
+
+
 @pytest.fixture(name="client")
 def client_fixture(url: str) -> Iterator[PersistClient]:
     with PersistClient.open(url, settings=TEST_SETTINGS) as opened:

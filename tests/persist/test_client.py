@@ -29,6 +29,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     client_fixture,
     state_of,
     url_fixture,
+    validate_states,
 )
 
 
@@ -215,3 +216,37 @@ def test_requests_per_operation_on_the_object_store_consensus(url: str) -> None:
             **{k: 0 for k in after},
             "list": 1,
         }
+
+
+def test_close_wakes_a_blocked_listen_with_closed_error(url: str) -> None:
+    client = PersistClient.open(url, settings=TEST_SETTINGS)
+    listen = client.open_leased_reader(SHARD).listen(0)
+    raised: list[BaseException] = []
+
+    def block() -> None:
+        try:
+            listen.fetch_next()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    time.sleep(0.05)
+    client.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], ClosedError)
+
+
+def test_open_close_cycles_leave_no_threads_behind(url: str) -> None:
+    before = threading.active_count()
+    for _ in range(20):
+        with PersistClient.open(url, settings=TEST_SETTINGS) as client:
+            write = client.open_writer(SHARD)
+            read = client.open_leased_reader(SHARD)
+            listen = read.listen(write.fetch_recent_upper() or 0)
+            listen.fetch_next(timeout=0.0)
+            listen.close()
+            read.expire()
+            write.expire()
+    assert threading.active_count() <= before

@@ -12,6 +12,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     client_fixture,
     state_of,
     url_fixture,
+    validate_states,
 )
 
 
