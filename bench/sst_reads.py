@@ -28,15 +28,19 @@ from typing import Any
 
 import msgspec
 
-import slatepy.engine.table as table_module
 from slatepy.compactor.executor import store_sst
 from slatepy.config import Settings
-from slatepy.engine.table import TableReader
 from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.format.sst import SstBuilder
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import MetricsStore, open_store
+
+try:  # the SST reader is in slatepy.table since issue 13; older measured code has it in engine
+    import slatepy.table.reader as table_module
+except ImportError:
+    import slatepy.engine.table as table_module  # type: ignore[no-redef]
+TableReader = table_module.TableReader
 
 TARGET_SST_BYTES = 64 * 1024 * 1024
 

@@ -32,8 +32,6 @@ from slatepy.compactor.executor import plan_inputs, write_outputs
 from slatepy.compactor.planner import CompactionPolicy, WalToL0
 from slatepy.config import Settings
 from slatepy.engine.fencing import (
-    WAL_DIR,
-    WAL_SUFFIX,
     Conflict,
     empty_sst,
     epoch_verifier,
@@ -42,8 +40,6 @@ from slatepy.engine.fencing import (
     resolve_conflict,
     wal_gaps,
 )
-from slatepy.engine.merge import merge_newest
-from slatepy.engine.table import TableReader
 from slatepy.errors import CompactionAbandoned, ManifestConflictError
 from slatepy.format.sst import decode_sst
 from slatepy.manifest.record import Manifest, Snapshot, SstHandle
@@ -64,6 +60,9 @@ from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge import merge_newest
+from slatepy.table.reader import TableReader
 
 REPAIR_ATTEMPTS = 5
 """Surveys a repair makes when concurrent updates keep taking the manifest id it claims."""

@@ -8,8 +8,6 @@ from collections import Counter
 
 from slatepy.cli import verify as checks
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.table import TableReader, compacted_path
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
@@ -18,6 +16,8 @@ from slatepy.store.disk_cache import DiskCachedStore
 from slatepy.store.metrics import MetricsStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
+from slatepy.table.reader import TableReader
 
 
 def sst_summary(tables: TableReader, path: str, *, size: int | None = None) -> str:

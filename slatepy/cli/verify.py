@@ -13,8 +13,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, wal_gaps
-from slatepy.engine.table import COMPACTED_DIR, compacted_path
+from slatepy.engine.fencing import wal_gaps
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, SstHandle
@@ -23,6 +22,7 @@ from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX, ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import COMPACTED_DIR, WAL_DIR, WAL_SUFFIX, compacted_path
 
 
 def uncached(store: ObjectStore) -> ObjectStore:

@@ -44,9 +44,6 @@ from slatepy.compactor.planner import (
     plan,
 )
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.merge import merge_newest
-from slatepy.engine.table import TableReader
 from slatepy.errors import CompactionAbandoned, FencedError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
@@ -54,6 +51,9 @@ from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
 from slatepy.store.retry import with_retries
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge import merge_newest
+from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 

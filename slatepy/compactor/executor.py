@@ -18,14 +18,14 @@ import uuid
 from collections.abc import Iterator
 
 from slatepy.compactor.planner import CompactionPolicy, Plan, WalToL0
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.table import TableReader, compacted_path
 from slatepy.format.block import Entry
 from slatepy.format.sst import EncodedSst, SstBuilder
 from slatepy.manifest.record import Manifest, SstHandle
 from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
+from slatepy.table.reader import TableReader
 
 READ_AHEAD_BYTES = 16 * 1024 * 1024
 SEND_BYTES = 8 * 1024 * 1024

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, TypeVar
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.closing import Closing
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
+from slatepy.engine.memtable import Memtable
 from slatepy.engine.startup import start_writer
-from slatepy.engine.table import TableReader
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -43,6 +42,8 @@ from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.reader import TableReader
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -249,6 +250,8 @@ class Db(Closing):
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
         found = self._read(lambda view: get_compacted(self._tables, view, key), self._view)
+        # close() empties the memtable: a get it raced may have missed a key there.
+        self._check_open()
         return None if found is None else found[1]
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
@@ -383,6 +386,11 @@ class Db(Closing):
                 self._compactor.close()
             self._wal.close()
             self._store.drain()
+            # A closed database keeps no data in memory, even while its object is referenced
+            # (``with Db.open(...) as db:`` leaves ``db`` bound): everything here is durable.
+            with self._lock:
+                self._memtable = Memtable()
+            self._tables.clear_caches()
 
     def _flush_at_exit(self) -> None:
         """At interpreter exit, make buffered writes of a database nobody closed durable.

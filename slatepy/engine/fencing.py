@@ -22,9 +22,6 @@ from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import PutData
 from slatepy.store.numbered import NumberedObjects
 
-WAL_DIR = "wal"
-WAL_SUFFIX = ".sst"
-
 
 class Conflict(Enum):
     """What a writer must do after losing a WAL slot."""

@@ -43,9 +43,8 @@ import msgspec
 from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX, describe_gap
+from slatepy.engine.fencing import describe_gap
 from slatepy.engine.startup import decode_wal_sst, replay
-from slatepy.engine.table import TableReader
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -60,6 +59,8 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.reader import TableReader
 
 T = TypeVar("T")
 

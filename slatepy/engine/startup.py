@@ -30,15 +30,7 @@ from dataclasses import dataclass
 import msgspec
 
 from slatepy.config import Settings
-from slatepy.engine.fencing import (
-    WAL_DIR,
-    WAL_SUFFIX,
-    describe_gap,
-    epoch_verifier,
-    fence_wal,
-    fenced,
-    wal_gaps,
-)
+from slatepy.engine.fencing import describe_gap, epoch_verifier, fence_wal, fenced, wal_gaps
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
@@ -47,6 +39,7 @@ from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 
 REPLAY_CONCURRENCY = 8
 

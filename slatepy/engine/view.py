@@ -13,11 +13,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from slatepy.engine.memtable import Version
-from slatepy.engine.merge import merge_newest
-from slatepy.engine.table import TableReader, compacted_path
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+from slatepy.table.layout import compacted_path
+from slatepy.table.merge import merge_newest
+from slatepy.table.reader import TableReader
 
 
 def missing_sst(exc: NotFound) -> CorruptionError:

@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slatepy.config import Settings
-from slatepy.engine.fencing import WAL_DIR
-from slatepy.engine.table import COMPACTED_DIR
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.gc.rules import (
     Deletion,
@@ -27,6 +25,7 @@ from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.retry import with_retries
+from slatepy.table.layout import COMPACTED_DIR, WAL_DIR
 
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from slatepy.engine.fencing import WAL_SUFFIX
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import MANIFEST_SUFFIX
 from slatepy.store.base import ObjectMeta
 from slatepy.store.numbered import parse_id
+from slatepy.table.layout import WAL_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
+import xxhash
+
 from slatepy.errors import AlreadyExists, NotFound, StoreUnavailable
-from slatepy.format.checksum import checksum
 from slatepy.store.base import (
     ObjectMeta,
     ObjectStore,
@@ -111,7 +112,7 @@ class TwoPhaseStore(WrappingStore):
             raise StoreUnavailable(
                 "If-Match writes are not available through the two-phase CAS", path=path
             )
-        source = f"{path}.{uuid.uuid4().hex}.{checksum(data):016x}"
+        source = f"{path}.{uuid.uuid4().hex}.{xxhash.xxh3_64_intdigest(data):016x}"
         self.inner.put(source, data)
         self._after_step(1, path)
         self._claim(path, source)

@@ -35,12 +35,12 @@ import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine.db import Db
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.reader import DbReader
 from slatepy.errors import FencedError, SlatepyError, StoreUnavailable
 from slatepy.format.sst import decode_sst
 from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.faults import FaultyStore, uniform
 from slatepy.testing.torture import Violation
 

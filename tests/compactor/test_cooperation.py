@@ -22,12 +22,12 @@ from slatepy import Db, FencedError, Settings
 from slatepy.cli.main import main
 from slatepy.compactor import Compactor
 from slatepy.compactor.lease import CompactorBusy, activity, claim, live_lease, renew, watch
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.manifest.record import CompactorLease, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import ObjectStore, open_store
 from slatepy.store.base import WrappingStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.intercept import InterceptStore
 
 LEASE = 0.3

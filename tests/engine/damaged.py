@@ -15,11 +15,10 @@ from pathlib import Path
 from slatepy import Db, Settings
 from slatepy.compactor import Compactor
 from slatepy.compactor.planner import CompactionPolicy
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
-from slatepy.engine.table import compacted_path
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX, ManifestStore
 from slatepy.store import open_store
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
 
 OFF = Settings(compactor="off")  # the tests decide when compaction happens
 

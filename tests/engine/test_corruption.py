@@ -11,10 +11,10 @@ from slatepy import Db, DbReader
 from slatepy.compactor import Compactor
 from slatepy.compactor.executor import plan_inputs
 from slatepy.compactor.planner import L0ToRun
-from slatepy.engine.merge import merge_newest
 from slatepy.errors import CorruptionError, NotASlatepyDatabase
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import open_store
+from slatepy.table.merge import merge_newest
 from tests.engine.damaged import (
     OFF,
     Damaged,

@@ -8,9 +8,9 @@ import pytest
 
 from slatepy import ClosedError, Db, InvalidArgument, NotFound, Settings, WriteBatch
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.store import open_store
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from tests.conftest import Backend
 
 

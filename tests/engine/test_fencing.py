@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from slatepy import Db, FencedError
-from slatepy.engine.fencing import (
-    WAL_DIR,
-    WAL_SUFFIX,
-    Conflict,
-    empty_sst,
-    fence_wal,
-    resolve_conflict,
-    write_wal_sst,
-)
+from slatepy.engine.fencing import Conflict, empty_sst, fence_wal, resolve_conflict, write_wal_sst
 from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.store import MetricsStore, ObjectStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.intercept import InterceptStore
 from tests.conftest import Backend
 

@@ -15,13 +15,13 @@ import pytest
 
 from slatepy import CorruptionError, Db, DbReader, FencedError, Settings, WriteBatch, WritesLost
 from slatepy.compactor import CompactionPolicy, Compactor
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import StoreUnavailable
 from slatepy.format.sst import decode_sst
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import ObjectStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.intercept import InterceptStore
 from tests.conftest import Backend
 

@@ -13,18 +13,13 @@ import pytest
 
 from slatepy import Db, DbReader, FencedError, Settings
 from slatepy.compactor import Compactor
-from slatepy.engine.fencing import (
-    WAL_DIR,
-    WAL_SUFFIX,
-    Fencing,
-    first_open_after,
-    write_wal_sst,
-)
+from slatepy.engine.fencing import Fencing, first_open_after, write_wal_sst
 from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore, PutMode
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.intercept import InterceptStore
 from tests.conftest import Backend
 from tests.engine.test_fencing import wal_epochs

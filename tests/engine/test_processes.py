@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from slatepy import Db, Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.format.sst import decode_sst
 from slatepy.store import open_store
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from tests.conftest import Backend, make_backend
 from tests.processes import spawn
 

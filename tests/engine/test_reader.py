@@ -9,12 +9,12 @@ import pytest
 
 from slatepy import Db, DbReader, NotFound, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.format.sst import SstBuilder
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from tests.conftest import Backend
 
 SMALL = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=4, target_sst_bytes=2000)

@@ -10,9 +10,9 @@ from pathlib import Path
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.compactor.planner import CompactionPolicy
-from slatepy.engine.table import compacted_path
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import open_store
+from slatepy.table.layout import compacted_path
 
 OFF = Settings(compactor="off")
 

@@ -17,12 +17,12 @@ import msgspec
 
 from slatepy import Db, Settings
 from slatepy.compactor import Compactor
-from slatepy.engine.table import compacted_path
 from slatepy.errors import CompactionAbandoned, NotFound, SlatepyError
 from slatepy.gc import GarbageCollector, GcReport
 from slatepy.manifest.store import MANIFEST_DIR, ManifestStore
 from slatepy.store import ObjectStore
 from slatepy.store.twophase import TwoPhaseStore
+from slatepy.table.layout import compacted_path
 from slatepy.testing.intercept import InterceptStore
 from tests.conftest import Backend
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.gc.rules import Listing, active_manifest_ids, select_garbage, spare_published
 from slatepy.manifest.record import Manifest, Snapshot, SortedRun, SstHandle
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX
 from slatepy.store.base import ObjectMeta
 from slatepy.store.numbered import ID_DIGITS
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 HOUR = 3600.0

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from slatepy import Db, FencedError, Settings
-from slatepy.engine.fencing import WAL_DIR, WAL_SUFFIX
 from slatepy.format.sst import decode_sst
 from slatepy.store import open_store
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 
 SECONDS = 3.0
 

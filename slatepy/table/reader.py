@@ -28,7 +28,6 @@ from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
-from slatepy.engine.cache import LruCache
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, IndexedBlock, decode_block, open_block
 from slatepy.format.sst import (
@@ -40,6 +39,7 @@ from slatepy.format.sst import (
     decode_top,
 )
 from slatepy.store.base import ObjectStore
+from slatepy.table.cache import LruCache
 
 META_PREFETCH = 64 * 1024
 """Bytes read at the end of an SST when it is opened; covers the footer, top-level index and
@@ -52,18 +52,12 @@ SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
 """Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
-COMPACTED_DIR = "compacted"
 COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
-
-
-def compacted_path(sst_id: str) -> str:
-    """Where the compacted SST ``sst_id`` lives."""
-    return f"{COMPACTED_DIR}/{sst_id}.sst"
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +475,12 @@ class TableReader:
             loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
         )
 
+    def clear_caches(self) -> None:
+        """Drop the cached blocks and index partitions (a closed database's memory); reads
+        still work, from the store."""
+        self._blocks.clear()
+        self._metas.clear()
+
     def is_open(self, path: str) -> bool:
         """Whether the SST's top level is in memory (opening it would need no request)."""
         return path in self._tops
@@ -556,7 +556,7 @@ class TableReader:
 
     @property
     def followed(self) -> object:
-        """The token last passed to :meth:`retain` (view.py passes the manifest)."""
+        """The token last passed to :meth:`retain` (``engine.view`` passes the manifest)."""
         return self._followed
 
     def retain(self, token: object, paths: Collection[str]) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from slatepy.engine.table import TableReader
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
+from slatepy.table.reader import TableReader
 
 
 def test_scan_reads_ahead_and_respects_bounds() -> None:

@@ -71,3 +71,9 @@ class LruCache(Generic[V]):
     @property
     def size(self) -> int:
         return self._size
+
+    def clear(self) -> None:
+        """Drop every entry (the counters stay)."""
+        with self._lock:
+            self._entries.clear()
+            self._size = 0

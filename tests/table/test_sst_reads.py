@@ -13,12 +13,12 @@ from functools import cache
 
 import pytest
 
-from slatepy.engine.table import READ_AHEAD_DEPTH, TableReader
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
 from slatepy.store.base import ObjectStore, WrappingStore
+from slatepy.table.reader import READ_AHEAD_DEPTH, TableReader
 from tests.conftest import Backend
 from tests.format.v1sst import build_v1
 

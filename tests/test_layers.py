@@ -1,0 +1,224 @@
+"""Imports only go downwards (DESIGN §1): each package of ``slatepy`` is a layer, and a module
+imports its own layer and the layers declared below it, nothing else.
+
+Every ``import`` counts wherever it is written: at module level, inside a function (lazy), or
+under ``if TYPE_CHECKING:``. The few upward imports the design records are listed, with their
+reason, in :data:`EXCEPTIONS`, each for one importing module and one kind of import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+SLATEPY = Path(__file__).resolve().parents[1] / "slatepy"
+
+Kind = Literal["module", "lazy", "typing"]
+"""Where an import is written: run on import, inside a function, under ``TYPE_CHECKING``."""
+
+_BASE = frozenset({"errors", "config"})
+_KV = _BASE | {"store", "format", "manifest", "table"}
+_LIBRARY = _KV | {"engine", "gc", "compactor", "persist"}
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "config": frozenset({"errors"}),
+    # Siblings: the store knows no format, and the format does no I/O.
+    "store": _BASE,
+    "format": _BASE,
+    "manifest": _BASE | {"store", "format"},
+    # Not the manifest: persist reads SSTs, merges and lays out objects without the KV engine.
+    "table": _BASE | {"store", "format"},
+    "engine": _KV,
+    "gc": _KV,
+    "compactor": _KV | {"gc"},  # the background compactor runs GC between compactions
+    "persist": _BASE | {"store", "format", "table"},
+    "aio": _KV | {"engine"},  # the asyncio facade of Db
+    "slatepy": _LIBRARY,  # the package root re-exports the public API
+    "testing": _LIBRARY,
+    "cli": _LIBRARY | {"testing"},  # `slatepy torture` runs the shipped torture harness
+}
+"""Layer -> the layers it may import (besides itself). A module ``slatepy/x.py`` or package
+``slatepy/x/`` is layer ``x``; ``slatepy/__init__.py`` is layer ``slatepy``."""
+
+EXCEPTIONS: dict[tuple[str, str, Kind], str] = {
+    ("slatepy.engine.db", "compactor", "lazy"): (
+        "RFC 0003: with Settings.compactor == 'in-process' the writer composes a"
+        " BackgroundCompactor, imported only then"
+    ),
+    ("slatepy.engine.db", "gc", "lazy"): "RFC 0003: the in-process compactor's GarbageCollector",
+    ("slatepy.engine.db", "compactor", "typing"): "RFC 0003: the type of Db._compactor",
+}
+"""(importing module, imported layer, kind) -> why this upward import is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """One module's import of another (both dotted names)."""
+
+    importer: str
+    imported: str
+    line: int
+    kind: Kind
+
+
+def layer(module: str) -> str:
+    """The layer of a dotted module name (``slatepy.engine.db`` -> ``engine``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+class _Collector(ast.NodeVisitor):
+    """The ``slatepy`` imports of one module, with where they are written."""
+
+    def __init__(self, module: str, *, is_package: bool) -> None:
+        self.module = module
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.kind: Kind = "module"
+        self.found: list[Import] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        outer, self.kind = self.kind, "lazy"
+        self.generic_visit(node)
+        self.kind = outer
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+        if name != "TYPE_CHECKING" or self.kind == "lazy":
+            self.generic_visit(node)
+            return
+        outer, self.kind = self.kind, "typing"
+        for statement in node.body:
+            self.visit(statement)
+        self.kind = outer
+        for statement in node.orelse:
+            self.visit(statement)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._add(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")
+            base = base[: len(base) - node.level + 1]
+            target = ".".join([*base, node.module] if node.module else base)
+        else:
+            target = node.module or ""
+        if target == "slatepy":  # `from slatepy import engine` imports the layer
+            for alias in node.names:
+                self._add(f"slatepy.{alias.name}" if alias.name in ALLOWED else target, node)
+        else:
+            self._add(target, node)
+
+    def _add(self, target: str, node: ast.stmt) -> None:
+        if target == "slatepy" or target.startswith("slatepy."):
+            self.found.append(Import(self.module, target, node.lineno, self.kind))
+
+
+def imports_of(module: str, source: str, *, is_package: bool = False) -> list[Import]:
+    """The ``slatepy`` imports in ``source``, the text of the module named ``module``."""
+    collector = _Collector(module, is_package=is_package)
+    collector.visit(ast.parse(source))
+    return collector.found
+
+
+def all_imports() -> Iterator[Import]:
+    """The ``slatepy`` imports of every module of the package."""
+    for path in sorted(SLATEPY.rglob("*.py")):
+        parts = path.relative_to(SLATEPY.parent).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        yield from imports_of(module, path.read_text(), is_package=is_package)
+
+
+def violations(found: Iterable[Import]) -> list[str]:
+    """The imports that go upward or sideways, and those of undeclared layers."""
+    bad: list[str] = []
+    for imp in found:
+        src, dst = layer(imp.importer), layer(imp.imported)
+        where = f"{imp.importer}:{imp.line} imports {imp.imported} ({imp.kind})"
+        if src not in ALLOWED or dst not in ALLOWED:
+            bad.append(f"{where}: declare the new layer in ALLOWED, in its DESIGN §1 place")
+            continue
+        excepted = (imp.importer, dst, imp.kind) in EXCEPTIONS
+        if src != dst and dst not in ALLOWED[src] and not excepted:
+            bad.append(f"{where}: {src} may import {sorted(ALLOWED[src])} only")
+    return bad
+
+
+def test_imports_only_go_down() -> None:
+    found = list(all_imports())
+    assert len({imp.importer for imp in found}) > 50  # the walk found the package
+    assert violations(found) == []
+
+
+def test_every_exception_is_still_used() -> None:
+    used = {(imp.importer, layer(imp.imported), imp.kind) for imp in all_imports()}
+    assert set(EXCEPTIONS) <= used, "drop the exceptions nothing needs any more"
+
+
+def test_the_declared_layers_have_no_cycle() -> None:
+    def below(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"cycle: {' -> '.join((*path, name))}"
+        for lower in ALLOWED[name]:
+            below(lower, (*path, name))
+
+    for name in ALLOWED:
+        below(name, ())
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("slatepy.table.reader", "from slatepy.engine.db import Db"),
+        ("slatepy.table.reader", "import slatepy.engine.view as view"),
+        ("slatepy.table.merge", "def f() -> None:\n    from slatepy.compactor import Compactor"),
+        ("slatepy.table.merge", "if TYPE_CHECKING:\n    from slatepy.manifest import Manifest"),
+        ("slatepy.table.merge", "from ..engine import db"),
+        ("slatepy.compactor.executor", "from slatepy.engine.fencing import fence_wal"),
+        ("slatepy.gc.rules", "from slatepy.compactor import Compactor"),
+        ("slatepy.store.twophase", "from slatepy.format.checksum import checksum"),
+        ("slatepy.format.sst", "from slatepy.store.base import ObjectStore"),
+        ("slatepy.persist.state.spine", "from slatepy.manifest.record import Manifest"),
+        ("slatepy.persist.state.spine", "from ...engine.table import TableReader"),
+        ("slatepy.persist", "from slatepy import gc"),
+        ("slatepy.engine.db", "from slatepy.compactor import Compactor"),  # not lazy
+        ("slatepy.engine.db", "def f() -> None:\n    from slatepy.cli import main"),
+        ("slatepy.engine.view", "def f() -> None:\n    from slatepy.compactor import plan"),
+        ("slatepy.spark.sink", "from slatepy.errors import SlatepyError"),
+        ("slatepy.table.merge", "from slatepy.spark import sink"),
+    ],
+)
+def test_an_upward_or_sideways_import_is_caught(module: str, source: str) -> None:
+    assert len(violations(imports_of(module, source))) == 1
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "is_package"),
+    [
+        ("slatepy.persist.state.spine", "from slatepy.table.merge import merge_sum", False),
+        ("slatepy.persist.state.spine", "from ..location import consensus", False),
+        ("slatepy.persist", "from slatepy.persist.state import spine", True),
+        ("slatepy.persist", "from . import location", True),
+        ("slatepy.compactor.executor", "from slatepy.table.reader import TableReader", False),
+        (
+            "slatepy.engine.db",
+            "def f() -> None:\n    from slatepy.gc import GarbageCollector",
+            False,
+        ),
+        ("slatepy.engine.db", "if TYPE_CHECKING:\n    from slatepy.compactor import X", False),
+        ("slatepy.cli.main", "def f() -> None:\n    from slatepy.testing import torture", False),
+        ("slatepy.store.url", "import obstore\nimport xxhash", False),
+    ],
+)
+def test_a_downward_import_passes(module: str, source: str, is_package: bool) -> None:
+    assert violations(imports_of(module, source, is_package=is_package)) == []
