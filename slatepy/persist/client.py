@@ -39,6 +39,7 @@ from slatepy.persist.state.transitions import (
 from slatepy.persist.write import WriteHandle
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
+from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,8 @@ class PersistClient:
         self._owns_consensus = owns_consensus
         self._clock = clock
         self._machines: dict[str, ShardMachine] = {}
+        # Parts are only scanned (uncached, chunked): no block cache is needed.
+        self._tables = TableReader(blob, block_cache_bytes=0, meta_cache_bytes=1 << 20)
         self._heartbeats = Heartbeats()
         self._lock = threading.Lock()
         self._closed = False
@@ -228,7 +231,7 @@ class PersistClient:
             RegisterLeasedReader(reader_id, _debug(purpose)),
             on_uncertain=rerun_as_is,
         )
-        handle = ReadHandle(machine, reader_id, reader.since)
+        handle = ReadHandle(machine, self._tables, reader_id, reader.since)
         self._heartbeats.add(handle, self.settings.reader_lease / 4)
         return handle
 

@@ -7,33 +7,35 @@ parts: SSTs of the engine's format (key ``codec.encode_key``, seq = time, value
 ``codec.encode_diff``, no bloom filter: parts are only scanned), cut at
 ``part_target_bytes``, written under ``shards/{shard}/part/{writer}/{uuid}.sst``.
 
-Large parts are streamed out as they are built (a multipart upload). Reading (for now, until
-the ``table`` layer's reader is available to persist) GETs a hollow part whole and decodes it
-with ``format.sst.decode_sst``; memory is one part per run being read.
+Large parts are streamed out as they are built (a multipart upload). Reading streams each
+run through ``table.TableReader.scan_all`` (ranged GETs of consecutive blocks) and merges
+the runs with ``table.merge.merge_sum``, the consolidating combine.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 
-from slatepy.errors import CorruptionError, StoreError
-from slatepy.format.sst import SstBuilder, decode_sst
+from slatepy.errors import StoreError
+from slatepy.format.block import Entry, decode_block
+from slatepy.format.sst import SstBuilder
 from slatepy.persist import frontier
 from slatepy.persist.codec import (
     Update,
     decode_entry,
-    decode_inline,
     encode_diff,
     encode_inline,
     encode_key,
 )
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.ids import part_key
-from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs
+from slatepy.persist.state.records import HollowPart, InlinePart, Run, Runs
 from slatepy.persist.versions import shard_path
 from slatepy.store.base import ObjectStore, ObjectWriter
+from slatepy.table.merge import merge_sum
+from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,11 @@ KEY_LOWER_BYTES = 64
 
 SEND_BYTES = 8 * 1024 * 1024
 """Finished data blocks a part being written buffers before they are streamed out."""
+
+MIN_CHUNK_BYTES = 64 * 1024
+"""Smallest read-ahead chunk of one run in a snapshot or listen read."""
+
+_TIME = struct.Struct(">Q")
 
 _ENTRY_OVERHEAD = 16
 """Rough bytes per entry beyond its key and 8-byte value (lengths, seq, block index)."""
@@ -147,59 +154,60 @@ class _PartOutput:
             self._writer.abort()
 
 
-def read_part(blob: ObjectStore, shard_id: str, part: Part) -> Iterator[Update]:
-    """The updates of ``part`` inside its window, sorted by ``(k, v, t)``.
+def run_entries(
+    tables: TableReader, shard_id: str, run: Run, *, chunk_bytes: int
+) -> Iterator[Entry]:
+    """The SST entries of a run's updates inside each part's window, in key order: inline
+    parts decoded from the state, hollow ones streamed ``chunk_bytes`` per ranged GET
+    (``TableReader.scan_all``: uncached), one part after the other.
 
     Raises:
-        NotFound: the part's blob is gone (the caller decides: lease expired, or corruption).
-        CorruptionError: the part does not decode (with its path).
+        NotFound: a part's blob is gone (the caller decides: lease expired, or corruption).
+        CorruptionError: a part does not decode (naming it).
     """
-    window = part.window
-    if isinstance(part, InlinePart):
-        updates: Iterable[Update] = decode_inline(part.data)
-    else:
-        path = shard_path(shard_id, part.key)
-        data = blob.get(path)
-        try:
-            _, entries = decode_sst(data)
-            updates = [decode_entry(key, seq, value) for key, seq, value in entries]
-        except CorruptionError as exc:
-            raise CorruptionError(f"persist part: {exc}", path=path) from exc
-    for update in updates:
-        if window is None or frontier.contains(window.lower, window.upper, update[1]):
-            yield update
-
-
-def read_run(blob: ObjectStore, shard_id: str, run: Run) -> Iterator[Update]:
-    """The updates of a run (its parts in key order, one at a time in memory)."""
     for part in run:
-        yield from read_part(blob, shard_id, part)
+        if isinstance(part, InlinePart):
+            entries: Iterable[Entry] = decode_block(part.data).entries()
+        else:
+            entries = tables.scan_all(
+                shard_path(shard_id, part.key), chunk_bytes=chunk_bytes, size=part.size
+            )
+        window = part.window
+        if window is None:
+            yield from entries
+        else:
+            for entry in entries:
+                if frontier.contains(window.lower, window.upper, entry[1]):
+                    yield entry
 
 
 def merge_runs(
-    blob: ObjectStore, shard_id: str, runs: Iterable[Run], *, as_of: int | None = None
+    tables: TableReader,
+    shard_id: str,
+    runs: Sequence[Run],
+    *,
+    as_of: int | None = None,
+    memory_bytes: int,
 ) -> Iterator[Update]:
     """Every update of ``runs`` merged into one consolidated stream sorted by ``(k, v, t)``:
-    times ``> as_of`` dropped and the rest forwarded to ``as_of`` (when given, RFC §7.2),
-    diffs of equal ``(k, v, t)`` summed, zeros dropped. Memory: one part per run."""
-    streams = [_advanced(read_run(blob, shard_id, run), as_of) for run in runs]
-    current: tuple[bytes, bytes, int] | None = None
-    total = 0
-    for (key, value), time, diff in heapq.merge(*streams, key=lambda u: (u[0], u[1])):
-        triple = (key, value, time)
-        if triple != current:
-            if current is not None and total:
-                yield (current[0], current[1]), current[2], total
-            current, total = triple, 0
-        total += diff
-    if current is not None and total:
-        yield (current[0], current[1]), current[2], total
+    with ``as_of``, times beyond it dropped and the rest forwarded to it (RFC §7.2: the
+    time is the key's last 8 bytes and the entry's seq, so forwarding keeps each run
+    sorted); diffs of one ``(k, v, t)`` summed (``table.merge.merge_sum``), zeros dropped.
+    Memory: ``memory_bytes`` of read-ahead shared by the runs (at least 64 KiB each), the
+    inline parts, and one pending entry per run."""
+    chunk = max(MIN_CHUNK_BYTES, memory_bytes // max(len(runs), 1))
+    sources = [
+        _advanced(run_entries(tables, shard_id, run, chunk_bytes=chunk), as_of) for run in runs
+    ]
+    for key, seq, value in merge_sum(sources):
+        yield decode_entry(key, seq, value)
 
 
-def _advanced(updates: Iterator[Update], as_of: int | None) -> Iterator[Update]:
+def _advanced(entries: Iterator[Entry], as_of: int | None) -> Iterator[Entry]:
     if as_of is None:
-        yield from updates
+        yield from entries
         return
-    for kv, time, diff in updates:
-        if time <= as_of:
-            yield kv, as_of, diff
+    time = _TIME.pack(as_of)
+    for key, seq, value in entries:
+        if seq <= as_of:
+            yield key[:-8] + time, as_of, value

@@ -36,6 +36,7 @@ from slatepy.persist.state.transitions import (
     expire_leased_reader,
     heartbeat_leased_reader,
 )
+from slatepy.table.reader import TableReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +74,13 @@ class ReadHandle:
         reader_id: This handle's leased reader id (``r`` + 32 hex).
     """
 
-    def __init__(self, machine: ShardMachine, reader_id: str, since: Frontier) -> None:
+    def __init__(
+        self, machine: ShardMachine, tables: TableReader, reader_id: str, since: Frontier
+    ) -> None:
         self.shard_id = machine.shard_id
         self.reader_id = reader_id
         self._machine = machine
+        self._tables = tables
         self._since = since
         self._requested = since
         self._listens: set[Listen] = set()
@@ -144,7 +148,13 @@ class ReadHandle:
 
     def _guarded(self, runs: list[Run], as_of: int | None) -> Generator[Update, None, None]:
         try:
-            yield from merge_runs(self._machine.blob, self.shard_id, runs, as_of=as_of)
+            yield from merge_runs(
+                self._tables,
+                self.shard_id,
+                runs,
+                as_of=as_of,
+                memory_bytes=self._machine.settings.snapshot_memory_bytes,
+            )
         except NotFound as exc:
             self._check_registered(self._machine.fetch())
             raise CorruptionError(

@@ -18,6 +18,7 @@ from slatepy.persist import (
 )
 from slatepy.persist.read import Event
 from slatepy.persist.state.records import HollowPart
+from slatepy.store.metrics import MetricsStore
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     Clock,
@@ -229,3 +230,24 @@ def test_read_times_that_are_not_u64_are_usage_errors(client: PersistClient) -> 
                 call(bad)  # type: ignore[arg-type]
         with pytest.raises(UsageError):
             read.downgrade_since(bad)  # type: ignore[arg-type]
+
+
+def test_large_parts_are_read_in_chunks_and_runs_merged_with_sums(url: str) -> None:
+    settings = PersistSettings(
+        inline_part_max_bytes=0,
+        snapshot_memory_bytes=1 << 20,
+        batch_lease=10.0,
+        consensus_min_age=1.0,
+        allow_short_leases=True,
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        big = [((b"k%06d" % i, b"x" * 200), 0, 1) for i in range(6000)]  # ~1.3 MB
+        write.compare_and_append(big, 0, 1)
+        write.compare_and_append([((b"k%06d" % i, b"x" * 200), 1, -1) for i in range(3000)], 1, 2)
+        read = client.open_leased_reader(SHARD)
+        assert isinstance(client.blob, MetricsStore)
+        before = client.blob.metrics.requests("get_range")
+        contents = list(read.snapshot_iter(1))
+        assert client.blob.metrics.requests("get_range") - before >= 3  # chunked, not whole
+        assert contents == [((b"k%06d" % i, b"x" * 200), 1, 1) for i in range(3000, 6000)]
