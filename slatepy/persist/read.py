@@ -17,7 +17,7 @@ import logging
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
@@ -137,14 +137,32 @@ class ReadHandle:
         with self._lock:
             self._check_live()
             _check_as_of(as_of, self._since)
-        state = self._machine.wait_until(lambda s: frontier.lt(as_of, s.upper), timeout)
+        state = self._wait_pinned(lambda s: frontier.lt(as_of, s.upper), timeout)
         if state is None:
             raise TimeoutError(
                 f"shard {self.shard_id!r}: the upper did not pass {as_of} within {timeout} s"
             )
-        self._check_registered(state)
+        try:
+            self._check_registered(state)
+        except UsageError:
+            self._unpin(state.seqno)
+            raise
         runs = [run for batch in state.trace if batch.desc.lower <= as_of for run in batch.runs]
         return _Pinned(self, state.seqno, self._guarded(runs, as_of))
+
+    def _wait_pinned(self, ready: Callable[[State], bool], timeout: float | None) -> State | None:
+        """Wait for a state that is ``ready`` and pin its seqno (the caller unpins it). The
+        cached seqno is pinned while waiting, so a heartbeat in between can never release a
+        state this read is about to use (states only move forward)."""
+        floor = self._machine.state.seqno
+        self._pin(floor)
+        try:
+            state = self._machine.wait_until(ready, timeout)
+            if state is not None:
+                self._pin(state.seqno)
+            return state
+        finally:
+            self._unpin(floor)
 
     def _guarded(self, runs: list[Run], as_of: int | None) -> Generator[Update, None, None]:
         try:
@@ -287,18 +305,17 @@ class Listen:
         if self._handle._expired:
             raise ClosedError(f"reader {self._handle.reader_id} was expired")
         start = self.frontier
-        state = self._handle._machine.wait_until(lambda s: frontier.lt(start, s.upper), timeout)
+        state = self._handle._wait_pinned(lambda s: frontier.lt(start, s.upper), timeout)
         if state is None:
             return []
-        self._handle._check_registered(state)
-        runs = [
-            run
-            for batch in state.trace
-            if frontier.lt(start, batch.desc.upper)
-            for run in batch.runs
-        ]
-        self._handle._pin(state.seqno)
         try:
+            self._handle._check_registered(state)
+            runs = [
+                run
+                for batch in state.trace
+                if frontier.lt(start, batch.desc.upper)
+                for run in batch.runs
+            ]
             updates = [u for u in self._handle._guarded(runs, None) if u[1] >= start]
         finally:
             self._handle._unpin(state.seqno)
@@ -326,13 +343,13 @@ class Listen:
 
 
 class _Pinned(Iterator[Update]):
-    """A snapshot stream that holds its state's seqno in the reader until it is exhausted,
-    closed or dropped, so the heartbeat never releases parts it may still fetch."""
+    """A snapshot stream that holds its state's seqno in the reader (it takes over a pin the
+    caller took) until it is exhausted, closed or dropped, so the heartbeat never releases
+    parts it may still fetch."""
 
     def __init__(
         self, handle: ReadHandle, seqno: int, updates: Generator[Update, None, None]
     ) -> None:
-        handle._pin(seqno)
         self._updates = updates
         self._release = weakref.finalize(self, handle._unpin, seqno)
 

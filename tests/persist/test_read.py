@@ -251,3 +251,17 @@ def test_large_parts_are_read_in_chunks_and_runs_merged_with_sums(url: str) -> N
         contents = list(read.snapshot_iter(1))
         assert client.blob.metrics.requests("get_range") - before >= 3  # chunked, not whole
         assert contents == [((b"k%06d" % i, b"x" * 200), 1, 1) for i in range(3000, 6000)]
+
+
+def test_reads_release_every_seqno_they_hold(client: PersistClient) -> None:
+    client.open_writer(SHARD).compare_and_append([upd(b"a", 0)], 0, 2)
+    read = client.open_leased_reader(SHARD)
+    listen = read.listen(0)
+    read.snapshot(1)
+    listen.fetch_next(timeout=1.0)
+    stream = read.snapshot_iter(1)
+    assert read._pins  # held while the stream is open
+    stream.close()  # type: ignore[attr-defined]
+    with pytest.raises(TimeoutError):
+        read.snapshot(5, timeout=0.01)
+    assert not read._pins
