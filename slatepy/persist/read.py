@@ -27,7 +27,7 @@ from slatepy.persist.errors import StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import merge_runs
-from slatepy.persist.state.records import Run, State
+from slatepy.persist.state.records import HollowPart, Run, State
 from slatepy.persist.state.transitions import (
     DowngradeSince,
     ExpireLeasedReader,
@@ -311,10 +311,11 @@ class Listen:
         try:
             self._handle._check_registered(state)
             runs = [
-                run
+                live
                 for batch in state.trace
                 if frontier.lt(start, batch.desc.upper)
-                for run in batch.runs
+                for live in (_from_time(run, start) for run in batch.runs)
+                if live
             ]
             updates = [u for u in self._handle._guarded(runs, None) if u[1] >= start]
         finally:
@@ -340,6 +341,12 @@ class Listen:
         if not self._closed:
             self._closed = True
             self._handle._listen_moved(self, closed=True)
+
+
+def _from_time(run: Run, start: int) -> Run:
+    """``run`` without the blob parts whose times all lie before ``start`` (a batch a
+    metadata merge extended is seen again by a listen; its old parts need no GET)."""
+    return tuple(p for p in run if not (isinstance(p, HollowPart) and p.t_max < start))
 
 
 class _Pinned(Iterator[Update]):

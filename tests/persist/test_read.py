@@ -265,3 +265,21 @@ def test_reads_release_every_seqno_they_hold(client: PersistClient) -> None:
     with pytest.raises(TimeoutError):
         read.snapshot(5, timeout=0.01)
     assert not read._pins
+
+
+def test_a_listen_skips_blob_parts_it_delivered_already(url: str) -> None:
+    settings = PersistSettings(
+        inline_part_max_bytes=0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        listen = client.open_leased_reader(SHARD).listen(0)
+        write.compare_and_append([upd(b"a", 1)], 0, 2)
+        assert listen.fetch_next(timeout=1.0) == [Updates([upd(b"a", 1)]), Progress(2)]
+        write.compare_and_append([], 2, 3)  # a metadata merge extends the data batch
+        assert [b.desc.upper for b in state_of(client).trace] == [3]
+        assert isinstance(client.blob, MetricsStore)
+        before = client.blob.metrics.requests("get_range") + client.blob.metrics.requests("get")
+        assert listen.fetch_next(timeout=1.0) == [Progress(3)]
+        after = client.blob.metrics.requests("get_range") + client.blob.metrics.requests("get")
+        assert after == before
