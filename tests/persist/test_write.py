@@ -394,3 +394,17 @@ def test_bounds_that_are_not_u64_times_are_usage_errors(
     with pytest.raises(UsageError):
         write.batch([], *bounds)  # type: ignore[arg-type]
     assert state_of(client).seqno == 0
+
+
+def test_a_blob_batch_keeps_its_parts_after_an_upper_mismatch(url: str) -> None:
+    settings = PersistSettings(
+        inline_part_max_bytes=0, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write, other = client.open_writer(SHARD), client.open_writer(SHARD)
+        batch = write.batch([upd(b"a", 1)], 0, 2)
+        other.compare_and_append([], 0, 1)
+        with pytest.raises(UpperMismatch):
+            write.compare_and_append_batch([batch], 0, 2)
+        write.compare_and_append_batch([batch], 1, 2)
+        assert snapshot(client, 1) == [upd(b"a", 1)]
