@@ -38,6 +38,7 @@ from slatepy.testing.persist_faults import (
     InterceptConsensus,
     consensus_uniform,
 )
+from tests.conftest import Backend
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
@@ -494,3 +495,32 @@ def test_a_random_workload_under_consensus_faults_matches_a_model(
                     delivered.extend(event.updates)
     assert consolidate(delivered) == consolidate(u for u in model if u[1] > 0)
     assert sum(faulty.counts.values()) >= 5
+
+
+def test_the_whole_api_on_every_backend(backend: Backend) -> None:
+    """One pass over the public API on each store (memory, file, S3 over moto, S3 with the
+    DynamoDB CAS...): blob and inline parts, shipping, reads, holds, finalization."""
+    settings = PersistSettings(
+        inline_part_max_bytes=256, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
+    )
+    target = backend.target() if backend.name == "memory" else backend.store()
+    with PersistClient.open(target, settings=settings, store_settings=backend.settings) as client:
+        write = client.open_writer(SHARD)
+        read = client.open_leased_reader(SHARD)
+        listen = read.listen(0)
+        write.compare_and_append([upd(b"a", 0), upd(b"b", 1)], 0, 2)
+        big = [upd(b"k%03d" % i, 2) for i in range(50)]
+        shipped = write.batch_from_bytes(write.batch(big, 2, 3).to_bytes())
+        write.compare_and_append_batch([shipped], 2, 3)
+        kinds = {type(p).__name__ for b in state_of(client).trace for p in b.parts()}
+        assert kinds == {"InlinePart", "HollowPart"}
+        assert read.snapshot(2) == sorted([upd(b"a", 2), upd(b"b", 2), *big])
+        events = listen.fetch_next(timeout=5.0)
+        assert events[-1] == Progress(3)
+        since = client.open_critical_since(SHARD, "controller")
+        since.compare_and_downgrade_since(b"", b"1", None)
+        write.append([], 3, None)
+        read.downgrade_since(None)
+        read.expire()
+        client.finalize_shard(SHARD)
+        assert state_of(client).finalized
