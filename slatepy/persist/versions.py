@@ -176,7 +176,7 @@ class Versions:
     # -- cold loads ---------------------------------------------------------------------
 
     def _load(self, head: VersionedData | None) -> None:
-        for _ in range(ROLLUP_LOAD_ATTEMPTS):
+        for attempt in range(1, ROLLUP_LOAD_ATTEMPTS + 1):
             if head is None:
                 self.state, self.entry, self._sizes = State.initial(self.shard_id), None, {}
                 self.loaded, self.replayed = True, 0
@@ -190,7 +190,8 @@ class Versions:
                 try:
                     self._load_rollup(seqno, ref)
                 except NotFound:
-                    head = self.consensus.head(self.shard_id)
+                    if attempt < ROLLUP_LOAD_ATTEMPTS:  # a newer head names a newer rollup
+                        head = self.consensus.head(self.shard_id)
                     continue
                 start = seqno + 1
             self.loaded = True

@@ -249,3 +249,21 @@ def test_a_head_older_than_half_the_min_age_is_read_again_before_a_cas(
     calls.clear()
     register(m, "w3")
     assert calls == ["head", "compare_and_set"]
+
+
+def test_a_missing_rollup_fails_the_cold_load_after_three_heads(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    settings = PersistSettings(rollup_min_bytes=0, rollup_min_diffs=3)
+    m = make(consensus, blob, settings)
+    for i in range(5):
+        register(m, f"w{i}")
+    latest = max(m.state.rollups)
+    blob.delete(f"shards/{SHARD}/{m.state.rollups[latest].key}")
+    heads: list[str] = []
+    counted = InterceptConsensus(
+        consensus, before=lambda op, key: heads.append(op) if op == "head" else None
+    )
+    with pytest.raises(CorruptionError, match="missing after 3 tries"):
+        make(counted, blob, settings).fetch()
+    assert len(heads) == 3
