@@ -1,0 +1,290 @@
+"""The persist client: one blob store, one consensus, and a :class:`ShardMachine` per shard
+shared by every handle it opens (RFC 0015 §9).
+
+``PersistClient.open("s3://bucket/persist")`` (or ``file://``, ``memory://``) puts shard
+blobs on that store and, unless ``consensus=`` says otherwise, the consensus log too. A
+``memory://`` store is private to the client; its handles share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol, Self
+
+from slatepy.config import Settings
+from slatepy.errors import ClosedError
+from slatepy.persist.config import PersistSettings
+from slatepy.persist.critical import SinceHandle
+from slatepy.persist.errors import UsageError
+from slatepy.persist.ids import new_leased_reader_id, new_writer_id, validate_shard_id
+from slatepy.persist.location.consensus import Consensus
+from slatepy.persist.location.open import open_consensus
+from slatepy.persist.machine import ShardMachine, rerun_as_is
+from slatepy.persist.read import ReadHandle
+from slatepy.persist.state.transitions import (
+    Finalize,
+    RegisterCriticalReader,
+    RegisterLeasedReader,
+    finalize,
+    register_critical_reader,
+    register_leased_reader,
+)
+from slatepy.persist.write import WriteHandle
+from slatepy.store.base import ObjectStore
+from slatepy.store.stack import open_stack
+from slatepy.table.reader import TableReader
+
+log = logging.getLogger(__name__)
+
+
+class _Leased(Protocol):
+    def heartbeat(self) -> None: ...
+
+
+class Heartbeats:
+    """The client's heartbeat thread: keeps the leases of its open handles (leased readers
+    every ``reader_lease / 4``, writers every ``writer_lease / 4``), leaving three quarters
+    of a lease for pauses and clock skew (RFC §7.1). Started with the first handle, stopped
+    by ``close``. Handles are held weakly: one dropped without ``expire`` lets its lease
+    lapse. A failed heartbeat is logged and tried again at the next interval."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[_Leased], float, float]] = {}
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def add(self, handle: _Leased, interval: float) -> None:
+        """Heartbeat ``handle`` every ``interval`` seconds from now on."""
+        with self._changed:
+            if self._stopped:
+                return
+            self._entries[id(handle)] = (
+                weakref.ref(handle),
+                interval,
+                time.monotonic() + interval,
+            )
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="slatepy-persist-heartbeats", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """Stop the thread (waiting for a heartbeat in flight, up to 10 s)."""
+        with self._changed:
+            self._stopped = True
+            thread, self._thread = self._thread, None
+            self._changed.notify_all()
+        if thread is not None:
+            thread.join(10.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._changed:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                due = [(key, ref) for key, (ref, _, at) in self._entries.items() if at <= now]
+                for key, _ in due:
+                    ref, interval, _ = self._entries[key]
+                    self._entries[key] = (ref, interval, now + interval)
+                if not due:
+                    wake = min((at for _, _, at in self._entries.values()), default=now + 60)
+                    self._changed.wait(max(0.0, wake - now))
+                    continue
+            for key, ref in due:
+                handle = ref()
+                if handle is None:
+                    with self._changed:
+                        self._entries.pop(key, None)
+                    continue
+                try:
+                    handle.heartbeat()
+                except ClosedError:
+                    return
+                except UsageError:  # the lease lapsed already: nothing left to keep
+                    with self._changed:
+                        self._entries.pop(key, None)
+                except Exception:  # logged and retried: a heartbeat must not end the thread
+                    log.warning("persist heartbeat failed", exc_info=True)
+
+
+def _debug(purpose: str) -> str:
+    """What a handle records about itself in the state: ``host:pid purpose``."""
+    return f"{socket.gethostname()}:{os.getpid()} {purpose}".strip()
+
+
+class PersistClient:
+    """Opens handles on the shards of one location. Thread-safe; close it (or use it as a
+    context manager) to release the consensus connection and wake waiting reads."""
+
+    def __init__(
+        self,
+        blob: ObjectStore,
+        consensus: Consensus,
+        settings: PersistSettings,
+        *,
+        owns_consensus: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.blob = blob
+        self.consensus = consensus
+        self.settings = settings
+        self._owns_consensus = owns_consensus
+        self._clock = clock
+        self._machines: dict[str, ShardMachine] = {}
+        # Parts are only scanned (uncached, chunked): no block cache is needed.
+        self._tables = TableReader(blob, block_cache_bytes=0, meta_cache_bytes=1 << 20)
+        self._heartbeats = Heartbeats()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        url: str | ObjectStore,
+        *,
+        consensus: str | Consensus | None = None,
+        settings: PersistSettings | None = None,
+        store_settings: Settings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> PersistClient:
+        """Open a client on the blob store ``url`` (or a store instance).
+
+        Args:
+            url: ``memory://`` (private to this client), ``file:///abs/path``, ``s3://...``.
+            consensus: None (a log on the blob store), a ``postgresql://`` URL, or a
+                ``Consensus`` instance (used as is; the caller closes it).
+            settings: Persist tunables (leases, part sizes...).
+            store_settings: The object-store stack's settings (retries, timeouts, cache).
+            clock: Wall clock in seconds (state walltimes, leases, batch ages; tests).
+
+        Raises:
+            InvalidArgument / UnsupportedStore: the URL or consensus is unusable.
+        """
+        settings = settings or PersistSettings()
+        store_settings = store_settings or Settings()
+        blob = open_stack(url, store_settings)
+        log = open_consensus(
+            blob,
+            consensus,
+            min_age=settings.consensus_min_age,
+            clock=clock,
+            statement_timeout=store_settings.store_timeout,
+        )
+        return cls(
+            blob, log, settings, owns_consensus=not isinstance(consensus, Consensus), clock=clock
+        )
+
+    def machine(self, shard_id: str) -> ShardMachine:
+        """The shared state machine of ``shard_id`` in this client.
+
+        Raises:
+            UsageError: an invalid shard id.
+            ClosedError: the client is closed.
+        """
+        validate_shard_id(shard_id)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("the persist client is closed")
+            machine = self._machines.get(shard_id)
+            if machine is None:
+                machine = ShardMachine(
+                    shard_id, self.consensus, self.blob, self.settings, clock=self._clock
+                )
+                self._machines[shard_id] = machine
+            return machine
+
+    def open_writer(self, shard_id: str, *, purpose: str = "") -> WriteHandle:
+        """A write handle on ``shard_id`` (registered with its first append).
+
+        Raises:
+            UsageError: invalid shard id, or the shard is finalized.
+        """
+        machine = self.machine(shard_id)
+        state = machine.fetch()
+        if state.finalized:
+            raise UsageError(f"shard {shard_id!r} is finalized; it accepts no writers")
+        handle = WriteHandle(machine, new_writer_id(), state.upper, debug=_debug(purpose))
+        self._heartbeats.add(handle, self.settings.writer_lease / 4)
+        return handle
+
+    def open_leased_reader(self, shard_id: str, *, purpose: str = "") -> ReadHandle:
+        """A read handle on ``shard_id``, registered (one state change) at the shard's since.
+
+        Raises:
+            UsageError: invalid shard id, the shard is finalized, or too many readers.
+        """
+        machine = self.machine(shard_id)
+        reader_id = new_leased_reader_id()
+        reader = machine.run(
+            register_leased_reader,
+            RegisterLeasedReader(reader_id, _debug(purpose)),
+            on_uncertain=rerun_as_is,
+        )
+        handle = ReadHandle(machine, self._tables, reader_id, reader.since)
+        self._heartbeats.add(handle, self.settings.reader_lease / 4)
+        return handle
+
+    def open_critical_since(self, shard_id: str, reader_id: str) -> SinceHandle:
+        """The critical since hold ``reader_id`` on ``shard_id``: registered at the shard's
+        since with opaque ``b""`` the first time, the existing hold unchanged after that.
+
+        Raises:
+            UsageError: invalid ids, or the shard is finalized.
+        """
+        machine = self.machine(shard_id)
+        reader = machine.run(
+            register_critical_reader,
+            RegisterCriticalReader(reader_id, _debug("critical")),
+            on_uncertain=rerun_as_is,
+        )
+        return SinceHandle(machine, reader_id, reader)
+
+    def finalize_shard(self, shard_id: str) -> None:
+        """Finalize ``shard_id``: no handles or writes any more; GC may delete its data.
+        Idempotent.
+
+        Raises:
+            UsageError: the shard's since or upper is not None (close it with an append to
+                ``new_upper=None`` and downgrade every since to None first).
+        """
+        self.machine(shard_id).run(finalize, Finalize(), on_uncertain=rerun_as_is)
+
+    def list_shards(self) -> list[str]:
+        """Every shard with a consensus log, sorted."""
+        return self.consensus.list_keys()
+
+    def close(self) -> None:
+        """Wake waiting reads, and close the consensus if this client opened it.
+        Idempotent; handles fail with ``ClosedError`` afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            machines = list(self._machines.values())
+        self._heartbeats.stop()
+        for machine in machines:
+            machine.close()
+        if self._owns_consensus:
+            self.consensus.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

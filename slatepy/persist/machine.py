@@ -1,0 +1,392 @@
+"""The applier: runs pure transitions against a shard's consensus log (RFC 0015 §6.1 layer 2).
+
+One :class:`ShardMachine` per ``(client, shard)`` caches the shard's state and is shared by
+every handle of that client, so a commit made through one handle is visible to the others at
+once (and wakes their waiting listens through a :class:`threading.Condition`).
+
+A command is ``run(transition, args)``: take the cached state, run
+``transitions.step`` (expiry, then the transition), turn the new state into a
+:class:`StateDiff`, ``compare_and_set`` it at ``expected = state.seqno``. A ``Mismatch``
+means another process committed first: apply what we missed and run the transition again,
+with a small randomized backoff, up to :data:`MAX_ATTEMPTS` times (then
+``StateConflictError``). A ``Break`` (a no-op or a refusal) decided on the cached state is
+confirmed on the head first (one consensus read): an answer such as ``UpperMismatch`` is
+never given from a stale cache.
+
+**Indefinite failures.** A CAS whose outcome is unknown (``StoreUnavailable(definite=False)``)
+may still have landed. The machine remembers the bytes of every attempt of the command; on
+catching up, an entry equal to one of them *is* our commit (every diff carries a random
+nonce, so no one else writes those bytes), and the command answers that attempt's result.
+An entry of someone else at that seqno means ours can never land; no entry yet means we CAS
+at that seqno again (at most one of the two can land). Only a cold load (the log was
+truncated past the attempt) hides the answer: then the command's ``on_uncertain`` decides —
+``compare_and_append`` reruns with ``uncertain=True`` and its idempotency token decides;
+commands without one raise :class:`Indeterminate`. And while the log has not reached the
+seqno of an uncertain attempt, that attempt may still land: the command then answers nothing
+but our own commit, so a retry that stops there (a refusal, a failed batch-age check, a
+closed client) raises :class:`Indeterminate` instead of its own error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from slatepy.errors import ClosedError, SlatepyError, StoreUnavailable
+from slatepy.persist.config import PersistSettings
+from slatepy.persist.errors import Indeterminate, StateConflictError
+from slatepy.persist.ids import new_nonce
+from slatepy.persist.location.consensus import Committed, Consensus
+from slatepy.persist.state.diff import StateDiff, encode_state_diff, entry_digest
+from slatepy.persist.state.outcome import Break, Change, Outcome
+from slatepy.persist.state.records import State
+from slatepy.persist.state.transitions import AddRollup, add_rollup, step
+from slatepy.persist.versions import Applied, Versions, shard_path
+from slatepy.store.base import ObjectStore
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 64
+"""CAS attempts of one command before ``StateConflictError`` (lost races and retries)."""
+
+MAX_UNCERTAIN = 5
+"""Indefinite failures one command survives (each followed by a re-read) before it raises."""
+
+BACKOFF_STEP = 0.002
+"""Seconds: the backoff before attempt ``n`` is uniform in ``[0, BACKOFF_STEP * n]``."""
+
+POLL_MIN = 0.01
+"""Seconds between polls of the head right after the shard changed."""
+
+Transition = Callable[[State, int, PersistSettings, A], Outcome[R]]
+
+
+def rerun_as_is(args: A) -> A:
+    """``on_uncertain`` of an idempotent command: rerun it unchanged."""
+    return args
+
+
+def validate_by_default() -> bool:
+    """Whether machines check every state they reach (``SLATEPY_PERSIST_VALIDATE=1``)."""
+    return os.environ.get("SLATEPY_PERSIST_VALIDATE", "") not in ("", "0")
+
+
+class ShardMachine:
+    """The cached state of one shard in one client, and the loop that changes it.
+
+    Thread-safe: one lock serializes commands and catch-ups of this shard in this client.
+    """
+
+    def __init__(
+        self,
+        shard_id: str,
+        consensus: Consensus,
+        blob: ObjectStore,
+        settings: PersistSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        validate: bool | None = None,
+    ) -> None:
+        self.shard_id = shard_id
+        self.consensus = consensus
+        self.blob = blob
+        self.settings = settings
+        self.clock = clock
+        self._versions = Versions(
+            shard_id,
+            consensus,
+            blob,
+            settings,
+            validate=validate_by_default() if validate is None else validate,
+        )
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._closed = False
+        self._rolling_up = False
+
+    # -- reading the state ----------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """The cached state (no I/O; loads it on first use)."""
+        with self._lock:
+            if not self._versions.loaded:
+                self._refresh()
+            return self._versions.state
+
+    def fetch(self) -> State:
+        """The state at the consensus head (linearized: reflects every commit that finished
+        before this call)."""
+        with self._lock:
+            self._refresh()
+            return self._versions.state
+
+    def wait_for_change(self, seqno: int, timeout: float) -> State:
+        """Wait up to ``timeout`` seconds for the cached state to pass ``seqno`` through a
+        commit or catch-up of this client (no I/O); returns the cached state."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._closed or self._versions.state.seqno > seqno, timeout
+            )
+            return self._versions.state
+
+    def wait_until(self, ready: Callable[[State], bool], timeout: float | None) -> State | None:
+        """Poll the head until ``ready(state)``; None when ``timeout`` seconds passed first
+        (``None``: no limit). Adaptive: 10 ms after a change, doubling to
+        ``listen_poll_max`` while idle; a commit of this client wakes it at once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = POLL_MIN
+        while True:
+            state = self.fetch()
+            if ready(state):
+                return state
+            wait = delay
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                wait = min(wait, remaining)
+            if self.wait_for_change(state.seqno, wait).seqno != state.seqno:
+                delay = POLL_MIN
+            else:
+                delay = min(delay * 2, self.settings.listen_poll_max)
+
+    def close(self) -> None:
+        """Wake every waiter; later commands raise ``ClosedError``."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"the persist client of shard {self.shard_id!r} is closed")
+
+    def _refresh(self, *, rollup: bool = True) -> list[Applied]:
+        self._check_open()
+        before = self._versions.state.seqno
+        applied = self._versions.refresh()
+        if self._versions.state.seqno != before:
+            self._changed.notify_all()
+        if rollup:
+            self._maybe_rollup()
+        return applied
+
+    # -- running commands -----------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def run(
+        self,
+        transition: Transition[A, R],
+        args: A,
+        *,
+        on_uncertain: Callable[[A], A] | None = None,
+        check: Callable[[int], None] | None = None,
+    ) -> R:
+        """Commit ``transition(args)`` and answer its result (or raise its refusal).
+
+        Args:
+            transition: A pure transition (``state/``).
+            args: Its arguments.
+            on_uncertain: How to rerun after an attempt failed indefinitely and the log can
+                no longer show whether it landed (``compare_and_append``: mark the args
+                ``uncertain``, so its token decides; an idempotent command: unchanged args).
+                None: such a command raises ``Indeterminate``.
+            check: Called with the clock (ms) before every CAS attempt; raises to abandon
+                the command (a batch grown too old, RFC §6.4).
+
+        Raises:
+            The transition's refusal; ``StateConflictError`` after :data:`MAX_ATTEMPTS` lost
+            races; ``StoreUnavailable`` when consensus fails (``definite=False`` when an
+            attempt may have landed); ``Indeterminate`` when that cannot be decided.
+        """
+        with self._lock:
+            result = self._run(transition, args, on_uncertain, check)
+            self._maybe_rollup()
+            return result
+
+    def _run(
+        self,
+        transition: Transition[A, R],
+        args: A,
+        on_uncertain: Callable[[A], A] | None,
+        check: Callable[[int], None] | None,
+    ) -> R:
+        attempt = _Attempts()
+        try:
+            return self._attempts(transition, args, on_uncertain, check, attempt)
+        except SlatepyError as exc:
+            if self._versions.state.seqno < attempt.pending and not _is_indefinite(exc):
+                raise Indeterminate(
+                    f"shard {self.shard_id!r}: a state change failed indefinitely, then its "
+                    f"retry stopped ({exc}); the first attempt may still land at seqno "
+                    f"{attempt.pending}: read the shard to find out"
+                ) from exc
+            raise
+
+    def _attempts(
+        self,
+        transition: Transition[A, R],
+        args: A,
+        on_uncertain: Callable[[A], A] | None,
+        check: Callable[[int], None] | None,
+        tried: _Attempts,
+    ) -> R:
+        attempts: dict[bytes, Change[R]] = {}
+        # Whether the cached state was read from consensus during this command: a Break
+        # decided on a stale cache (say, an upper mismatch) is confirmed on a fresh one.
+        fresh = False
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            self._check_open()
+            stale = (
+                time.monotonic() - self._versions.confirmed > self.settings.consensus_min_age / 2
+            )
+            if not self._versions.loaded or stale:
+                self._refresh(rollup=False)
+                fresh = True
+            state = self._versions.state
+            now = self.now_ms()
+            if check is not None:
+                check(now)
+            outcome = step(state, now, self.settings, transition, args)
+            if isinstance(outcome, Break):
+                if not fresh:
+                    self._refresh(rollup=False)
+                    fresh = True
+                    continue
+                if state.seqno < tried.pending:
+                    raise Indeterminate(
+                        f"shard {self.shard_id!r}: a retry of a state change that failed "
+                        "indefinitely no longer applies, and the first attempt may still land"
+                    )
+                return outcome.answer()
+            data = self._encode(state, outcome.state)
+            attempts[data] = outcome
+            try:
+                cas = self.consensus.compare_and_set(
+                    self.shard_id, state.seqno if state.seqno else None, data
+                )
+            except StoreUnavailable as exc:
+                if exc.definite and not tried.uncertain:
+                    raise
+                tried.uncertain += 1
+                tried.pending = state.seqno + 1
+                if tried.uncertain > MAX_UNCERTAIN:
+                    raise _indefinite(exc) from exc
+                resolved = self._resolve(attempts, on_uncertain is not None, exc)
+                if resolved is not None:
+                    return resolved.result
+                fresh = False
+                if on_uncertain is not None:
+                    args = on_uncertain(args)
+                continue
+            if isinstance(cas, Committed):
+                self._versions.advance(outcome.state, data)
+                self._changed.notify_all()
+                return outcome.result
+            ours = self._match(self._versions.catch_up(state.seqno + 1, cas.current), attempts)
+            if ours is not None:
+                return ours.result
+            fresh = True
+            self._changed.notify_all()
+            time.sleep(random.uniform(0, BACKOFF_STEP * attempt))
+        raise StateConflictError(
+            f"shard {self.shard_id!r}: gave up after {MAX_ATTEMPTS} lost compare-and-set races "
+            "on its consensus log; nothing was committed"
+        )
+
+    def _encode(self, old: State, new: State) -> bytes:
+        prev = entry_digest(self._versions.entry) if self._versions.entry is not None else 0
+        diff = StateDiff.between(old, new, nonce=new_nonce(), prev_digest=prev)
+        return encode_state_diff(diff)
+
+    def _resolve(
+        self, attempts: dict[bytes, Change[R]], can_rerun: bool, cause: StoreUnavailable
+    ) -> Change[R] | None:
+        """After an indefinite CAS: re-read the log. Our attempt's bytes there → committed
+        (returned). Otherwise None: rerun (someone else's entry took the slot, nothing is there
+        yet, or the re-read failed: a rerun CASes at the same seqno, so at most one lands).
+
+        Raises:
+            Indeterminate: a cold load hid the answer and the command cannot rerun safely.
+        """
+        loaded_before = self._versions.state.seqno
+        try:
+            applied = self._versions.refresh()
+        except StoreUnavailable:
+            # The next attempt CASes from the cached state: a landed attempt then comes
+            # back as the mismatch's entry (or in the catch-up after it) and is recognized.
+            return None
+        if applied:
+            self._changed.notify_all()
+        ours = self._match(applied, attempts)
+        if ours is not None:
+            return ours
+        if not applied and self._versions.state.seqno != loaded_before and not can_rerun:
+            raise Indeterminate(
+                f"shard {self.shard_id!r}: a state change failed indefinitely ({cause}) and the "
+                "consensus log was truncated past it before it could be checked; read the "
+                "shard to find out whether it landed"
+            )
+        return None
+
+    @staticmethod
+    def _match(applied: list[Applied], attempts: dict[bytes, Change[R]]) -> Change[R] | None:
+        for entry in applied:
+            change = attempts.get(entry.data)
+            if change is not None:
+                return change
+        return None
+
+    # -- rollups --------------------------------------------------------------------------
+
+    def _maybe_rollup(self) -> None:
+        """Write and register a rollup when one is due (RFC §4.3). Best effort: the
+        command that made it due has committed already; a failure is logged and the next
+        commit tries again."""
+        if self._rolling_up or self._closed or not self._versions.rollup_due():
+            return
+        self._rolling_up = True
+        try:
+            seqno, ref = self._versions.write_rollup()
+            added = self._run(add_rollup, AddRollup(seqno, ref), rerun_as_is, None)
+            if not added:
+                self.blob.delete(shard_path(self.shard_id, ref.key))
+        except Exception:  # maintenance must not fail a command that has committed
+            log.warning("shard %r: writing a rollup failed", self.shard_id, exc_info=True)
+        finally:
+            self._rolling_up = False
+
+
+@dataclass(slots=True)
+class _Attempts:
+    """What a command's indefinite failures left open."""
+
+    uncertain: int = 0
+    """Attempts that failed indefinitely."""
+    pending: int = 0
+    """The seqno the latest of them wrote at (0: none): until the log reaches it, that
+    attempt may still land, so the command may answer nothing but our commit."""
+
+
+def _is_indefinite(exc: BaseException) -> bool:
+    return isinstance(exc, StoreUnavailable) and not exc.definite
+
+
+def _indefinite(exc: StoreUnavailable) -> StoreUnavailable:
+    """``exc`` as an indefinite failure (an earlier attempt may have landed)."""
+    if not exc.definite:
+        return exc
+    return StoreUnavailable(
+        f"{exc}; an earlier attempt of this state change may have landed", definite=False
+    )
