@@ -88,6 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     dyn.add_parser("create-table", help="create SLATEPY_DYNAMODB_TABLE (pk/sk, on demand)")
     recover = dyn.add_parser("recover", help="complete every half-done two-phase write")
     recover.add_argument("url")
+    persist = sub.add_parser("persist", help="persist shards: inspect and administer")
+    psub = persist.add_subparsers(dest="persist_command", required=True)
+    pinspect = psub.add_parser("inspect", help="a shard's state as JSON (all shards: a summary)")
+    pinspect.add_argument("url", help="the blob store URL the persist client opens")
+    pinspect.add_argument("shard", nargs="?", default=None)
+    padmin = psub.add_parser("admin", help="change a shard (a dry run unless --commit)")
+    pasub = padmin.add_subparsers(dest="admin_command", required=True)
+    pfinal = pasub.add_parser("finalize", help="finalize a shard whose since and upper are closed")
+    pfinal.add_argument("url")
+    pfinal.add_argument("shard")
+    pfinal.add_argument("--commit", action="store_true", help="do it (default: a dry run)")
+    for command in (pinspect, pfinal):
+        command.add_argument(
+            "--consensus", default=None, help="a postgresql:// URL (default: a log on the store)"
+        )
     return parser
 
 
@@ -100,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_demo(args.dir, orders=args.orders)
             return 0
         settings = Settings.from_env()
+        if args.command == "persist":
+            return _persist(args, settings)
         if args.command == "dynamodb" and args.dynamodb_command == "create-table":
             from slatepy.store.dynamodb import create_table
 
@@ -155,6 +172,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _persist(args: argparse.Namespace, settings: Settings) -> int:
+    from slatepy.cli import persist
+
+    if args.persist_command == "inspect":
+        print(
+            persist.inspect_persist(
+                args.url, args.shard, consensus=args.consensus, settings=settings
+            )
+        )
+    else:
+        print(
+            persist.finalize_shard(
+                args.url,
+                args.shard,
+                consensus=args.consensus,
+                settings=settings,
+                commit=args.commit,
+            )
+        )
     return 0
 
 
