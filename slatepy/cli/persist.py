@@ -24,7 +24,9 @@ def inspect_persist(
     url: str, shard: str | None, *, consensus: str | None, settings: Settings
 ) -> str:
     """The JSON report of ``inspect`` (see the module docstring)."""
-    with PersistClient.open(url, consensus=consensus, store_settings=settings) as client:
+    with PersistClient.open(
+        url, consensus=consensus, store_settings=settings, create=False
+    ) as client:
         if shard is None:
             summaries = [_summary(client.machine(s).fetch()) for s in client.list_shards()]
             return json.dumps(summaries, indent=2)
@@ -82,7 +84,9 @@ def finalize_shard(
     Raises:
         UsageError: (with ``commit``) the shard's since or upper is not closed yet.
     """
-    with PersistClient.open(url, consensus=consensus, store_settings=settings) as client:
+    with PersistClient.open(
+        url, consensus=consensus, store_settings=settings, create=False
+    ) as client:
         state = client.machine(shard).fetch()
         if state.finalized:
             return f"shard {shard!r} is finalized already"

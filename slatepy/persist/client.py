@@ -39,6 +39,7 @@ from slatepy.persist.state.transitions import (
 from slatepy.persist.write import WriteHandle
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
+from slatepy.store.url import open_store
 from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,7 @@ class PersistClient:
         settings: PersistSettings | None = None,
         store_settings: Settings | None = None,
         clock: Callable[[], float] = time.time,
+        create: bool = True,
     ) -> PersistClient:
         """Open a client on the blob store ``url`` (or a store instance).
 
@@ -167,13 +169,17 @@ class PersistClient:
             settings: Persist tunables (leases, part sizes...).
             store_settings: The object-store stack's settings (retries, timeouts, cache).
             clock: Wall clock in seconds (state walltimes, leases, batch ages; tests).
+            create: Create a location that does not exist yet (a ``file://`` directory), as
+                ``Db.open`` does; False raises ``NotFound`` instead (inspection tools).
 
         Raises:
             InvalidArgument / UnsupportedStore: the URL or consensus is unusable.
+            NotFound: ``create`` is False and nothing is at ``url``.
         """
         settings = settings or PersistSettings()
         store_settings = store_settings or Settings()
-        blob = open_stack(url, store_settings)
+        target = open_store(url, store_settings, create=create) if isinstance(url, str) else url
+        blob = open_stack(target, store_settings)
         log = open_consensus(
             blob,
             consensus,

@@ -25,7 +25,6 @@ def location(tmp_path: Path) -> str:
     """A shard 'orders' with an inline batch, a hollow part, a batch written but never
     applied, a writer, a leased reader and a critical since."""
     url = f"file://{tmp_path}/persist"
-    (tmp_path / "persist").mkdir()
     with PersistClient.open(url) as client:
         write = client.open_writer("orders", purpose="cli test")
         write.compare_and_append([((b"k1", b"v1"), 0, 1)], expected_upper=0, new_upper=1)
@@ -97,3 +96,11 @@ def test_finalize_is_a_dry_run_until_commit(
     assert main(["persist", "inspect", location, "done"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["finalized"] and report["trace"] == [] and report["writers"] == {}
+
+
+def test_inspect_never_creates_a_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["persist", "inspect", f"file://{tmp_path}/nothing"]) == 1
+    assert "NotFound" in capsys.readouterr().err
+    assert not (tmp_path / "nothing").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slatepy.config import Settings
-from slatepy.errors import ClosedError
+from slatepy.errors import ClosedError, NotFound
 from slatepy.persist import (
     PersistClient,
     PersistSettings,
@@ -250,3 +250,13 @@ def test_open_close_cycles_leave_no_threads_behind(url: str) -> None:
             read.expire()
             write.expire()
     assert threading.active_count() <= before
+
+
+def test_open_creates_a_file_location_unless_told_not_to(tmp_path: Path) -> None:
+    with pytest.raises(NotFound):
+        PersistClient.open(f"file://{tmp_path}/absent", create=False)
+    assert not (tmp_path / "absent").exists()
+    with PersistClient.open(f"file://{tmp_path}/new") as client:
+        client.open_writer("s").compare_and_append([((b"k", b"v"), 0, 1)], 0, 1)
+    with PersistClient.open(f"file://{tmp_path}/new", create=False) as client:
+        assert client.open_leased_reader("s").snapshot(0) == [((b"k", b"v"), 0, 1)]
