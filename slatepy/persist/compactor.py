@@ -39,7 +39,7 @@ from typing import Literal
 
 from slatepy.errors import StoreUnavailable
 from slatepy.format.block import Entry
-from slatepy.persist.errors import Indeterminate, UsageError
+from slatepy.persist.errors import Indeterminate, StateConflictError, UsageError
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import MIN_CHUNK_BYTES, PartWriter, run_entries
 from slatepy.persist.state.append import check_batch_age
@@ -115,7 +115,7 @@ def compact(
     """
     state = machine.state
     since = state.since
-    if since is None or not _inputs_present(state, request):
+    if since is None or not request.inputs or not _inputs_present(state, request):
         return MergeResult("skipped")
     settings = machine.settings
     writer = PartWriter(machine.blob, machine.shard_id, claimant, settings)
@@ -204,9 +204,13 @@ def _apply(
         )
         return MergeResult("unknown", None, len(output), updates)
     except UsageError:
-        # Too old to apply (GC may take unreferenced outputs), or a refusal: nothing landed.
+        # Too old to apply (GC may take unreferenced outputs), or a refusal: nothing landed
+        # (after an uncertain attempt the machine raises Indeterminate instead).
         writer.delete((output,))
         return MergeResult("abandoned")
+    except StateConflictError:
+        writer.delete((output,))  # lost every race: nothing was committed
+        raise
     if isinstance(result, Applied):
         return MergeResult("applied", result.batch_id, len(output), updates)
     writer.delete((output,))

@@ -210,7 +210,7 @@ class MaintenanceRunner:
             self._queue.clear()
             thread, self._thread = self._thread, None
             self._wake.notify_all()
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
     def idle(self) -> bool:

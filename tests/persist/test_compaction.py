@@ -12,6 +12,7 @@ import pytest
 from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, PersistSettings, Progress, Updates
+from slatepy.persist import compactor as compactor_module
 from slatepy.persist.compactor import compact
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
@@ -281,3 +282,23 @@ def test_a_listen_across_compaction_delivers_nothing_twice_nor_below_its_frontie
     compact_all(client, write.writer_id)
     assert listen.fetch_next(1.0) == [Updates([upd(b"d", 3)]), Progress(4)]
     listen.close()
+
+
+def test_a_long_merge_renews_its_claim(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compactor_module, "CHECK_EVERY", 50)
+    settings = PersistSettings(
+        batch_lease=10.0,
+        consensus_min_age=1.0,
+        allow_short_leases=True,
+        inline_part_max_bytes=0,
+        merge_lease=0.0001,  # renewal due at every check
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        for t in range(2):
+            write.compare_and_append([upd(b"k%04d" % i, t) for i in range(500)], t, t + 1)
+        (request,) = claims(state_of(client), write.writer_id)
+        seqno = state_of(client).seqno
+        result = compact(client.machine(SHARD), client._tables, write.writer_id, request)
+        assert result.status == "applied"
+        assert state_of(client).seqno - seqno > 2  # renewals, then the apply
