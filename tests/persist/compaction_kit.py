@@ -70,3 +70,12 @@ def is_output(key: str) -> bool:
     part's uuid may start with ``c`` too, but has 32 digits)."""
     name = key.rsplit("/", 1)[-1].removesuffix(".sst")
     return len(name) == 33 and name.startswith("c")
+
+
+def manual(client: PersistClient) -> PersistClient:
+    """``client`` with its background maintenance stopped, if it runs one, so that the test
+    alone decides when merges and GC passes run."""
+    runner = getattr(client, "_maintenance", None)
+    if runner is not None:
+        runner.close()
+    return client

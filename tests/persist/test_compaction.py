@@ -25,6 +25,7 @@ from tests.persist.compaction_kit import (
     claims,
     compact_all,
     is_output,
+    manual,
     part_paths,
     referenced,
     snapshot,
@@ -41,7 +42,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
 
 @pytest.fixture(name="client")
 def client_fixture(url: str) -> Iterator[PersistClient]:
-    with PersistClient.open(url, settings=HOLLOW) as opened:
+    with manual(PersistClient.open(url, settings=HOLLOW)) as opened:
         yield opened
 
 
@@ -99,7 +100,7 @@ def test_outputs_are_cut_at_part_target_bytes_and_rounds_leave_no_parts(url: str
         builder_buffer_bytes=1024,
         compaction_memory_bytes=1 << 20,  # 16 runs of 64 KiB: more runs merge in rounds
     )
-    with PersistClient.open(url, settings=settings) as client:
+    with manual(PersistClient.open(url, settings=settings)) as client:
         write = client.open_writer(SHARD)
         for t in range(2):
             builder = write.builder(t)
@@ -135,9 +136,11 @@ def test_an_append_between_claim_and_apply_does_not_stop_the_apply(
 def two_clients(
     store: ObjectStore, log: Consensus, hook: Callable[[str], None], clock: Clock
 ) -> tuple[PersistClient, PersistClient]:
-    plain = PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock)
-    hooked = PersistClient.open(
-        InterceptStore(store, before_put=hook), consensus=log, settings=HOLLOW, clock=clock
+    plain = manual(PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock))
+    hooked = manual(
+        PersistClient.open(
+            InterceptStore(store, before_put=hook), consensus=log, settings=HOLLOW, clock=clock
+        )
     )
     return plain, hooked
 
@@ -179,8 +182,8 @@ def test_a_lost_apply_reply_is_read_back_as_applied(store: ObjectStore, log: Con
             armed[0] = False
             raise StoreUnavailable("injected: reply lost", definite=False)
 
-    with PersistClient.open(
-        store, consensus=InterceptConsensus(log, after=after), settings=HOLLOW
+    with manual(
+        PersistClient.open(store, consensus=InterceptConsensus(log, after=after), settings=HOLLOW)
     ) as client:
         write = client.open_writer(SHARD)
         write.compare_and_append([upd(b"a", 0)], 0, 1)
@@ -219,9 +222,11 @@ def test_an_apply_the_log_no_longer_shows_keeps_its_outputs(
             raise StoreUnavailable("injected: reply lost", definite=False)
 
     with (
-        PersistClient.open(store, consensus=log, settings=ROLLING) as other,
-        PersistClient.open(
-            store, consensus=InterceptConsensus(log, after=after), settings=HOLLOW
+        manual(PersistClient.open(store, consensus=log, settings=ROLLING)) as other,
+        manual(
+            PersistClient.open(
+                store, consensus=InterceptConsensus(log, after=after), settings=HOLLOW
+            )
         ) as client,
     ):
         write = client.open_writer(SHARD)
@@ -293,7 +298,7 @@ def test_a_long_merge_renews_its_claim(url: str, monkeypatch: pytest.MonkeyPatch
         inline_part_max_bytes=0,
         merge_lease=0.0001,  # renewal due at every check
     )
-    with PersistClient.open(url, settings=settings) as client:
+    with manual(PersistClient.open(url, settings=settings)) as client:
         write = client.open_writer(SHARD)
         for t in range(2):
             write.compare_and_append([upd(b"k%04d" % i, t) for i in range(500)], t, t + 1)

@@ -24,6 +24,7 @@ from tests.conftest import make_backend
 from tests.persist.compaction_kit import (
     HOLLOW,
     compact_all,
+    manual,
     part_paths,
     referenced,
     snapshot,
@@ -70,7 +71,9 @@ def open_client(
     location: tuple[str, Settings], clock: Clock, settings: PersistSettings = HOLLOW
 ) -> PersistClient:
     url, store_settings = location
-    return PersistClient.open(url, settings=settings, store_settings=store_settings, clock=clock)
+    return manual(
+        PersistClient.open(url, settings=settings, store_settings=store_settings, clock=clock)
+    )
 
 
 @pytest.fixture
@@ -135,8 +138,8 @@ def test_a_paused_batch_append_loses_to_the_fence_and_fails_the_age_check(
     clock = Clock(time.time())
     paused = InterceptConsensus(log)
     with (
-        PersistClient.open(store, consensus=paused, settings=HOLLOW, clock=clock) as client,
-        PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock) as collector,
+        manual(PersistClient.open(store, consensus=paused, settings=HOLLOW, clock=clock)) as client,
+        manual(PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock)) as collector,
     ):
         write = client.open_writer(SHARD)
         batch = write.batch([upd(b"a", 0)], 0, 1)

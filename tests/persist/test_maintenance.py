@@ -22,7 +22,15 @@ from slatepy.persist.state.outcome import Maintenance, MergeReq
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
 from slatepy.testing.intercept import InterceptStore
-from tests.persist.compaction_kit import HOLLOW, claims, is_output, part_paths, snapshot, upd
+from tests.persist.compaction_kit import (
+    HOLLOW,
+    claims,
+    is_output,
+    manual,
+    part_paths,
+    snapshot,
+    upd,
+)
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     state_of,
@@ -51,7 +59,7 @@ def log(store: ObjectStore) -> Iterator[Consensus]:
 
 
 def test_submitted_merges_run_in_the_background(url: str) -> None:
-    with PersistClient.open(url, settings=HOLLOW) as client:
+    with manual(PersistClient.open(url, settings=HOLLOW)) as client:
         runner = MaintenanceRunner(client._tables, poll_interval=0.05)
         try:
             write = client.open_writer(SHARD)
@@ -69,7 +77,7 @@ def test_a_watched_writers_claims_and_due_gc_run_without_being_submitted(url: st
     settings = PersistSettings(
         batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True, gc_min_versions=4
     )
-    with PersistClient.open(url, settings=settings) as client:
+    with manual(PersistClient.open(url, settings=settings)) as client:
         runner = MaintenanceRunner(client._tables, poll_interval=0.02)
         try:
             write = client.open_writer(SHARD)
@@ -94,7 +102,7 @@ def test_a_failed_merge_is_logged_and_retried_and_never_reaches_the_writer(
             raise StoreUnavailable("injected: output PUT failed", definite=True)
 
     flaky = InterceptStore(store, before_put=before_put)
-    with PersistClient.open(flaky, consensus=log, settings=HOLLOW) as client:
+    with manual(PersistClient.open(flaky, consensus=log, settings=HOLLOW)) as client:
         runner = MaintenanceRunner(client._tables, poll_interval=0.02, retry_after=0.05)
         try:
             write = client.open_writer(SHARD)
@@ -118,7 +126,7 @@ def test_the_queue_is_bounded_and_submit_never_blocks(store: ObjectStore, log: C
             release.wait(10)
 
     blocking = InterceptStore(store, before_list=before_list)
-    with PersistClient.open(blocking, consensus=log, settings=HOLLOW) as client:
+    with manual(PersistClient.open(blocking, consensus=log, settings=HOLLOW)) as client:
         runner = MaintenanceRunner(client._tables, queue_limit=2, poll_interval=60)
         try:
             write = client.open_writer(SHARD)
@@ -157,7 +165,7 @@ def test_close_stops_a_running_merge_and_deletes_its_outputs(
         part_target_bytes=1024,
     )
     hooked = InterceptStore(store, before_put=before_put)
-    with PersistClient.open(hooked, consensus=log, settings=settings) as client:
+    with manual(PersistClient.open(hooked, consensus=log, settings=settings)) as client:
         runner = MaintenanceRunner(client._tables, poll_interval=60)
         runner_box.append(runner)
         write = client.open_writer(SHARD)
