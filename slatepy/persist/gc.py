@@ -45,6 +45,7 @@ from typing import Literal
 from slatepy.errors import CorruptionError
 from slatepy.persist.ids import rollup_key
 from slatepy.persist.machine import ShardMachine, rerun_as_is
+from slatepy.persist.state.append import check_batch_age
 from slatepy.persist.state.diff import apply, check_chain, decode_state_diff
 from slatepy.persist.state.gc_rules import (
     ClaimGc,
@@ -229,8 +230,17 @@ def _final_rollup(machine: ShardMachine) -> int:
         return latest[0]
     data = encode_rollup(state)
     ref = RollupRef(rollup_key(state.seqno), len(data))
+    written_ms = machine.now_ms()
     machine.blob.put(shard_path(machine.shard_id, ref.key), data)
-    if not machine.run(add_rollup, AddRollup(state.seqno, ref), on_uncertain=rerun_as_is):
+
+    def young_enough(now_ms: int) -> None:
+        # Registered only while GC could not have taken the blob (as batches, RFC §8.2).
+        check_batch_age(written_ms, now_ms, machine.settings)
+
+    added = machine.run(
+        add_rollup, AddRollup(state.seqno, ref), on_uncertain=rerun_as_is, check=young_enough
+    )
+    if not added:
         # A rollup at that seqno was registered meanwhile: it holds the same state.
         machine.blob.delete(shard_path(machine.shard_id, ref.key))
     return state.seqno
