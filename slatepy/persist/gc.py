@@ -25,6 +25,9 @@ stalls after its fence still never takes a part applied after it. A compare-and-
 flight from a state below ``F`` loses to the fence and reruns, re-checking its batch's age
 (RFC 0003's fence, the consensus seqno as the fence). Each deletion is safe on its own, so a
 crashed pass leaves a correct shard; its claim expires after ``5 * merge_lease``.
+Like RFC 0003, this assumes the clocks of the processes and the store's ``last_modified``
+agree within ``batch_lease / 2``: a GC whose clock ran ahead by more would see a part being
+written now as old, and could take it before the append that writes it lands.
 
 **Finalized shards** reference no part: every part goes (nothing can reference one again: a
 finalized shard takes no appends, merges or readers). The state is rolled up once more if

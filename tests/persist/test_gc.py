@@ -5,6 +5,7 @@ the head, and a dry run writes nothing."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 
 from slatepy.config import Settings
 from slatepy.persist import PersistClient, PersistSettings, UsageError
+from slatepy.persist.codec import consolidate
 from slatepy.persist.gc import collect
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
@@ -23,6 +25,7 @@ from slatepy.testing.persist_faults import InterceptConsensus
 from tests.conftest import make_backend
 from tests.persist.compaction_kit import (
     HOLLOW,
+    Update,
     compact_all,
     manual,
     part_paths,
@@ -271,3 +274,45 @@ def test_an_expired_reader_releases_its_parts(location: tuple[str, Settings]) ->
         assert not inputs & part_paths(client)
         with pytest.raises(UsageError):
             reader.snapshot(1)
+
+
+def test_appends_merges_and_gc_interleaved_lose_nothing_a_reader_reads(
+    store: ObjectStore, log: Consensus
+) -> None:
+    """A seeded random workload: appends, merges, GC passes past batch_lease and snapshot
+    streams opened at one state and read several steps later, against a multiset model."""
+    rng = random.Random(11)
+    clock = Clock(time.time())
+    with manual(PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock)) as client:
+        write = client.open_writer(SHARD)
+        reader = client.open_leased_reader(SHARD)
+        model: list[Update] = []
+        streams: list[tuple[Iterator[Update], list[Update]]] = []
+        for t in range(40):
+            updates = [upd(b"k%d" % rng.randrange(6), t, rng.choice((-1, 1))) for _ in range(5)]
+            write.compare_and_append(updates, t, t + 1)
+            model.extend(updates)
+            action = rng.randrange(4)
+            if action == 0:
+                compact_all(client, write.writer_id)
+            elif action == 1:
+                clock.advance(PAST_BATCH_LEASE)
+                gc(client)
+            elif action == 2 and len(streams) < 3:
+                streams.append((reader.snapshot_iter(t), expected_at(model, t)))
+            elif streams:
+                stream, expected = streams.pop(0)
+                assert list(stream) == expected
+                reader.heartbeat()
+        for stream, expected in streams:
+            assert list(stream) == expected
+        reader.heartbeat()
+        clock.advance(PAST_BATCH_LEASE)
+        gc(client)
+        assert part_paths(client) == referenced(state_of(client))
+        assert reader.snapshot(39) == expected_at(model, 39)
+
+
+def expected_at(model: list[Update], as_of: int) -> list[Update]:
+    """The consolidated snapshot of ``model`` as of ``as_of`` (since 0: times kept)."""
+    return consolidate([((k, v), as_of, d) for (k, v), t, d in model if t <= as_of])

@@ -28,6 +28,7 @@ from tests.persist.compaction_kit import (
     is_output,
     manual,
     part_paths,
+    referenced,
     snapshot,
     upd,
 )
@@ -179,3 +180,33 @@ def test_close_stops_a_running_merge_and_deletes_its_outputs(
         assert thread is not None and not thread.is_alive() and runner.idle()
         assert len(state_of(client).trace) == 2  # not applied
         assert not [key for key in part_paths(client) if is_output(key)]
+
+
+def test_background_merges_and_gc_collect_the_inputs_after_batch_lease(url: str) -> None:
+    # Real time: a fake clock ahead of the store's last_modified would make parts written
+    # during a pass look older than they are (GC assumes clocks agree within the lease).
+    settings = PersistSettings(
+        batch_lease=0.5,
+        consensus_min_age=0.5,
+        allow_short_leases=True,
+        inline_part_max_bytes=0,
+        gc_min_versions=4,
+    )
+    with manual(PersistClient.open(url, settings=settings)) as client:
+        runner = MaintenanceRunner(client._tables, poll_interval=0.02, retry_after=0.05)
+        try:
+            write = client.open_writer(SHARD)
+            runner.watch(client.machine(SHARD), write.writer_id, owner=write)
+            for t in range(6):
+                write.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+            eventually(lambda: not state_of(client).merges and runner.idle())
+            inputs = part_paths(client) - referenced(state_of(client))
+            assert inputs
+            time.sleep(settings.batch_lease + 0.1)
+            for t in range(6, 12):  # GC comes due again, now past the inputs' batch_lease
+                write.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+            eventually(lambda: runner.idle() and not inputs & part_paths(client))
+            assert referenced(state_of(client)) <= part_paths(client)
+            assert snapshot(client, 11) == sorted(upd(b"k%d" % t, 11) for t in range(12))
+        finally:
+            runner.close()
