@@ -316,3 +316,29 @@ def test_appends_merges_and_gc_interleaved_lose_nothing_a_reader_reads(
 def expected_at(model: list[Update], as_of: int) -> list[Update]:
     """The consolidated snapshot of ``model`` as of ``as_of`` (since 0: times kept)."""
     return consolidate([((k, v), as_of, d) for (k, v), t, d in model if t <= as_of])
+
+
+def test_a_loader_whose_rollup_gc_deleted_reads_the_head_again(
+    store: ObjectStore, log: Consensus
+) -> None:
+    paused = InterceptConsensus(log)
+    with manual(PersistClient.open(store, consensus=log, settings=ROLLING)) as writer_client:
+        write = writer_client.open_writer(SHARD)
+        for t in range(3):
+            write.compare_and_append([upd(b"k", t)], t, t + 1)
+        named = max(state_of(writer_client).rollups)
+        with manual(PersistClient.open(store, consensus=paused, settings=ROLLING)) as loader:
+            pause = paused.pause("head", key=SHARD, when="after")
+            loaded: list[int] = []
+            thread = threading.Thread(target=lambda: loaded.append(state_of(loader).seqno))
+            thread.start()
+            pause.wait_reached()  # the loader holds a head naming rollup `named`
+            for t in range(3, 6):
+                write.compare_and_append([upd(b"k", t)], t, t + 1)
+            report = collect(writer_client.machine(SHARD), claimant="gc")
+            assert report.truncated_to is not None and report.truncated_to > named
+            assert any(int(key[7:27]) == named for key in report.rollups)
+            pause.release()
+            thread.join(10)
+            assert loaded and loaded[0] >= report.truncated_to
+            assert snapshot(loader, 5) == [upd(b"k", 5, 6)]
