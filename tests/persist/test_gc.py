@@ -16,6 +16,7 @@ import pytest
 from slatepy.config import Settings
 from slatepy.persist import PersistClient, PersistSettings, UsageError
 from slatepy.persist.codec import consolidate
+from slatepy.persist.compactor import compact
 from slatepy.persist.gc import collect
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
@@ -26,6 +27,7 @@ from tests.conftest import make_backend
 from tests.persist.compaction_kit import (
     HOLLOW,
     Update,
+    claims,
     compact_all,
     manual,
     part_paths,
@@ -342,3 +344,36 @@ def test_a_loader_whose_rollup_gc_deleted_reads_the_head_again(
             thread.join(10)
             assert loaded and loaded[0] >= report.truncated_to
             assert snapshot(loader, 5) == [upd(b"k", 5, 6)]
+
+
+def test_a_merge_apply_paused_across_a_gc_pass_is_abandoned(
+    store: ObjectStore, log: Consensus
+) -> None:
+    clock = Clock(time.time())
+    paused = InterceptConsensus(log)
+    with (
+        manual(PersistClient.open(store, consensus=paused, settings=HOLLOW, clock=clock)) as client,
+        manual(PersistClient.open(store, consensus=log, settings=HOLLOW, clock=clock)) as collector,
+    ):
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0)], 0, 1)
+        write.compare_and_append([upd(b"b", 1)], 1, 2)
+        (request,) = claims(state_of(client), write.writer_id)
+        inputs = referenced(state_of(client))
+        pause = paused.pause("compare_and_set", key=SHARD)
+        results: list[str] = []
+        thread = threading.Thread(
+            target=lambda: results.append(
+                compact(client.machine(SHARD), client._tables, write.writer_id, request).status
+            )
+        )
+        thread.start()
+        pause.wait_reached()  # outputs written, the apply about to CAS
+        clock.advance(PAST_BATCH_LEASE)
+        gc(collector)  # the fence lands first; the outputs look old and unreferenced
+        pause.release()
+        thread.join(10)
+        assert results == ["abandoned"]  # the rerun found them too old to apply
+        state = state_of(collector)
+        assert len(state.trace) == 2 and part_paths(collector) == inputs == referenced(state)
+        assert snapshot(collector, 1) == [upd(b"a", 1), upd(b"b", 1)]
