@@ -81,12 +81,27 @@ class PartWriter:
         return tuple(self._write_hollow(updates))
 
     def _write_hollow(self, updates: Iterable[Update]) -> Iterator[HollowPart]:
+        return self.write_entries(
+            (encode_key(key, value, time), time, encode_diff(diff))
+            for (key, value), time, diff in updates
+        )
+
+    def write_entries(
+        self, entries: Iterable[Entry], *, compaction: bool = False
+    ) -> Iterator[HollowPart]:
+        """Write encoded, sorted, consolidated entries (``(encode_key, time, encode_diff)``)
+        as hollow parts cut at ``part_target_bytes``, yielding each once it is written.
+        ``compaction`` names them as compaction outputs (``part/{writer}/c{uuid}.sst``).
+        A part in progress when the stream fails or is closed is aborted (never written);
+        the parts yielded before are the caller's to delete."""
         output: _PartOutput | None = None
         try:
-            for (key, value), time, diff in updates:
+            for key, time, value in entries:
                 if output is None:
-                    output = _PartOutput(self.blob, self.shard_id, self.writer_id)
-                output.add(encode_key(key, value, time), time, encode_diff(diff))
+                    output = _PartOutput(
+                        self.blob, self.shard_id, self.writer_id, compaction=compaction
+                    )
+                output.add(key, time, value)
                 if output.builder.estimated_size >= self.settings.part_target_bytes:
                     yield output.finish()
                     output = None
@@ -116,15 +131,17 @@ class _PartOutput:
     Written with an overwrite: the key is a fresh uuid4, and the part becomes part of the
     shard only when a state change names it."""
 
-    def __init__(self, blob: ObjectStore, shard_id: str, writer_id: str) -> None:
+    def __init__(
+        self, blob: ObjectStore, shard_id: str, writer_id: str, *, compaction: bool = False
+    ) -> None:
         self.builder = SstBuilder(writer_epoch=0, bloom_bits_per_key=0)
-        self.key = part_key(writer_id)
+        self.key = part_key(writer_id, compaction=compaction)
         self._path = shard_path(shard_id, self.key)
         self._blob = blob
         self._writer: ObjectWriter | None = None
         self._count = 0
 
-    def add(self, key: bytes, time: int, value: bytes) -> None:
+    def add(self, key: bytes, time: int, value: bytes | None) -> None:
         self.builder.add(key, time, value)
         self._count += 1
         if self.builder.buffered_bytes >= SEND_BYTES:
