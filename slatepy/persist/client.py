@@ -27,6 +27,7 @@ from slatepy.persist.ids import new_leased_reader_id, new_writer_id, validate_sh
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.open import open_consensus
 from slatepy.persist.machine import ShardMachine, rerun_as_is
+from slatepy.persist.maintenance import MaintenanceRunner
 from slatepy.persist.read import ReadHandle
 from slatepy.persist.state.transitions import (
     Finalize,
@@ -146,6 +147,8 @@ class PersistClient:
         # Parts are only scanned (uncached, chunked): no block cache is needed.
         self._tables = TableReader(blob, block_cache_bytes=0, meta_cache_bytes=1 << 20)
         self._heartbeats = Heartbeats()
+        # Merges and GC of the shards this client writes, off the callers' paths.
+        self._maintenance = MaintenanceRunner(self._tables)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -222,6 +225,8 @@ class PersistClient:
             raise UsageError(f"shard {shard_id!r} is finalized; it accepts no writers")
         handle = WriteHandle(machine, new_writer_id(), state.upper, debug=_debug(purpose))
         self._heartbeats.add(handle, self.settings.writer_lease / 4)
+        if self.settings.compaction == "on":
+            self._maintenance.watch(machine, handle.writer_id, owner=handle)
         return handle
 
     def open_leased_reader(self, shard_id: str, *, purpose: str = "") -> ReadHandle:
@@ -278,6 +283,7 @@ class PersistClient:
                 return
             self._closed = True
             machines = list(self._machines.values())
+        self._maintenance.close()
         self._heartbeats.stop()
         for machine in machines:
             machine.close()

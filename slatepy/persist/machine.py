@@ -357,15 +357,31 @@ class ShardMachine:
         if self._rolling_up or self._closed or not self._versions.rollup_due():
             return
         self._rolling_up = True
+        written_ms = self.now_ms()  # before the PUT: the blob is at least this old
+
+        def young_enough(now_ms: int) -> None:
+            # GC deletes unreferenced rollups older than batch_lease: registering one only
+            # within half of it (as batches, RFC §6.4) keeps the head from naming a deleted
+            # rollup, which would fail every cold load.
+            if now_ms - written_ms > self.settings.batch_lease_ms // 2:
+                raise _RollupTooOld
+
         try:
             seqno, ref = self._versions.write_rollup()
-            added = self._run(add_rollup, AddRollup(seqno, ref), rerun_as_is, None)
+            try:
+                added = self._run(add_rollup, AddRollup(seqno, ref), rerun_as_is, young_enough)
+            except _RollupTooOld:
+                added = False  # the next commit that finds one due writes a fresh one
             if not added:
                 self.blob.delete(shard_path(self.shard_id, ref.key))
         except Exception:  # maintenance must not fail a command that has committed
             log.warning("shard %r: writing a rollup failed", self.shard_id, exc_info=True)
         finally:
             self._rolling_up = False
+
+
+class _RollupTooOld(Exception):
+    """A rollup blob grew too old to register before its CAS (see ``_maybe_rollup``)."""
 
 
 @dataclass(slots=True)

@@ -260,3 +260,19 @@ def test_open_creates_a_file_location_unless_told_not_to(tmp_path: Path) -> None
         client.open_writer("s").compare_and_append([((b"k", b"v"), 0, 1)], 0, 1)
     with PersistClient.open(f"file://{tmp_path}/new", create=False) as client:
         assert client.open_leased_reader("s").snapshot(0) == [((b"k", b"v"), 0, 1)]
+
+
+def test_a_writers_client_merges_its_shard_in_the_background(tmp_path: Path) -> None:
+    """With ``compaction="on"`` (the default) the client that writes a shard runs the merges
+    its appends claim, so the trace stays short without anyone asking."""
+    with PersistClient.open(f"file://{tmp_path}/bg") as client:
+        write = client.open_writer("s")
+        for t in range(40):
+            write.compare_and_append([((b"k%d" % t, b"v"), t, 1)], t, t + 1)
+        machine = client.machine("s")
+        deadline = time.monotonic() + 20
+        while len(machine.fetch().trace) > 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(machine.fetch().trace) <= 4
+        rows = client.open_leased_reader("s").snapshot(39)
+        assert sorted(rows) == sorted(((b"k%d" % t, b"v"), 39, 1) for t in range(40))

@@ -25,7 +25,7 @@ from slatepy.persist.state.transitions import (
     heartbeat_writer,
     register_writer,
 )
-from slatepy.store.base import ObjectStore
+from slatepy.store.base import ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.stack import open_stack
 from slatepy.testing.faults import FaultRates
 from slatepy.testing.persist_faults import FaultyConsensus, InterceptConsensus
@@ -161,6 +161,37 @@ def test_rollups_are_written_when_due_and_cold_loads_start_from_them(
     assert consensus.truncate(SHARD, latest) > 0
     fresh = make(consensus, blob, settings)
     assert fresh.fetch() == m.state
+
+
+class SlowRollupPuts(WrappingStore):
+    """Moves a fake clock past half of ``batch_lease`` while a rollup blob is written (a
+    writer paused between its PUT and the registering CAS)."""
+
+    def __init__(self, inner: ObjectStore, clock: list[float], pause: float) -> None:
+        super().__init__(inner)
+        self.clock, self.pause = clock, pause
+
+    def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
+        etag = self.inner.put(path, data, mode=mode)
+        if "/rollup/" in path:
+            self.clock[0] += self.pause
+        return etag
+
+
+def test_a_rollup_too_old_to_register_is_dropped_not_registered(blob: ObjectStore) -> None:
+    """GC may delete an unreferenced rollup older than batch_lease: one whose registration
+    comes later than half of it must not be named by the head (regression: it was)."""
+    settings = PersistSettings(
+        rollup_min_bytes=0, rollup_min_diffs=3, batch_lease=10.0, allow_short_leases=True
+    )
+    clock = [1_000_000.0]
+    slow = SlowRollupPuts(blob, clock, pause=settings.batch_lease / 2 + 1)
+    with ObjectConsensus(slow, min_age=0) as log:
+        m = ShardMachine(SHARD, log, slow, settings, clock=lambda: clock[0], validate=True)
+        for i in range(6):
+            register(m, f"w{i}")
+        assert m.state.rollups == {}
+        assert blob.list(f"shards/{SHARD}/rollup/") == []
 
 
 def test_a_cache_below_the_truncation_point_reloads_from_the_rollup(

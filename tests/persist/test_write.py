@@ -370,6 +370,7 @@ def test_a_full_trace_stalls_data_appends_until_the_timeout(url: str) -> None:
         batch_lease=10.0,
         consensus_min_age=1.0,
         allow_short_leases=True,
+        compaction="off",
     )
     with PersistClient.open(url, settings=settings) as client:
         write = client.open_writer(SHARD)
