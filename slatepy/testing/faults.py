@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from slatepy.errors import StoreUnavailable
 from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
@@ -54,6 +54,37 @@ def uniform(rate: float) -> dict[str, FaultRates]:
     return dict.fromkeys(("get", "put", "delete", "list", "copy", "head"), each)
 
 
+class _Injector(Protocol):
+    """What :func:`draw_outcome` needs of a fault injector."""
+
+    rates: Mapping[str, FaultRates]
+    latency: float
+    enabled: bool
+    counts: Counter[str]
+    _rng: random.Random
+    _lock: threading.Lock
+
+
+def draw_outcome(injector: _Injector, kind: str) -> str:
+    """Draw the outcome of one ``kind`` call (``ok`` or one of :data:`OUTCOMES`) from the
+    injector's seeded source, after its random latency, and count what was injected."""
+    rates = injector.rates.get(kind)
+    with injector._lock:
+        roll = injector._rng.random()
+        delay = injector._rng.uniform(0, injector.latency) if injector.latency else 0.0
+    if delay:
+        time.sleep(delay)
+    if not injector.enabled or rates is None:
+        return "ok"
+    for outcome in OUTCOMES:
+        roll -= getattr(rates, outcome)
+        if roll < 0:
+            with injector._lock:
+                injector.counts[f"{kind}:{outcome}"] += 1
+            return outcome
+    return "ok"
+
+
 @dataclass
 class FaultyStore(WrappingStore):
     """``inner`` behind an unreliable network (see the module docstring)."""
@@ -70,21 +101,7 @@ class FaultyStore(WrappingStore):
         self._lock = threading.Lock()
 
     def _outcome(self, kind: str) -> str:
-        rates = self.rates.get(kind)
-        with self._lock:
-            roll = self._rng.random()
-            delay = self._rng.uniform(0, self.latency) if self.latency else 0.0
-        if delay:
-            time.sleep(delay)
-        if not self.enabled or rates is None:
-            return "ok"
-        for outcome in OUTCOMES:
-            roll -= getattr(rates, outcome)
-            if roll < 0:
-                with self._lock:
-                    self.counts[f"{kind}:{outcome}"] += 1
-                return outcome
-        return "ok"
+        return draw_outcome(self, kind)
 
     def _call(self, kind: str, path: str, fn: Callable[[], T]) -> T:
         outcome = self._outcome(kind)

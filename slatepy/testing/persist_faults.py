@@ -17,7 +17,6 @@ import contextlib
 import random
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Literal, TypeVar
 from slatepy.errors import StoreUnavailable
 from slatepy.persist.location.consensus import CasResult, Consensus, VersionedData
 from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
-from slatepy.testing.faults import OUTCOMES, FaultRates
+from slatepy.testing.faults import FaultRates, draw_outcome
 
 T = TypeVar("T")
 ConsensusOp = Literal["head", "compare_and_set", "scan", "truncate", "list_keys"]
@@ -71,21 +70,7 @@ class FaultyConsensus(Consensus):
         self._lock = threading.Lock()
 
     def _outcome(self, op: str) -> str:
-        rates = self.rates.get(op)
-        with self._lock:
-            roll = self._rng.random()
-            delay = self._rng.uniform(0, self.latency) if self.latency else 0.0
-        if delay:
-            time.sleep(delay)
-        if not self.enabled or rates is None:
-            return "ok"
-        for outcome in OUTCOMES:
-            roll -= getattr(rates, outcome)
-            if roll < 0:
-                with self._lock:
-                    self.counts[f"{op}:{outcome}"] += 1
-                return outcome
-        return "ok"
+        return draw_outcome(self, op)
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
         outcome = self._outcome(op)

@@ -22,8 +22,8 @@ from slatepy.persist.config import PersistSettings
 from slatepy.persist.location.open import open_consensus
 from slatepy.store import open_store
 from slatepy.store.stack import open_stack
-from slatepy.testing.faults import FaultRates, FaultyStore, uniform
-from slatepy.testing.persist_faults import CONSENSUS_OPS, FaultyConsensus
+from slatepy.testing.faults import FaultyStore, uniform
+from slatepy.testing.persist_faults import FaultyConsensus, consensus_uniform
 
 TRIES = 200
 T = TypeVar("T")
@@ -41,10 +41,7 @@ def main(url: str, pid: int, ops: int, seed: int, rate: float, out: str) -> None
     # consensus calls themselves.
     faulty = FaultyStore(open_store(url), rates=uniform(rate), seed=seed)
     stack = open_stack(faulty, Settings())
-    each = FaultRates(rate / 3, rate / 3, rate / 3)
-    consensus = FaultyConsensus(
-        open_consensus(stack), rates=dict.fromkeys(CONSENSUS_OPS, each), seed=seed + 1
-    )
+    consensus = FaultyConsensus(open_consensus(stack), rates=consensus_uniform(rate), seed=seed + 1)
     acked: list[list[int]] = []
     uncertain: list[int] = []
     settings = PersistSettings(allow_short_leases=True)

@@ -9,15 +9,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, PersistSettings, Progress, Updates
 from slatepy.persist import compactor as compactor_module
 from slatepy.persist.compactor import compact
 from slatepy.persist.location.consensus import Consensus
-from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.base import ObjectStore
-from slatepy.store.stack import open_stack
 from slatepy.testing.intercept import InterceptStore
 from slatepy.testing.persist_faults import InterceptConsensus
 from tests.persist.compaction_kit import (
@@ -43,17 +40,6 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
 @pytest.fixture(name="client")
 def client_fixture(url: str) -> Iterator[PersistClient]:
     with manual(PersistClient.open(url, settings=HOLLOW)) as opened:
-        yield opened
-
-
-@pytest.fixture
-def store() -> ObjectStore:
-    return open_stack("memory://", Settings())
-
-
-@pytest.fixture
-def log(store: ObjectStore) -> Iterator[Consensus]:
-    with ObjectConsensus(store, min_age=0) as opened:
         yield opened
 
 

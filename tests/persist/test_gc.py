@@ -19,9 +19,7 @@ from slatepy.persist.codec import consolidate
 from slatepy.persist.compactor import compact
 from slatepy.persist.gc import collect
 from slatepy.persist.location.consensus import Consensus
-from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.base import ObjectStore
-from slatepy.store.stack import open_stack
 from slatepy.testing.persist_faults import InterceptConsensus
 from tests.conftest import make_backend
 from tests.persist.compaction_kit import (
@@ -79,17 +77,6 @@ def open_client(
     return manual(
         PersistClient.open(url, settings=settings, store_settings=store_settings, clock=clock)
     )
-
-
-@pytest.fixture
-def store() -> ObjectStore:
-    return open_stack("memory://", Settings())
-
-
-@pytest.fixture
-def log(store: ObjectStore) -> Iterator[Consensus]:
-    with ObjectConsensus(store, min_age=0) as opened:
-        yield opened
 
 
 def gc(client: PersistClient) -> None:

@@ -7,20 +7,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, PersistSettings
 from slatepy.persist import compactor as compactor_module
 from slatepy.persist.location.consensus import Consensus
-from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.persist.maintenance import MaintenanceRunner
 from slatepy.persist.state.outcome import Maintenance, MergeReq
 from slatepy.store.base import ObjectStore
-from slatepy.store.stack import open_stack
 from slatepy.testing.intercept import InterceptStore
 from tests.persist.compaction_kit import (
     HOLLOW,
@@ -46,17 +43,6 @@ def eventually(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def store() -> ObjectStore:
-    return open_stack("memory://", Settings())
-
-
-@pytest.fixture
-def log(store: ObjectStore) -> Iterator[Consensus]:
-    with ObjectConsensus(store, min_age=0) as opened:
-        yield opened
 
 
 def test_submitted_merges_run_in_the_background(url: str) -> None:

@@ -62,17 +62,6 @@ def upd(key: bytes, time: int, diff: int = 1) -> Update:
     return (key, b"v"), time, diff
 
 
-@pytest.fixture
-def store() -> ObjectStore:
-    return open_stack("memory://", Settings())
-
-
-@pytest.fixture
-def log(store: ObjectStore) -> Iterator[Consensus]:
-    with ObjectConsensus(store, min_age=0) as opened:
-        yield opened
-
-
 def snapshot(client: PersistClient, as_of: int) -> list[Update]:
     read = client.open_leased_reader(SHARD)
     try:
