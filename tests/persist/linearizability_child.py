@@ -19,6 +19,7 @@ from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, UpperMismatch
 from slatepy.persist.config import PersistSettings
+from slatepy.persist.errors import StateConflictError
 from slatepy.persist.location.open import open_consensus
 from slatepy.store import open_store
 from slatepy.store.stack import open_stack
@@ -53,8 +54,8 @@ def main(url: str, pid: int, ops: int, seed: int, rate: float, out: str) -> None
                 assert upper is not None
                 try:
                     write.compare_and_append(updates(pid, n, upper), upper, upper + 1)
-                except UpperMismatch:
-                    continue
+                except (UpperMismatch, StateConflictError):
+                    continue  # another writer took this upper (or kept winning): nothing landed
                 except StoreUnavailable as exc:
                     if exc.definite:
                         continue

@@ -31,20 +31,14 @@ def test_racing_processes_under_faults_form_one_chain(tmp_path: Path) -> None:
     with PersistClient.open(url) as client:  # data starts at time 1
         client.open_writer("race").compare_and_append([], expected_upper=0, new_upper=1)
     outs = [tmp_path / f"writer{pid}.json" for pid in range(PROCESSES)]
-    children = [
-        spawn(
-            "tests.persist.linearizability_child",
-            url,
-            str(pid),
-            str(OPS),
-            str(100 + pid),
-            str(RATE),
-            str(outs[pid]),
-        )
-        for pid in range(PROCESSES)
-    ]
-    for child in children:
-        assert child.wait(timeout=240) == 0
+    logs = [tmp_path / f"writer{pid}.log" for pid in range(PROCESSES)]
+    children = []
+    for pid in range(PROCESSES):
+        with logs[pid].open("w") as log:
+            args = (url, str(pid), str(OPS), str(100 + pid), str(RATE), str(outs[pid]))
+            children.append(spawn("tests.persist.linearizability_child", *args, stderr=log))
+    for pid, child in enumerate(children):
+        assert child.wait(timeout=240) == 0, logs[pid].read_text()[-3000:]
     reports = [json.loads(out.read_text()) for out in outs]
 
     with PersistClient.open(url) as client:
