@@ -45,6 +45,12 @@ KEY_LOWER_BYTES = 64
 SEND_BYTES = 8 * 1024 * 1024
 """Finished data blocks a part being written buffers before they are streamed out."""
 
+PART_BLOCK_BYTES = 64 * 1024
+"""Data block size of parts. Parts are only ever scanned, never point-read, so a large block
+costs no read amplification and saves the per-block work of writing and reading (measured on
+32 MiB of 1 KiB values, CPU time: writes 60 -> 77 MB/s, snapshot 45k -> 60k rows/s against
+4 KiB blocks)."""
+
 MIN_CHUNK_BYTES = 64 * 1024
 """Smallest read-ahead chunk of one run in a snapshot or listen read."""
 
@@ -134,7 +140,7 @@ class _PartOutput:
     def __init__(
         self, blob: ObjectStore, shard_id: str, writer_id: str, *, compaction: bool = False
     ) -> None:
-        self.builder = SstBuilder(writer_epoch=0, bloom_bits_per_key=0)
+        self.builder = SstBuilder(writer_epoch=0, block_size=PART_BLOCK_BYTES, bloom_bits_per_key=0)
         self.key = part_key(writer_id, compaction=compaction)
         self._path = shard_path(shard_id, self.key)
         self._blob = blob
