@@ -30,6 +30,9 @@ U64_MAX = (1 << 64) - 1
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
 MAX_ENCODED_KEY = 65_535
+_ALWAYS_FITS = (MAX_ENCODED_KEY - 12) // 2
+"""Key plus value lengths whose encoding fits whatever their NULs (each NUL costs one more
+byte): below this the exact, slower count is skipped."""
 """Largest encoded key: the SST format stores key lengths as u16."""
 
 _TIME = struct.Struct(">Q")
@@ -148,7 +151,7 @@ def check_updates(updates: Iterable[object], lower: int, upper: Frontier) -> lis
             raise UsageError(f"update {i}: time {time} is outside [{lower}, {upper})")
         if type(diff) is not int or not I64_MIN <= diff <= I64_MAX:
             raise UsageError(f"update {i}: diff must be an int in [-2**63, 2**63), not {diff!r}")
-        if encoded_key_size(key, value) > MAX_ENCODED_KEY:
+        if len(key) + len(value) > _ALWAYS_FITS and encoded_key_size(key, value) > MAX_ENCODED_KEY:
             raise UsageError(
                 f"update {i}: key and value are too large together "
                 f"(encoded {encoded_key_size(key, value)} bytes > {MAX_ENCODED_KEY})"

@@ -112,6 +112,14 @@ def test_key_size_limit_is_the_sst_key_limit() -> None:
         check_updates([((fits, b"\0"), 0, 1)], 0, 1)  # the NUL costs 2 bytes escaped
 
 
+def test_the_size_check_counts_nuls_wherever_they_could_overflow() -> None:
+    """Keys of NULs only double when escaped: the largest that fits, and one more."""
+    most = (MAX_ENCODED_KEY - 12) // 2
+    check_updates([((b"\0" * most, b""), 0, 1)], 0, 1)
+    with pytest.raises(UsageError, match="too large"):
+        check_updates([((b"\0" * most, b"\0"), 0, 1)], 0, 1)
+
+
 @pytest.mark.parametrize(("lower", "upper"), [(5, 5), (6, 5), (None, 7), (None, None)])
 def test_check_bounds_raises_invalid_bounds(lower: int | None, upper: int | None) -> None:
     with pytest.raises(InvalidBounds):
