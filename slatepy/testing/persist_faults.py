@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import random
 import socket
@@ -44,8 +45,40 @@ def consensus_uniform(rate: float) -> dict[str, FaultRates]:
     return dict.fromkeys(CONSENSUS_OPS, each)
 
 
+class RoutedConsensus(Consensus):
+    """A ``Consensus`` wrapper that sends every call of ``inner`` through :meth:`_call`
+    (``key`` None for ``list_keys``): the one hook the fault injector and the interceptor
+    implement. ``close`` closes ``inner``."""
+
+    inner: Consensus
+
+    @abc.abstractmethod
+    def _call(self, op: ConsensusOp, key: str | None, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (the call ``op`` on ``key`` of ``inner``) the wrapper's way."""
+
+    def head(self, key: str) -> VersionedData | None:
+        return self._call("head", key, lambda: self.inner.head(key))
+
+    def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CasResult:
+        return self._call(
+            "compare_and_set", key, lambda: self.inner.compare_and_set(key, expected, data)
+        )
+
+    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
+        return self._call("scan", key, lambda: self.inner.scan(key, from_seqno, limit))
+
+    def truncate(self, key: str, seqno: int) -> int:
+        return self._call("truncate", key, lambda: self.inner.truncate(key, seqno))
+
+    def list_keys(self) -> list[str]:
+        return self._call("list_keys", None, self.inner.list_keys)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 @dataclass
-class FaultyConsensus(Consensus):
+class FaultyConsensus(RoutedConsensus):
     """``inner`` behind an unreliable link: per call, from a seeded random source, forward
     it (``ok``), refuse it without acting (``fail``: ``StoreUnavailable(definite=True)``),
     lose it without acting (``timeout``: ``definite=False``), or act and lose the reply
@@ -72,7 +105,8 @@ class FaultyConsensus(Consensus):
     def _outcome(self, op: str) -> str:
         return draw_outcome(self, op)
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+    def _call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+        key = key or ""
         outcome = self._outcome(op)
         if outcome == "fail":
             raise StoreUnavailable(f"injected: {op}({key!r}) refused", definite=True)
@@ -82,26 +116,6 @@ class FaultyConsensus(Consensus):
         if outcome == "lost_reply":
             raise StoreUnavailable(f"injected: {op}({key!r}) acted, reply lost", definite=False)
         return result
-
-    def head(self, key: str) -> VersionedData | None:
-        return self._call("head", key, lambda: self.inner.head(key))
-
-    def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CasResult:
-        return self._call(
-            "compare_and_set", key, lambda: self.inner.compare_and_set(key, expected, data)
-        )
-
-    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
-        return self._call("scan", key, lambda: self.inner.scan(key, from_seqno, limit))
-
-    def truncate(self, key: str, seqno: int) -> int:
-        return self._call("truncate", key, lambda: self.inner.truncate(key, seqno))
-
-    def list_keys(self) -> list[str]:
-        return self._call("list_keys", "", self.inner.list_keys)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 Hook = Callable[[str, str | None], None]
@@ -146,7 +160,7 @@ class Pause:
         self._resume.set()
 
 
-class InterceptConsensus(Consensus):
+class InterceptConsensus(RoutedConsensus):
     """Delegates to ``inner``; runs ``before(op, key)`` / ``after(op, key)`` around every call
     and holds calls that match a :meth:`pause`.
 
@@ -194,26 +208,6 @@ class InterceptConsensus(Consensus):
         result = fn()
         self._at("after", op, key)
         return result
-
-    def head(self, key: str) -> VersionedData | None:
-        return self._call("head", key, lambda: self.inner.head(key))
-
-    def compare_and_set(self, key: str, expected: int | None, data: bytes) -> CasResult:
-        return self._call(
-            "compare_and_set", key, lambda: self.inner.compare_and_set(key, expected, data)
-        )
-
-    def scan(self, key: str, from_seqno: int, limit: int) -> list[VersionedData]:
-        return self._call("scan", key, lambda: self.inner.scan(key, from_seqno, limit))
-
-    def truncate(self, key: str, seqno: int) -> int:
-        return self._call("truncate", key, lambda: self.inner.truncate(key, seqno))
-
-    def list_keys(self) -> list[str]:
-        return self._call("list_keys", None, self.inner.list_keys)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # One fault beneath a consensus.
