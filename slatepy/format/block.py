@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from itertools import accumulate, islice, repeat
 
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
@@ -79,16 +80,48 @@ class BlockBuilder:
         self._size += len(entry)
         self._count += 1
 
+    def extend(self, entries: list[bytes], size: int) -> None:
+        """Append encoded entries (header, key and value joined) of ``size`` bytes in all,
+        in increasing key order after the entries already here."""
+        self._parts += entries
+        self._size += size
+        self._count += len(entries)
+
+    @property
+    def filled(self) -> int:
+        """Bytes of the entries so far, their offsets included (the fixed overhead aside)."""
+        return self._size + (OFFSET.size * self._count if self._indexed else 0)
+
+    def take(self) -> list[bytes]:
+        """The encoded entries so far (to be finished with more by :func:`finish_block`);
+        the builder is reset."""
+        parts = self._parts
+        self.__init__(indexed=self._indexed)  # type: ignore[misc]
+        return parts
+
     def finish(self) -> bytes:
         """Encode the block and reset the builder."""
-        parts = self._parts
-        if self._indexed:  # entry starts, summed in C rather than on every add
-            starts = accumulate(map(len, parts), initial=0)
-            parts.append(struct.pack(f"<{self._count}I", *islice(starts, self._count)))
-        parts.append(COUNT.pack(self._count))
-        data = append_checksum(b"".join(parts))
-        self.__init__(indexed=self._indexed)  # type: ignore[misc]
-        return data
+        count = self._count
+        return finish_block(self.take(), None, count, self._indexed)
+
+
+def finish_block(
+    parts: list[bytes], sizes: Iterable[int] | None, count: int, indexed: bool
+) -> bytes:
+    """The block of ``count`` encoded entries whose bytes are ``parts`` (consumed), one entry
+    per part unless ``sizes`` gives the entries' sizes: the offsets array (when ``indexed``;
+    entry starts summed in C, not on every add), the count, the checksum."""
+    if indexed:
+        starts = accumulate(map(len, parts) if sizes is None else sizes, initial=0)
+        parts.append(struct.pack(f"<{count}I", *islice(starts, count)))
+    parts.append(COUNT.pack(count))
+    return append_checksum(b"".join(parts))
+
+
+def entry_headers(keys: list[bytes], seqs: list[int], values: list[bytes]) -> Iterator[bytes]:
+    """The headers :meth:`BlockBuilder.add` writes before these entries (no tombstones), by
+    C-level maps rather than a Python loop: the bulk path of ``SstBuilder.extend``."""
+    return map(_pack_header, repeat(0), map(len, keys), map(len, values), seqs)
 
 
 @dataclass(frozen=True, slots=True)

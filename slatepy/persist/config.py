@@ -64,7 +64,7 @@ class PersistSettings:
     consensus_min_age: float = 3600.0
     inline_part_max_bytes: int = 4096
     inline_state_max_bytes: int = 256 * 1024
-    part_target_bytes: int = 64 * 1024 * 1024
+    part_target_bytes: int = 16 * 1024 * 1024
     builder_buffer_bytes: int = 32 * 1024 * 1024
     compaction_memory_bytes: int = 64 * 1024 * 1024
     snapshot_memory_bytes: int = 64 * 1024 * 1024

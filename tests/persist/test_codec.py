@@ -24,6 +24,7 @@ from slatepy.persist.codec import (
     decode_entry,
     decode_inline,
     decode_key,
+    encode_columns,
     encode_diff,
     encode_inline,
     encode_key,
@@ -79,6 +80,32 @@ def test_check_updates_accepts_valid_updates_as_a_list() -> None:
     updates = [((b"k", b"v"), 3, -2), ((b"", b""), 4, 0)]
     assert check_updates(iter(updates), 3, 5) == updates
     assert check_updates([((b"k", b""), U64_MAX, 1)], 0, None) == [((b"k", b""), U64_MAX, 1)]
+
+
+updates_lists = st.lists(
+    st.tuples(st.tuples(fields, fields), st.integers(0, 20), st.integers(-3, 3)), max_size=30
+)
+
+
+@given(updates_lists, st.booleans())
+def test_check_updates_fast_path_agrees_with_the_loop(updates: list[Update], lists: bool) -> None:
+    """Plain tuples take the column checks, other sequences the per-update loop: the same
+    updates come out as tuples either way."""
+    given_updates: list[object] = (
+        [[list(kv), t, d] for kv, t, d in updates] if lists else list(updates)
+    )
+    assert check_updates(given_updates, 0, 21) == updates
+    if updates:
+        with pytest.raises(UsageError, match="outside"):
+            check_updates(given_updates, 0, max(t for _, t, _ in updates))
+
+
+@given(updates_lists)
+def test_encode_columns_is_encode_key_and_encode_diff(updates: list[Update]) -> None:
+    keys, seqs, values = encode_columns(updates)
+    assert keys == [encode_key(k, v, t) for (k, v), t, _ in updates]
+    assert seqs == [t for _, t, _ in updates]
+    assert values == [encode_diff(d) for _, _, d in updates]
 
 
 @pytest.mark.parametrize(
@@ -167,11 +194,6 @@ def test_consolidate_forwards_sums_drops_zeros_and_sorts() -> None:
 def test_consolidate_refuses_a_sum_beyond_i64() -> None:
     with pytest.raises(UsageError, match="beyond an i64"):
         consolidate([((b"k", b""), 1, (1 << 63) - 1), ((b"k", b""), 1, 1)])
-
-
-updates_lists = st.lists(
-    st.tuples(st.tuples(fields, fields), st.integers(0, 20), st.integers(-3, 3)), max_size=30
-)
 
 
 @given(updates_lists, st.none() | st.integers(0, 25))

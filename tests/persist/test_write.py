@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slatepy.errors import ClosedError, CorruptionError, WriteStalled
+from slatepy.errors import ClosedError, CorruptionError, StoreUnavailable, WriteStalled
 from slatepy.persist import (
     InvalidBounds,
     PersistClient,
@@ -15,8 +15,9 @@ from slatepy.persist import (
     UpperMismatch,
     UsageError,
 )
-from slatepy.persist import parts as parts_module
 from slatepy.persist.state.records import HollowPart
+from slatepy.store.url import open_store
+from slatepy.testing.intercept import InterceptStore
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
@@ -205,10 +206,7 @@ def test_a_writer_whose_lease_expired_gets_a_usage_error(url: str) -> None:
         assert state_of(client).upper == 1
 
 
-def test_parts_are_cut_at_the_target_size_and_streamed(
-    url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(parts_module, "SEND_BYTES", 1024)  # stream after every KiB
+def test_parts_are_cut_at_the_target_size_and_put_in_the_background(url: str) -> None:
     settings = PersistSettings(
         inline_part_max_bytes=0,
         part_target_bytes=16 * 1024,
@@ -229,6 +227,35 @@ def test_parts_are_cut_at_the_target_size_and_streamed(
             assert isinstance(part, HollowPart)
             assert client.blob.head(f"shards/{SHARD}/{part.key}").size == part.size
         assert snapshot(client, 3) == sorted(((k, v), 3, 1) for (k, v), _, _ in updates)
+
+
+@pytest.mark.parametrize("failing_put", [1, 3, 6])
+def test_a_failed_part_put_commits_nothing_and_leaves_no_part(
+    tmp_path: Path, failing_put: int
+) -> None:
+    """A put failing on a background thread (or the caller's, for the last part) fails the
+    append; the parts put before it and those in flight are deleted, nothing is applied."""
+    store = open_store(f"file://{tmp_path}", create=True)
+    puts: list[str] = []
+
+    def before_put(path: str) -> None:  # refuses every attempt at the chosen part
+        if "/part/" in path:
+            if path not in puts:
+                puts.append(path)
+            if puts.index(path) == failing_put - 1:
+                raise StoreUnavailable(f"injected: PUT {path} refused", definite=True)
+
+    settings = PersistSettings(inline_part_max_bytes=0, part_target_bytes=16 * 1024)
+    with PersistClient.open(InterceptStore(store, before_put=before_put), settings=settings) as c:
+        write = c.open_writer(SHARD)
+        write.compare_and_append([], 0, 1)
+        updates = [((b"k%05d" % i, b"x" * 100), 1, 1) for i in range(1000)]
+        with pytest.raises(StoreUnavailable, match="injected"):
+            write.compare_and_append(updates, 1, 2)
+        assert len(puts) >= failing_put and state_of(c).upper == 1
+        assert c.blob.list(f"shards/{SHARD}/part/") == []
+        write.compare_and_append(updates, 1, 2)  # the next attempt writes them all
+        assert snapshot(c, 1) == sorted(((k, v), 1, 1) for (k, v), _, _ in updates)
 
 
 # -- batches, builders, shipping ---------------------------------------------------------
