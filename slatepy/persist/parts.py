@@ -116,8 +116,10 @@ class PartWriter:
         target = self.settings.part_target_bytes
         with _Puts(self.blob, background=ends[-1] > target) as puts:
             start = 0
+            size = max(target // 4, CHUNK_BYTES)  # a small first part starts the puts early
             while start < len(updates):
-                part_end = min(bisect_left(ends, ends[start] + target, start + 1), len(updates))
+                part_end = min(bisect_left(ends, ends[start] + size, start + 1), len(updates))
+                size = target
                 output = _PartOutput(self.shard_id, self.writer_id)
                 while start < part_end:
                     end = min(bisect_left(ends, ends[start] + CHUNK_BYTES, start + 1), part_end)
