@@ -29,6 +29,7 @@ from slatepy.persist.location.open import open_consensus
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.maintenance import MaintenanceRunner
 from slatepy.persist.read import ReadHandle
+from slatepy.persist.state.outcome import Maintenance
 from slatepy.persist.state.transitions import (
     Finalize,
     RegisterCriticalReader,
@@ -223,10 +224,20 @@ class PersistClient:
         state = machine.fetch()
         if state.finalized:
             raise UsageError(f"shard {shard_id!r} is finalized; it accepts no writers")
-        handle = WriteHandle(machine, new_writer_id(), state.upper, debug=_debug(purpose))
+        writer_id = new_writer_id()
+        submit: Callable[[Maintenance], None] | None = None
+        if self.settings.compaction == "on":
+            runner = self._maintenance
+
+            def submit(maintenance: Maintenance) -> None:
+                runner.submit(machine, writer_id, maintenance)
+
+        handle = WriteHandle(
+            machine, writer_id, state.upper, debug=_debug(purpose), maintenance=submit
+        )
         self._heartbeats.add(handle, self.settings.writer_lease / 4)
         if self.settings.compaction == "on":
-            self._maintenance.watch(machine, handle.writer_id, owner=handle)
+            self._maintenance.watch(machine, writer_id, owner=handle)
         return handle
 
     def open_leased_reader(self, shard_id: str, *, purpose: str = "") -> ReadHandle:

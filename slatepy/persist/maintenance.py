@@ -151,15 +151,19 @@ class MaintenanceRunner:
             finally:
                 with self._wake:
                     self._running = None
+                    if not self._queue:  # claims beyond the queue's limit: find them now
+                        next_scan = self.clock()
                     self._wake.notify_all()
 
     def _take(self) -> _Job | None:
+        """The first job due, merges before GC passes (a pass replays many states; the
+        trace grows while merges wait, and every append costs more with it)."""
         now = self.clock()
-        for key, job in self._queue.items():
-            if self._not_before.get(key, 0.0) <= now:
-                del self._queue[key]
-                return job
-        return None
+        due = [key for key in self._queue if self._not_before.get(key, 0.0) <= now]
+        if not due:
+            return None
+        key = next((key for key in due if key[1] == "merge"), due[0])
+        return self._queue.pop(key)
 
     def _run(self, job: _Job) -> None:
         key = _key(job)
@@ -194,10 +198,15 @@ class MaintenanceRunner:
                 with self._wake:
                     self._watches.pop(ident, None)
                 continue
-            for request in _claims_of(state, watch.claimant):
-                self._put(_Job(watch.machine, watch.claimant, request))
+            jobs = [
+                _Job(watch.machine, watch.claimant, r) for r in _claims_of(state, watch.claimant)
+            ]
             if gc_due(state, watch.machine.settings):
-                self._put(_Job(watch.machine, watch.claimant, None))
+                jobs.append(_Job(watch.machine, watch.claimant, None))
+            now = self.clock()
+            for job in jobs:  # a job waiting to be retried stays out of the queue till then
+                if self._not_before.get(_key(job), 0.0) <= now:
+                    self._put(job)
 
     # -- stopping ---------------------------------------------------------------------------
 

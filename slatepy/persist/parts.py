@@ -116,7 +116,9 @@ class PartWriter:
         target = self.settings.part_target_bytes
         with _Puts(self.blob, background=ends[-1] > target) as puts:
             start = 0
-            size = max(target // 4, CHUNK_BYTES)  # a small first part starts the puts early
+            size = min(
+                target, max(target // 4, CHUNK_BYTES)
+            )  # a small first part: puts start early
             while start < len(updates):
                 part_end = min(bisect_left(ends, ends[start] + size, start + 1), len(updates))
                 size = target

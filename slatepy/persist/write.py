@@ -48,6 +48,7 @@ from slatepy.persist.state.append import (
     check_batch_covers,
     compare_and_append,
 )
+from slatepy.persist.state.outcome import Maintenance
 from slatepy.persist.state.records import HollowPart, Run, Runs, State, narrow_runs
 from slatepy.persist.state.transitions import (
     ExpireWriter,
@@ -61,6 +62,13 @@ BATCH_FORMAT_VERSION = 1
 
 APPEND_ATTEMPTS = 64
 """Rounds ``append`` retries after an ``UpperMismatch`` (each a concurrent writer's commit)."""
+
+
+SLOWDOWN_BATCHES = 64
+"""Batches in the trace beyond which an append waits a little for this client's merges."""
+
+SLOWDOWN_WAIT = 0.01
+"""Seconds an append waits at most for the trace to shrink back to ``SLOWDOWN_BATCHES``."""
 
 
 def _check_range(lower: object, upper: object, names: tuple[str, str]) -> None:
@@ -223,12 +231,19 @@ class WriteHandle:
     """
 
     def __init__(
-        self, machine: ShardMachine, writer_id: str, upper: int | None, *, debug: str = ""
+        self,
+        machine: ShardMachine,
+        writer_id: str,
+        upper: int | None,
+        *,
+        debug: str = "",
+        maintenance: Callable[[Maintenance], None] | None = None,
     ) -> None:
         self.shard_id = machine.shard_id
         self.writer_id = writer_id
         self._machine = machine
         self._debug = debug
+        self._maintenance = maintenance
         self._parts = PartWriter(machine.blob, machine.shard_id, writer_id, machine.settings)
         self._lock = threading.Lock()
         self._registered = False
@@ -456,6 +471,17 @@ class WriteHandle:
         # (the shard's may be beyond it by now). Uppers only grow.
         self._upper = frontier.join(self._upper, result.upper)
 
+    def _slow_down(self) -> None:
+        """While this client's compaction is behind (more than :data:`SLOWDOWN_BATCHES` in
+        the trace), give it up to :data:`SLOWDOWN_WAIT` after each append to catch up.
+        Python runs one thread at a time: a writer appending in a loop would otherwise
+        starve the merges it claimed, and every append costs more as the trace grows
+        (measured: 2,000 appends in a loop, 37 merges applied). RocksDB slows writes
+        down the same way before it stops them (here: ``max_trace_batches``)."""
+        if self._maintenance is None or len(self._machine.state.trace) <= SLOWDOWN_BATCHES:
+            return
+        self._machine.wait_cached(lambda state: len(state.trace) <= SLOWDOWN_BATCHES, SLOWDOWN_WAIT)
+
     def _run_unstalled(
         self, args: CompareAndAppend, check: Callable[[int], None] | None
     ) -> Appended | AlreadyCommitted:
@@ -464,9 +490,15 @@ class WriteHandle:
         deadline = time.monotonic() + self._machine.settings.write_stall_timeout
         while True:
             try:
-                return self._machine.run(
-                    compare_and_append, args, on_uncertain=_mark_uncertain, check=check
+                result = self._machine.run(
+                    compare_and_append,
+                    args,
+                    on_uncertain=_mark_uncertain,
+                    check=check,
+                    maintenance=self._maintenance,
                 )
+                self._slow_down()
+                return result
             except WriteStalled:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

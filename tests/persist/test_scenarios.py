@@ -557,7 +557,8 @@ def test_a_listen_across_compaction_delivers_nothing_twice(client: PersistClient
                     delivered.extend(event.updates)
             read.downgrade_since(t + 1)  # held at frontier - 1 by the listen
             assert read.since == listen.frontier - 1  # type: ignore[operator]
-            assert merge_claims(client) > 0
+            # Merges are claimed, or already applied (the trace holds fewer batches).
+            assert merge_claims(client) > 0 or len(state_of(client).trace) < t + 1
     while listen.frontier != 12:
         for event in listen.fetch_next(timeout=1.0):
             if isinstance(event, Updates):

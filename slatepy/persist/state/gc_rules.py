@@ -18,7 +18,7 @@ from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import UsageError
 from slatepy.persist.ids import rollup_seqno
 from slatepy.persist.state.outcome import Change, Outcome, noop, refuse, successor, walltime_after
-from slatepy.persist.state.records import GcClaim, State
+from slatepy.persist.state.records import GcClaim, HollowBatch, State
 
 GC_CLAIM_MERGE_LEASES = 5
 """A GC claim younger than this many merge leases keeps other GC passes away."""
@@ -64,7 +64,16 @@ def truncation_seqno(state: State, *, not_after: int | None = None) -> int | Non
 def live_part_keys(states: Iterable[State]) -> set[str]:
     """Every blob part key some state of ``states`` references: pass the states
     ``[seqno_since, F]`` of a GC pass fenced at ``F``."""
-    return {key for state in states for batch in state.trace for key in batch.part_keys()}
+    keys: set[str] = set()
+    # Consecutive states share the records of the batches they both hold: each record is
+    # read once (kept referenced here, so that an id is never reused within the pass).
+    seen: dict[int, HollowBatch] = {}
+    for state in states:
+        for batch in state.trace:
+            if id(batch) not in seen:
+                seen[id(batch)] = batch
+                keys.update(batch.part_keys())
+    return keys
 
 
 def deletable_parts(
