@@ -49,6 +49,9 @@ class PersistSettings:
         gc_min_versions: Versions ``seqno_since`` must move past the last GC to start one.
         listen_poll_max: Longest pause in seconds between polls of an idle listen.
         max_trace_batches: Batches in the trace at which appends wait for compaction.
+        small_merge_batches: Non-empty batches below 1,024 updates a merge of them takes
+            at least (the spine's small fanout, RFC 0015 §8.1): each merge is a blob write
+            and a state change, so 2 (pairs) would cost about one of each per small append.
         write_stall_timeout: Seconds an append waits for compaction at
             ``max_trace_batches`` before it fails with ``WriteStalled``.
         max_handles: Most leased readers, and most writers, one shard registers.
@@ -74,6 +77,7 @@ class PersistSettings:
     gc_min_versions: int = 32
     listen_poll_max: float = 1.0
     max_trace_batches: int = 2000
+    small_merge_batches: int = 8
     write_stall_timeout: float = 60.0
     max_handles: int = 1000
     compaction: Literal["on", "off"] = "on"
@@ -113,6 +117,7 @@ class PersistSettings:
             (self.gc_min_versions >= 1, "gc_min_versions must be >= 1"),
             (self.listen_poll_max > 0, "listen_poll_max must be > 0"),
             (self.max_trace_batches >= 8, "max_trace_batches must be >= 8"),
+            (2 <= self.small_merge_batches <= 64, "small_merge_batches must be in [2, 64]"),
             (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
             (self.max_handles >= 1, "max_handles must be >= 1"),
             (self.compaction in ("on", "off"), 'compaction must be "on" or "off"'),

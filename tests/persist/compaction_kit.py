@@ -16,8 +16,10 @@ HOLLOW = PersistSettings(
     consensus_min_age=1.0,
     allow_short_leases=True,
     inline_part_max_bytes=0,
+    small_merge_batches=2,
 )
-"""Every part a blob (so GC has something to collect), short leases."""
+"""Every part a blob (so GC has something to collect), short leases, small batches merged
+in pairs."""
 
 
 def upd(key: bytes, time: int, diff: int = 1) -> Update:

@@ -14,7 +14,10 @@ from slatepy.persist.state.records import State
 
 SHARD = "orders"
 
-TEST_SETTINGS = PersistSettings(batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True)
+TEST_SETTINGS = PersistSettings(
+    batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True, small_merge_batches=2
+)
+"""Short leases; small batches merge in pairs (so that a few appends exercise merges)."""
 
 
 class Clock:

@@ -20,6 +20,8 @@ from slatepy.persist.state.records import HollowPart, InlinePart, RollupRef, Run
 from slatepy.persist.state.transitions import RegisterWriter, check_step, register_writer, step
 
 SETTINGS = PersistSettings()
+PAIRS = PersistSettings(small_merge_batches=2)
+"""Small batches merge in pairs: two appends make a claim."""
 SHARD = "orders"
 A = TypeVar("A")
 R = TypeVar("R")

@@ -78,6 +78,7 @@ def test_a_snapshot_after_compaction_equals_the_snapshot_before(client: PersistC
 
 def test_outputs_are_cut_at_part_target_bytes_and_rounds_leave_no_parts(url: str) -> None:
     settings = PersistSettings(
+        small_merge_batches=2,
         batch_lease=10.0,
         consensus_min_age=1.0,
         allow_short_leases=True,
@@ -278,6 +279,7 @@ def test_a_listen_across_compaction_delivers_nothing_twice_nor_below_its_frontie
 def test_a_long_merge_renews_its_claim(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compactor_module, "CHECK_EVERY", 50)
     settings = PersistSettings(
+        small_merge_batches=2,
         batch_lease=10.0,
         consensus_min_age=1.0,
         allow_short_leases=True,

@@ -147,6 +147,7 @@ def test_close_stops_a_running_merge_and_deletes_its_outputs(
             runner_box[0]._stop.wait(10)  # held until close() asked the merge to stop
 
     settings = PersistSettings(
+        small_merge_batches=2,
         batch_lease=10.0,
         consensus_min_age=1.0,
         allow_short_leases=True,
@@ -174,6 +175,7 @@ def test_background_merges_and_gc_collect_the_inputs_after_batch_lease(url: str)
     # Real time: a fake clock ahead of the store's last_modified would make parts written
     # during a pass look older than they are (GC assumes clocks agree within the lease).
     settings = PersistSettings(
+        small_merge_batches=2,
         batch_lease=0.5,
         consensus_min_age=0.5,
         allow_short_leases=True,

@@ -29,6 +29,7 @@ from slatepy.persist.state.records import (
     narrow_runs,
 )
 from tests.persist.state_kit import (
+    PAIRS,
     append,
     hollow_runs,
     initial,
@@ -41,14 +42,14 @@ from tests.persist.state_kit import (
 def sample() -> State:
     """A state with two batches, a claim on them, a reader and a rollup."""
     state = with_writer(initial())
-    state = append(state, 0, 3, runs=hollow_runs("part/w1/a.sst", 5, 0, 2))
-    state = append(state, 3, 7, [((b"k", b"v"), 4, 1)])
+    state = append(state, 0, 3, runs=hollow_runs("part/w1/a.sst", 5, 0, 2), settings=PAIRS)
+    state = append(state, 3, 7, [((b"k", b"v"), 4, 1)], settings=PAIRS)
     state = msgspec.structs.replace(
         state,
         leased_readers={"r1": LeasedReader(1, 0, 1, 1000)},
         rollups={2: rollup_ref(2)},
     )
-    assert state.merges  # the two level-0 batches are claimed
+    assert state.merges  # the two small batches are claimed
     return state
 
 

@@ -14,6 +14,8 @@ from slatepy.persist.state.append import CompareAndAppend, compare_and_append
 from slatepy.persist.state.outcome import MergeReq
 from slatepy.persist.state.records import Desc, HollowBatch, State
 from slatepy.persist.state.spine import (
+    SMALL_FANOUT,
+    SMALL_LEVELS,
     Applied,
     ApplyMerge,
     ClaimMerges,
@@ -47,7 +49,22 @@ from tests.persist.state_kit import (
 
 @pytest.mark.parametrize(
     ("updates", "expected"),
-    [(0, 0), (1023, 0), (1024, 1), (2047, 1), (2048, 2), (4095, 2), (4096, 3), (1 << 30, 21)],
+    [
+        (0, 0),
+        (1, 0),
+        (7, 0),
+        (8, 1),
+        (63, 1),
+        (64, 2),
+        (511, 2),
+        (512, 3),
+        (1023, 3),
+        (1024, 4),
+        (2047, 4),
+        (2048, 5),
+        (4096, 6),
+        (1 << 30, 24),
+    ],
 )
 def test_level(updates: int, expected: int) -> None:
     assert level(updates) == expected
@@ -63,14 +80,21 @@ def batches(*sizes: int) -> list[HollowBatch]:
 @pytest.mark.parametrize(
     ("sizes", "claimed", "span"),
     [
-        ((5000, 2000, 100), set(), None),  # levels 3, 2, 0: strictly decreasing
-        ((5000, 100, 100), set(), (1, 3)),  # the newest equal pair
+        ((5000, 2000, 100), set(), None),  # levels 6, 4, 2: strictly decreasing
+        ((5000, 1500, 1500), set(), (1, 3)),  # the newest equal pair of large batches
         ((100, 5000), set(), (0, 2)),  # older level below the newer
         ((2000, 100, 100, 3000), set(), (0, 4)),  # extends over levels <= the newer's
         ((9000, 100, 100, 3000), set(), (1, 4)),  # ... but not over a higher one
-        ((100, 100, 100), {3}, (0, 2)),  # claimed batches are skipped
-        ((100, 100, 100), {2}, None),
+        ((1500, 1500, 1500), {3}, (0, 2)),  # claimed batches are skipped
+        ((1500, 1500, 1500), {2}, None),
         ((100,), set(), None),
+        ((5000, 100, 100), set(), None),  # small batches wait for 8 of a level
+        ((5000, *[1] * 7), set(), None),
+        ((5000, *[1] * 8), set(), (1, 9)),
+        ((60, *[1] * 8), set(), (1, 9)),  # 8 level-0 batches, not the level-1 one
+        ((*[9] * 7, 1), set(), None),  # one level 0 batch behind seven of level 1
+        ((*[9] * 7, 9), set(), (0, 8)),
+        ((0, 100, 0), set(), (0, 2)),  # a metadata merge needs no 8 (one non-empty)
     ],
 )
 def test_find_merge(
@@ -100,7 +124,7 @@ def run_compactor(state: State, requests: tuple[MergeReq, ...], claimant: str) -
     return state
 
 
-def test_levels_strictly_decrease_and_the_trace_stays_logarithmic() -> None:
+def test_large_levels_strictly_decrease_and_the_trace_stays_logarithmic() -> None:
     state = with_writer(initial())
     total = 0
     for t in range(200):
@@ -111,14 +135,35 @@ def test_levels_strictly_decrease_and_the_trace_stays_logarithmic() -> None:
         state = run_compactor(change.state, change.maintenance.merges, "w1")
         assert not state.merges
         levels = [level(batch.updates) for batch in state.trace]
-        assert all(a > b for a, b in itertools.pairwise(levels)), levels
+        large = [n for n in levels if n >= SMALL_LEVELS]
+        assert all(a > b for a, b in itertools.pairwise(large)), levels
+        assert len(levels) - len(large) < SMALL_FANOUT * SMALL_LEVELS, levels
     assert sum(batch.updates for batch in state.trace) == total
-    assert len(state.trace) <= math.log2(total / 1024) + 2
+    assert len(state.trace) <= math.log2(total / 1024) + 2 + SMALL_FANOUT * SMALL_LEVELS
+
+
+def test_small_appends_merge_eight_at_a_time_and_the_trace_stays_short() -> None:
+    """Single-update appends: one merge per 7 appends or so (not one each), about 3
+    rewrites per update up to 1,024, at most 7 small batches per level."""
+    state = with_writer(initial())
+    merges = rewritten = 0
+    for t in range(3000):
+        args = CompareAndAppend("w1", f"t{t}", t, t + 1, hollow_runs(f"part/w1/{t}.sst", 1))
+        change = commit(state, compare_and_append, args)
+        pending = change.maintenance.merges
+        merges += len(pending)
+        rewritten += sum(b.updates for r in pending for b in r.inputs)
+        state = run_compactor(change.state, pending, "w1")
+        levels = [level(batch.updates) for batch in state.trace]
+        assert all(levels.count(n) < SMALL_FANOUT for n in range(SMALL_LEVELS)), levels
+        assert len(state.trace) <= 4 * (SMALL_FANOUT - 1) + 2
+    assert merges < 3000 / 5
+    assert rewritten / 3000 < 8
 
 
 def test_append_claims_merges_for_its_writer() -> None:
-    state = append(with_writer(initial()), 0, 1, runs=hollow_runs("part/w1/a.sst", 10))
-    args = CompareAndAppend("w1", "t2", 1, 2, hollow_runs("part/w1/b.sst", 10))
+    state = append(with_writer(initial()), 0, 1, runs=hollow_runs("part/w1/a.sst", 2000))
+    args = CompareAndAppend("w1", "t2", 1, 2, hollow_runs("part/w1/b.sst", 2000))
     change = commit(state, compare_and_append, args, now=4242)
     [request] = change.maintenance.merges
     claim = change.state.merges[request.merge_id]
@@ -143,14 +188,16 @@ def test_compaction_off_claims_nothing_but_still_merges_metadata() -> None:
 
 
 def two_claimed(now: int = 1000) -> tuple[State, int]:
-    state = append(with_writer(initial()), 0, 1, runs=hollow_runs("part/w1/a.sst", 10), now=now)
-    args = CompareAndAppend("w1", "t2", 1, 2, hollow_runs("part/w1/b.sst", 10))
+    state = append(with_writer(initial()), 0, 1, runs=hollow_runs("part/w1/a.sst", 2000), now=now)
+    args = CompareAndAppend("w1", "t2", 1, 2, hollow_runs("part/w1/b.sst", 2000))
     change = commit(state, compare_and_append, args, now=now + 1)
     return change.state, change.maintenance.merges[0].merge_id
 
 
 def merge_args(merge_id: int, claimant: str = "w1", since: int = 0) -> ApplyMerge:
-    return ApplyMerge(merge_id, (1, 2), hollow_runs(f"part/{claimant}/c.sst", 20), since, claimant)
+    return ApplyMerge(
+        merge_id, (1, 2), hollow_runs(f"part/{claimant}/c.sst", 4000), since, claimant
+    )
 
 
 def test_claim_takeover_after_the_lease() -> None:
@@ -175,7 +222,7 @@ def test_apply_merge_after_takeover_applies_once() -> None:
     assert isinstance(applied.result, Applied)
     assert not applied.state.merges  # the second claim's inputs are gone: dropped
     batch = applied.state.trace[0]
-    assert (batch.desc.lower, batch.desc.upper, batch.updates) == (0, 2, 20)
+    assert (batch.desc.lower, batch.desc.upper, batch.updates) == (0, 2, 4000)
     # The second one cannot apply any more.
     assert noop(applied.state, apply_merge, merge_args(second, "w2")) == NotApplied()
 

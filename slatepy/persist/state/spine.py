@@ -1,12 +1,16 @@
 """The spine: which batches of the trace to merge, and the merge transitions (RFC 0015 §8.1).
 
-A batch's level is ``0`` below 1,024 updates and ``floor(log2(updates / 1024)) + 1`` above.
-:func:`plan_merges` looks, newest first, for the first adjacent pair of unclaimed batches
-``(older, newer)`` with ``level(older) <= level(newer)``, extends it towards older batches
-while their level is at most ``level(newer)``, and claims that span. Repeated after every
-append and every applied merge, this keeps levels strictly decreasing from the oldest batch
-to the newest — a binary counter — so the trace holds ``O(log(updates / 1024))`` batches
-and each update is rewritten ``O(log)`` times.
+A batch's level is ``floor(log8(updates))`` below 1,024 updates (levels 0 to 3: *small*
+batches) and ``4 + floor(log2(updates / 1024))`` above. :func:`plan_merges` looks, newest
+first, for the first adjacent pair of unclaimed batches ``(older, newer)`` with
+``level(older) <= level(newer)``, extends it towards older batches while their level is at
+most ``level(newer)``, and claims that span — if ``newer`` is large, or the span holds 8
+non-empty batches. Repeated after every append and every applied merge, this keeps large
+levels strictly decreasing from the oldest batch to the newest (a binary counter), and small
+ones non-increasing with at most 7 batches per level (a base-8 counter): the trace holds at
+most ``28 + O(log(updates / 1024))`` batches; a small update is rewritten about 3 times on
+its way to 1,024 and ``O(log)`` times after, and small appends cause one merge per 7 of
+them, not one each (each merge is a blob write and a state change).
 
 A span with at most one non-empty batch needs no data rewritten: it is merged at once, in
 the same transition, by extending that batch's description over its empty neighbours (a
@@ -51,21 +55,36 @@ from slatepy.persist.state.records import (
     runs_updates,
 )
 
-LEVEL0_UPDATES = 1024
-"""Batches below this many updates are level 0."""
+LARGE_UPDATES = 1024
+"""Batches of this many updates and more are *large*: they merge in pairs."""
+
+SMALL_FANOUT = 8
+"""The default of ``PersistSettings.small_merge_batches``: small batches merge this many at
+a time (each merge is a blob write and a state change: merging small appends in pairs
+would cost about one of each per append)."""
+
+SMALL_LEVELS = 4
+"""Levels of small batches: ``floor(log8(updates))``, 0 to 3 below :data:`LARGE_UPDATES`."""
 
 
 def level(updates: int) -> int:
-    """The spine level of a batch of ``updates`` updates."""
-    return (updates // LEVEL0_UPDATES).bit_length()
+    """The spine level of a batch of ``updates`` updates: ``floor(log8(updates))`` below
+    :data:`LARGE_UPDATES` (0 to 3), then ``4 + floor(log2(updates / 1024))``."""
+    if updates < LARGE_UPDATES:
+        return max(updates.bit_length() - 1, 0) // 3
+    return SMALL_LEVELS - 1 + (updates // LARGE_UPDATES).bit_length()
 
 
-def find_merge(trace: Sequence[HollowBatch], claimed: set[int]) -> tuple[int, int] | None:
+def find_merge(
+    trace: Sequence[HollowBatch], claimed: set[int], small_fanout: int = SMALL_FANOUT
+) -> tuple[int, int] | None:
     """The span ``trace[start:end]`` the spine rule merges next, or None.
 
     Newest first, the first adjacent unclaimed pair ``(older, newer)`` with
     ``level(older) <= level(newer)``, extended towards older unclaimed batches whose level
-    is at most ``level(newer)``.
+    is at most ``level(newer)`` — where a small ``newer`` (below :data:`LARGE_UPDATES`)
+    needs ``small_fanout`` non-empty batches in the span, unless at most one is non-empty
+    (a metadata merge, which costs no write).
     """
     for i in range(len(trace) - 2, -1, -1):
         older, newer = trace[i], trace[i + 1]
@@ -80,7 +99,9 @@ def find_merge(trace: Sequence[HollowBatch], claimed: set[int]) -> tuple[int, in
                 and level(trace[start - 1].updates) <= top
             ):
                 start -= 1
-            return start, i + 2
+            full = sum(not batch.is_empty for batch in trace[start : i + 2])
+            if top >= SMALL_LEVELS or full <= 1 or full >= small_fanout:
+                return start, i + 2
     return None
 
 
@@ -122,7 +143,12 @@ def _merge_empty_neighbours(
 
 
 def plan_merges(
-    state: State, *, claimant: str | None, walltime_ms: int, lease_ms: int
+    state: State,
+    *,
+    claimant: str | None,
+    walltime_ms: int,
+    lease_ms: int,
+    small_fanout: int = SMALL_FANOUT,
 ) -> tuple[State, tuple[MergeReq, ...]]:
     """Apply the spine rule to ``state`` until nothing is left to do.
 
@@ -139,7 +165,7 @@ def plan_merges(
     requests: list[MergeReq] = []
     while True:
         claimed = skipped.union(*(claim.inputs for claim in merges.values()))
-        span = find_merge(trace, claimed)
+        span = find_merge(trace, claimed, small_fanout)
         if span is None:
             break
         start, end = span
@@ -176,6 +202,7 @@ def plan_for(
         claimant=claimant if settings.compaction == "on" else None,
         walltime_ms=walltime_after(state, now_ms),
         lease_ms=settings.merge_lease_ms,
+        small_fanout=settings.small_merge_batches,
     )
 
 
@@ -200,6 +227,7 @@ def claim_merges(
         claimant=args.claimant,
         walltime_ms=walltime_after(state, now_ms),
         lease_ms=settings.merge_lease_ms,
+        small_fanout=settings.small_merge_batches,
     )
     if planned is state:
         return noop(())
