@@ -287,7 +287,9 @@ class ShardMachine:
     ) -> R:
         attempt = _Attempts()
         try:
-            return self._attempts(transition, args, on_uncertain, check, attempt, maintenance)
+            return self._attempts(
+                transition, args, on_uncertain, check, tried=attempt, maintenance=maintenance
+            )
         except SlatepyError as exc:
             if self._versions.state.seqno < attempt.pending and not _is_indefinite(exc):
                 raise Indeterminate(
@@ -303,6 +305,7 @@ class ShardMachine:
         args: A,
         on_uncertain: Callable[[A], A] | None,
         check: Callable[[int], None] | None,
+        *,
         tried: _Attempts,
         maintenance: Callable[[Maintenance], None] | None,
     ) -> R:
