@@ -192,6 +192,10 @@ def force_compaction(
             f"{summary['lost_races']} lost races; batches {len(state.trace)} -> "
             f"{len(after.trace)}; {summary['parts_written']} parts written"
         )
+        others = _claims_of_others(after)
+        report["claimed_by_others_after"] = others
+        if others:
+            message += f"; {len(others)} merges claimed by other writers left to them"
         if summary["rounds"] >= max_rounds and not summary["converged"]:
             message += f" (stopped after {max_rounds} rounds: run it again)"
         return AdminReport(report | {"message": message})

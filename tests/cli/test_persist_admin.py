@@ -157,6 +157,8 @@ def test_force_compaction_beside_a_live_writer_with_background_compaction(
 
         writer = threading.Thread(target=appends)
         writer.start()
+        # Who merges what is a race (the writer claims spans as it appends, its background
+        # compactor runs them, the admin merges the rest): only the outcome is checked.
         results = []
         while writer.is_alive() or not results:
             results.append(
@@ -170,7 +172,6 @@ def test_force_compaction_beside_a_live_writer_with_background_compaction(
         as_of = APPENDS + 19
         got = sorted(snapshot(client, as_of, SHARD))
     assert got == sorted(_consolidated(expected, as_of))
-    assert sum(r.report["statuses"].get("applied", 0) for r in results) >= 1
 
 
 def _consolidated(updates: list[Update], as_of: int) -> list[Update]:
@@ -195,6 +196,26 @@ def test_force_compaction_of_a_closed_or_finalized_shard_says_so(
     capsys.readouterr()
     status, report = _run(["force-compaction", url, "done", "--commit"], capsys)
     assert status == 0 and "is finalized" in str(report["message"])
+
+
+@pytest.mark.parametrize("command", ["force-gc", "force-compaction"])
+def test_a_dry_run_writes_no_rollup_even_after_a_long_replay(
+    url: str, root: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cold load that replays more than ``rollup_replay_limit`` diffs makes a client write
+    a rollup; the dry-run client must not."""
+    lazy = PersistSettings(compaction="off", rollup_min_diffs=10**9)
+    with PersistClient.open(url, settings=lazy) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0), upd(b"b", 1)], 0, 2)
+        end = PersistSettings().rollup_replay_limit + 10
+        for t in range(2, end):
+            write.compare_and_append([], t, t + 1)
+        write.compare_and_append([upd(b"c", end)], end, end + 1)
+    before = _files(root)
+    assert main(["persist", "admin", command, url, SHARD]) == 0
+    assert "dry run" in capsys.readouterr().out
+    assert _files(root) == before
 
 
 # -- force-gc -----------------------------------------------------------------------------
@@ -262,18 +283,15 @@ def test_force_gc_exits_1_while_another_pass_holds_the_claim(
 # -- missing shards and locations ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["force-gc", "force-compaction"])
-@pytest.mark.parametrize("commit", [[], ["--commit"]])
+@pytest.mark.parametrize(
+    "argv",
+    [[c, *commit] for c in ("force-gc", "force-compaction") for commit in ([], ["--commit"])],
+)
 def test_a_missing_shard_exits_1_and_creates_nothing(
-    url: str,
-    root: Path,
-    written: list[Update],
-    command: str,
-    commit: list[str],
-    capsys: pytest.CaptureFixture[str],
+    url: str, root: Path, written: list[Update], argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = _files(root)
-    assert main(["persist", "admin", command, url, "nope", *commit]) == 1
+    assert main(["persist", "admin", argv[0], url, "nope", *argv[1:]]) == 1
     assert "no shard 'nope'" in capsys.readouterr().err
     assert _files(root) == before
 
@@ -291,4 +309,3 @@ def test_a_missing_location_exits_1_and_is_not_created(
 def _referenced(url: str, clock: Clock) -> set[str]:
     with PersistClient.open(url, settings=OFF, clock=clock) as client:
         return referenced(client.machine(SHARD).fetch())
-
