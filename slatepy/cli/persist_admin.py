@@ -41,8 +41,9 @@ ADMIN_CLAIMANT = "admin-cli"
 outputs go under ``part/admin-cli/``)."""
 
 MAX_ROUNDS = 32
-"""Claim-and-merge rounds ``force-compaction`` runs at most. Each round at least halves the
-number of level-0 batches the spine can merge, so a shard converges in far fewer."""
+"""Claim-and-merge rounds ``force-compaction`` runs at most. A round merges every span the
+spine can claim, and the next one what those merges made mergeable (one per level a merge
+climbs), so a shard converges in far fewer; a claim that keeps failing cannot loop forever."""
 
 _NEVER = 2**62
 """A rollup threshold no read reaches: a dry-run client never writes a rollup."""
