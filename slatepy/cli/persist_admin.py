@@ -120,7 +120,7 @@ def force_gc(
             f"and {len(result.rollups)} rollups ({report['rollup_bytes']} bytes)"
         )
         if result.truncated_to is not None:
-            message += f"; consensus {'truncated' if commit else 'truncates'} below seqno "
+            message += f"; consensus {'truncated' if commit else 'would be truncated'} below seqno "
             message += str(result.truncated_to)
         return AdminReport(report | {"message": message})
 

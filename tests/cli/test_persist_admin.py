@@ -198,6 +198,33 @@ def test_force_compaction_of_a_closed_or_finalized_shard_says_so(
     assert status == 0 and "is finalized" in str(report["message"])
 
 
+def test_force_gc_of_a_finalized_shard_collects_it_then_says_so(
+    url: str, root: Path, clock: Clock, written: list[Update]
+) -> None:
+    with PersistClient.open(url, settings=OFF, clock=clock) as client:
+        client.open_writer("done").compare_and_append(
+            [upd(b"k", 0)], expected_upper=0, new_upper=None
+        )
+        client.open_leased_reader("done").downgrade_since(None)
+        client.finalize_shard("done")
+    clock.advance(OFF.batch_lease + 1)
+
+    def gc() -> persist_admin.AdminReport:
+        return persist_admin.force_gc(
+            url, "done", consensus=None, settings=Settings(), commit=True,
+            persist_settings=OFF, clock=clock,
+        )  # fmt: skip
+
+    first = gc()
+    assert first.status == 0 and first.report["status"] == "done"
+    assert first.report["finalized"] and first.report["parts"] == 1
+    assert not list((root / "shards" / "done").glob("part/**/*.sst"))
+    clock.advance(OFF.batch_lease + 1)
+    second = gc()
+    assert second.status == 0 and second.report["status"] == "skipped"
+    assert "finalized and fully collected" in str(second.report["message"])
+
+
 @pytest.mark.parametrize("command", ["force-gc", "force-compaction"])
 def test_a_dry_run_writes_no_rollup_even_after_a_long_replay(
     url: str, root: Path, command: str, capsys: pytest.CaptureFixture[str]
