@@ -99,7 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     pfinal.add_argument("url")
     pfinal.add_argument("shard")
     pfinal.add_argument("--commit", action="store_true", help="do it (default: a dry run)")
-    for command in (pinspect, pfinal):
+    pgc = pasub.add_parser(
+        "force-gc",
+        help="one GC pass now: delete unreferenced parts, rollups and consensus entries "
+        "(JSON report; a dry run unless --commit)",
+    )
+    pcompact = pasub.add_parser(
+        "force-compaction",
+        help="run the spine's merges now, whatever the background schedule (JSON report; "
+        "a dry run unless --commit)",
+    )
+    for command in (pgc, pcompact):
+        command.add_argument("url")
+        command.add_argument("shard")
+        command.add_argument("--commit", action="store_true", help="do it (default: a dry run)")
+    for command in (pinspect, pfinal, pgc, pcompact):
         command.add_argument(
             "--consensus", default=None, help="a postgresql:// URL (default: a log on the store)"
         )
@@ -184,6 +198,23 @@ def _persist(args: argparse.Namespace, settings: Settings) -> int:
                 args.url, args.shard, consensus=args.consensus, settings=settings
             )
         )
+    elif args.admin_command in ("force-gc", "force-compaction"):
+        import json
+
+        from slatepy.cli import persist_admin
+
+        command = (
+            persist_admin.force_gc
+            if args.admin_command == "force-gc"
+            else persist_admin.force_compaction
+        )
+        result = command(
+            args.url, args.shard, consensus=args.consensus, settings=settings, commit=args.commit
+        )
+        print(json.dumps(result.report, indent=2))
+        if result.status:
+            print(f"slatepy: {result.report['message']}", file=sys.stderr)
+        return result.status
     else:
         print(
             persist.finalize_shard(

@@ -4,7 +4,13 @@
 with a consensus log; with one, its whole state (frontiers, batches with their parts and
 bytes, readers, writers, merges, rollups) and the parts under the shard's prefix that the
 current state does not reference. Reading never writes: the state comes from consensus and
-rollups, the listing from one LIST. ``admin finalize`` is a dry run unless ``--commit``.
+rollups, the listing from one LIST.
+
+``admin finalize``, ``admin force-compaction`` and ``admin force-gc`` are dry runs unless
+``--commit``. The latter two (``cli/persist_admin.py``) run a shard's maintenance now: the
+spine's merges until it can merge nothing more, or one GC pass, each printing a JSON report
+with a ``message``; they exit 1 on a missing shard, and ``force-gc`` while another pass holds
+the GC claim.
 """
 
 from __future__ import annotations
