@@ -8,8 +8,10 @@ started from the machine's binaries for consensus):
 * **small**: sequential ``compare_and_append`` of one update (an inline part), p50/p95 ms and
   store requests per call, beside one raw ``Consensus.compare_and_set`` of a 300-byte entry
   (p50) in the same run; the target is at most 1.5x the raw CAS.
-* **large**: one ``compare_and_append`` of a 64 MiB batch (1 KiB values) in MB/s, beside one
-  raw ``put`` of 64 MiB to the same store; the target is at least 70%.
+* **large**: one ``compare_and_append`` of a 64 MiB batch (1 KiB values; also 100-byte
+  values, reported) in MB/s, beside one raw ``put`` of 64 MiB of random bytes to the same
+  store; the target is at least 70%. On ``memory`` the raw put is a dictionary insert, so
+  its ratio means nothing.
 
 On ``memory`` only (bytes do not depend on the store):
 
@@ -142,7 +144,7 @@ def large(client: PersistClient, mib: int, value_bytes: int = 1000) -> dict[str,
 
 def state_bytes(trace: int, appends: int = 100) -> dict[str, Any]:
     """Bytes written per state change with ``trace`` batches in the trace (no merges run)."""
-    settings = PersistSettings(max_trace_batches=trace + appends + 10)
+    settings = PersistSettings(max_trace_batches=trace + appends + 10, compaction="off")
     with PersistClient.open("memory://", settings=settings) as client:
         write = client.open_writer("bytes")
         for t in range(trace):
@@ -230,7 +232,11 @@ def main() -> None:
             persist_location(name) as (url, settings, consensus),
             PersistClient.open(url, consensus=consensus, store_settings=settings) as client,
         ):
-            results["stores"][name] = {"small": small(client, samples), "large": large(client, mib)}
+            results["stores"][name] = {
+                "small": small(client, samples),
+                "large": large(client, mib),
+                "large_100": large(client, mib, value_bytes=100),
+            }
         print(name, json.dumps(results["stores"][name]), flush=True)
     results["state_bytes"] = [state_bytes(10), state_bytes(big_trace)]
     results["snapshot"] = snapshot(snap)
@@ -248,15 +254,17 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
         f"{quick}`.",
         "",
         "| store | small caa p50 ms | p95 ms | raw CAS p50 ms | ratio (target <= 1.5) "
-        "| store requests / call | large batch MB/s | raw PUT MB/s | ratio (target >= 0.7) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| store requests / call | large batch MB/s | raw PUT MB/s | ratio (target >= 0.7) "
+        "| 100 B values MB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results["stores"].items():
-        s, g = r["small"], r["large"]
+        s, g, h = r["small"], r["large"], r["large_100"]
+        ratio = "n/a" if name == "memory" else f"{g['ratio']:.2f}"
         lines.append(
-            f"| {name} | {s['p50_ms']:.2f} | {s['p95_ms']:.2f} | {s['raw_cas_p50_ms']:.2f} "
-            f"| {s['ratio']:.2f} | {s['store_requests_per_call']:.1f} | {g['mb_per_s']:.1f} "
-            f"| {g['raw_put_mb_per_s']:.1f} | {g['ratio']:.2f} |"
+            f"| {name} | {s['p50_ms']:.2f} | {s['p95_ms']:.2f} | {s['raw_cas_p50_ms']:.3f} "
+            f"| {s['ratio']:.2f} | {s['store_requests_per_call']:.2f} | {g['mb_per_s']:.0f} "
+            f"| {g['raw_put_mb_per_s']:.0f} | {ratio} | {h['mb_per_s']:.0f} |"
         )
     few, many = results["state_bytes"]
     snap, lag = results["snapshot"], results["listen_lag"]
