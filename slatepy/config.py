@@ -260,8 +260,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return cls.from_dict(data)
 
 
-NOT_SETTINGS = ("SLATEPY_TEST_",)
-"""``SLATEPY_*`` variables that are not settings (the test suite's own)."""
+NOT_SETTINGS = ("SLATEPY_TEST_", "SLATEPY_PERSIST_VALIDATE")
+"""``SLATEPY_*`` variables that are not settings (the test suite's own, and persist's
+state-validation switch)."""
 
 
 def _did_you_mean(name: str, known: Iterable[str]) -> str:

@@ -65,3 +65,5 @@ def test_unknown_options_and_variables_are_rejected_with_a_suggestion() -> None:
         Settings.from_env({"SLATEPY_GC_MIN_AGEE": "1"})
     # The test suite's own variables are not settings.
     assert Settings.from_env({"SLATEPY_TEST_S3_ENDPOINT": "http://x"}) == Settings()
+    # persist's validation switch is read by the persist machine, not a setting
+    assert Settings.from_env({"SLATEPY_PERSIST_VALIDATE": "1"}) == Settings()

@@ -4,7 +4,7 @@
 with a consensus log; with one, its whole state (frontiers, batches with their parts and
 bytes, readers, writers, merges, rollups) and the parts under the shard's prefix that the
 current state does not reference. Reading never writes: the state comes from consensus and
-rollups, the listing from one LIST.
+rollups (a cold load writes no rollup here), the listing from one LIST.
 
 ``admin finalize``, ``admin force-compaction`` and ``admin force-gc`` are dry runs unless
 ``--commit``. The latter two (``cli/persist_admin.py``) run a shard's maintenance now: the
@@ -16,9 +16,11 @@ the GC claim.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from slatepy.cli.persist_admin import open_client
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument
 from slatepy.persist.client import PersistClient
@@ -30,9 +32,7 @@ def inspect_persist(
     url: str, shard: str | None, *, consensus: str | None, settings: Settings
 ) -> str:
     """The JSON report of ``inspect`` (see the module docstring)."""
-    with PersistClient.open(
-        url, consensus=consensus, store_settings=settings, create=False
-    ) as client:
+    with open_client(url, consensus, settings, None, time.time, commit=False) as client:
         if shard is None:
             summaries = [_summary(client.machine(s).fetch()) for s in client.list_shards()]
             return json.dumps(summaries, indent=2)
@@ -90,9 +90,9 @@ def finalize_shard(
     Raises:
         UsageError: (with ``commit``) the shard's since or upper is not closed yet.
     """
-    with PersistClient.open(
-        url, consensus=consensus, store_settings=settings, create=False
-    ) as client:
+    with open_client(url, consensus, settings, None, time.time, commit=commit) as client:
+        if shard not in client.list_shards():
+            raise InvalidArgument(f"no shard {shard!r} at {url}: nothing was changed")
         state = client.machine(shard).fetch()
         if state.finalized:
             return f"shard {shard!r} is finalized already"

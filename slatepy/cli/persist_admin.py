@@ -81,7 +81,7 @@ def force_gc(
     Raises:
         InvalidArgument: no shard ``shard`` at ``url``.
     """
-    with _open(url, consensus, settings, persist_settings, clock, commit=commit) as client:
+    with open_client(url, consensus, settings, persist_settings, clock, commit=commit) as client:
         machine = _require_shard(client, url, shard)
         sizes = _sizes(client, shard)
         result = collect(machine, claimant=ADMIN_CLAIMANT, mode="run" if commit else "dry-run")
@@ -149,7 +149,7 @@ def force_compaction(
     Raises:
         InvalidArgument: no shard ``shard`` at ``url``.
     """
-    with _open(url, consensus, settings, persist_settings, clock, commit=commit) as client:
+    with open_client(url, consensus, settings, persist_settings, clock, commit=commit) as client:
         machine = _require_shard(client, url, shard)
         state = machine.fetch()
         report: dict[str, Any] = {
@@ -244,7 +244,7 @@ def _compact_rounds(
     }
 
 
-def _open(
+def open_client(
     url: str,
     consensus: str | None,
     settings: Settings,
