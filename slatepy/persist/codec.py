@@ -19,10 +19,10 @@ import operator
 import struct
 from collections.abc import Iterable, Sequence
 from itertools import islice, repeat
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import BlockBuilder, decode_block
+from slatepy.format.block import BlockBuilder, Entry, decode_block
 from slatepy.persist.errors import InvalidBounds, UsageError
 from slatepy.persist.frontier import Frontier
 
@@ -46,6 +46,9 @@ _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
 _third = operator.itemgetter(2)
 _pair_and_time = operator.itemgetter(0, 1)
+_last_8 = operator.itemgetter(slice(-8, None))
+_all_but_8 = operator.itemgetter(slice(None, -8))
+_split_fields = operator.methodcaller("split", _TERMINATOR)
 
 
 def escape(data: bytes) -> bytes:
@@ -124,6 +127,43 @@ def decode_entry(key: bytes, seq: int, value: bytes | None) -> Update:
     if seq != t:
         raise CorruptionError(f"persist update entry: seq {seq} is not the key's time {t}")
     return (k, v), t, _DIFF.unpack(value)[0]
+
+
+def decode_entries(entries: Sequence[Entry]) -> list[Update]:
+    """The updates of many SST entries (:func:`decode_entry` on each), by C-level maps and
+    one ``struct`` call per column when no field holds a NUL (then the two terminators are
+    the only NULs before the time), else entry by entry.
+
+    Raises:
+        CorruptionError: as :func:`decode_entry`.
+    """
+    keys: list[bytes] = list(map(_first, entries))
+    seqs: list[int] = list(map(_second, entries))
+    values: list[bytes | None] = list(map(_third, entries))
+    diffs_bytes = cast("list[bytes]", values)  # once None is ruled out below
+    count = len(keys)
+    heads: list[bytes] = list(map(_all_but_8, keys))
+    if (
+        not count
+        or set(map(bytes.count, heads, repeat(b"\0"))) != {2}
+        or None in values
+        or set(map(len, diffs_bytes)) != {_DIFF.size}
+        or b"".join(map(_last_8, keys)) != _times(count, seqs)
+    ):
+        return [decode_entry(*entry) for entry in entries]
+    fields = list(map(_split_fields, heads))
+    if set(map(len, fields)) != {3}:  # a misplaced terminator: the loop says where
+        return [decode_entry(*entry) for entry in entries]
+    pairs = zip(map(_first, fields), map(_second, fields), strict=True)
+    diffs = struct.unpack(f"<{count}q", b"".join(diffs_bytes))
+    return list(zip(pairs, seqs, diffs, strict=True))
+
+
+def _times(count: int, seqs: list[int]) -> bytes:
+    try:
+        return struct.pack(f">{count}Q", *seqs)
+    except struct.error:
+        return b""  # a seq that is no u64: the per-entry path reports it
 
 
 def check_time(time: object, what: str = "time") -> int:

@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import accumulate, repeat
+from itertools import accumulate, islice, repeat
 
 from slatepy.errors import StoreError
 from slatepy.format.block import Entry, decode_block
@@ -31,7 +31,7 @@ from slatepy.format.sst import SstBuilder
 from slatepy.persist import frontier
 from slatepy.persist.codec import (
     Update,
-    decode_entry,
+    decode_entries,
     encode_columns,
     encode_inline,
 )
@@ -62,6 +62,9 @@ enough that a chunk's temporary copies stay in the CPU cache and reuse freed mem
 
 PUTS_IN_FLIGHT = 2
 """Finished parts being put on background threads while the next part is built."""
+
+DECODE_CHUNK = 1024
+"""Merged entries decoded at once (``codec.decode_entries``) by a snapshot or listen read."""
 
 MIN_CHUNK_BYTES = 64 * 1024
 """Smallest read-ahead chunk of one run in a snapshot or listen read."""
@@ -302,8 +305,9 @@ def merge_runs(
     sources = [
         _advanced(run_entries(tables, shard_id, run, chunk_bytes=chunk), as_of) for run in runs
     ]
-    for key, seq, value in merge_sum(sources):
-        yield decode_entry(key, seq, value)
+    merged = merge_sum(sources)
+    while chunk_entries := list(islice(merged, DECODE_CHUNK)):
+        yield from decode_entries(chunk_entries)
 
 
 def _advanced(entries: Iterator[Entry], as_of: int | None) -> Iterator[Entry]:

@@ -21,6 +21,7 @@ from slatepy.persist.codec import (
     check_frontier,
     check_updates,
     consolidate,
+    decode_entries,
     decode_entry,
     decode_inline,
     decode_key,
@@ -257,3 +258,28 @@ def test_decode_entry_rejects_entries_that_are_not_updates(seq: int, value: byte
     builder.add(key, seq, value)
     with pytest.raises(CorruptionError):
         decode_inline(builder.finish())
+
+
+@given(updates_lists)
+def test_decode_entries_is_decode_entry_on_each(updates: list[Update]) -> None:
+    """The column path (no NUL in a field) and the per-entry path (NULs) agree."""
+    entries = list(zip(*encode_columns(consolidate(updates)), strict=True))
+    assert decode_entries(entries) == [decode_entry(*entry) for entry in entries]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ((encode_key(b"k", b"v", 3), 4, encode_diff(1)), "seq 4 is not the key's time 3"),
+        ((encode_key(b"k", b"v", 3), 3, None), "not an 8-byte diff"),
+        ((b"k\0\x01v" + bytes(8), 0, encode_diff(1)), "value has no terminator"),
+        ((b"k\0\x01v\0\x01\0\x01" + bytes(8), 0, encode_diff(1)), "time is not the last 8"),
+    ],
+)
+def test_decode_entries_reports_a_bad_entry_like_decode_entry(
+    entry: tuple[bytes, int, bytes | None], message: str
+) -> None:
+    good = (encode_key(b"a", b"b", 3), 3, encode_diff(2))
+    for decode in (lambda: decode_entry(*entry), lambda: decode_entries([good, entry])):
+        with pytest.raises(CorruptionError, match=re.escape(message)):
+            decode()
