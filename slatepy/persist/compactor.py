@@ -39,12 +39,13 @@ from typing import Literal
 
 from slatepy.errors import StoreUnavailable
 from slatepy.format.block import Entry
+from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import Indeterminate, StateConflictError, UsageError
 from slatepy.persist.machine import ShardMachine, rerun_as_is
-from slatepy.persist.parts import MIN_CHUNK_BYTES, PartWriter, run_entries
+from slatepy.persist.parts import MIN_CHUNK_BYTES, PartWriter, inline_part, run_entries
 from slatepy.persist.state.append import check_batch_age
 from slatepy.persist.state.outcome import MergeReq
-from slatepy.persist.state.records import HollowPart, Run, State
+from slatepy.persist.state.records import HollowPart, InlinePart, Run, State
 from slatepy.persist.state.spine import (
     Applied,
     ApplyMerge,
@@ -76,7 +77,7 @@ class MergeResult:
     Attributes:
         status: See :data:`MergeStatus`.
         batch_id: The output batch's id when applied.
-        parts: Output parts written (intermediate rounds not counted).
+        parts: Output parts (inline ones included; intermediate rounds not counted).
         updates: Updates in the output run.
     """
 
@@ -122,14 +123,18 @@ def compact(
     runs = [run for batch in request.inputs for run in batch.runs]
     written_ms = machine.now_ms()
     guard = _Guard(machine, claimant, request.merge_id, written_ms, stop)
-    output: list[HollowPart] = []
+    output: list[HollowPart | InlinePart] = []
     try:
-        runs = _rounds(machine, tables, writer, runs, since=since, guard=guard)
-        output.extend(
-            writer.write_entries(
-                guard.watch(_merged(tables, machine, runs, since)), compaction=True
+        if _fits_inline(state, runs, settings):
+            entries = list(guard.watch(_merged(tables, machine, runs, since)))
+            output.extend([inline_part(entries)] if entries else [])
+        else:
+            runs = _rounds(machine, tables, writer, runs, since=since, guard=guard)
+            output.extend(
+                writer.write_entries(
+                    guard.watch(_merged(tables, machine, runs, since)), compaction=True
+                )
             )
-        )
     except MergeAbandoned as exc:
         log.info("shard %r: merge %d abandoned: %s", machine.shard_id, request.merge_id, exc)
         writer.delete((tuple(output),))
@@ -147,6 +152,21 @@ def compact(
         claimant=claimant,
         since=since,
         written_ms=written_ms,
+    )
+
+
+def _fits_inline(state: State, runs: Sequence[Run], settings: PersistSettings) -> bool:
+    """Whether the output of merging ``runs`` is kept inline in the state: the inputs'
+    bytes (an output is at most their updates, and a blob part's size overstates its
+    block) fit ``inline_part_max_bytes``, and the state's inline bytes, less the inline
+    inputs it replaces, leave room for them. A small merge then costs its apply only: no
+    blob written now, read by the next merge, deleted by GC."""
+    parts = [part for run in runs for part in run]
+    size = sum(len(p.data) if isinstance(p, InlinePart) else p.size for p in parts)
+    inline = sum(len(p.data) for p in parts if isinstance(p, InlinePart))
+    return (
+        size <= settings.inline_part_max_bytes
+        and state.inline_bytes() - inline + size <= settings.inline_state_max_bytes
     )
 
 
@@ -181,7 +201,7 @@ def _apply(
     updates = sum(part.updates for part in output)
 
     def young_enough(now_ms: int) -> None:
-        if output:
+        if any(isinstance(part, HollowPart) for part in output):  # GC could take them
             check_batch_age(written_ms, now_ms, settings)
 
     try:

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, islice, repeat
 
 from slatepy.errors import StoreError
-from slatepy.format.block import Entry, decode_block
+from slatepy.format.block import BlockBuilder, Entry, decode_block
 from slatepy.format.sst import SstBuilder
 from slatepy.persist import frontier
 from slatepy.persist.codec import (
@@ -258,6 +258,14 @@ class _Puts:
 
 _done: Future[object] = Future()
 _done.set_result(None)
+
+
+def inline_part(entries: Sequence[Entry]) -> InlinePart:
+    """Sorted, consolidated entries (at least one) as an inline part: one data block."""
+    builder = BlockBuilder()
+    for key, time, value in entries:
+        builder.add(key, time, value)
+    return InlinePart(builder.finish(), len(entries))
 
 
 def run_entries(

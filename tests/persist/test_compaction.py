@@ -7,13 +7,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 
+import msgspec
 import pytest
 
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, PersistSettings, Progress, Updates
 from slatepy.persist import compactor as compactor_module
-from slatepy.persist.compactor import compact
+from slatepy.persist.compactor import _fits_inline, compact
 from slatepy.persist.location.consensus import Consensus
+from slatepy.persist.state.records import Desc, HollowBatch, HollowPart, InlinePart, State
 from slatepy.store.base import ObjectStore
 from slatepy.testing.intercept import InterceptStore
 from slatepy.testing.persist_faults import InterceptConsensus
@@ -295,3 +297,34 @@ def test_a_long_merge_renews_its_claim(url: str, monkeypatch: pytest.MonkeyPatch
         result = compact(client.machine(SHARD), client._tables, write.writer_id, request)
         assert result.status == "applied"
         assert state_of(client).seqno - seqno > 2  # renewals, then the apply
+
+
+def test_a_small_merge_output_is_inline(url: str) -> None:
+    """Eight small inline batches merge into one inline part: no blob written, read or
+    collected for them."""
+    settings = PersistSettings(batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True)
+    with manual(PersistClient.open(url, settings=settings)) as client:
+        write = client.open_writer(SHARD)
+        for t in range(8):
+            write.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+        before = snapshot(client, 7)
+        assert [r.status for r in compact_all(client, write.writer_id)] == ["applied"]
+        (merged,) = state_of(client).trace
+        assert (merged.desc.lower, merged.desc.upper, merged.updates) == (0, 8, 8)
+        assert not list(merged.part_keys()) and not part_paths(client)
+        assert snapshot(client, 7) == before
+
+
+def test_an_output_is_inline_only_within_the_part_limit_and_the_states_room() -> None:
+    hollow = (HollowPart("part/w/a.sst", 300, 5, b"", 0, 0),)
+    inline = (InlinePart(b"x" * 300, 5),)
+    roomy = PersistSettings(inline_part_max_bytes=1000, inline_state_max_bytes=10_000)
+    full = PersistSettings(inline_part_max_bytes=1000, inline_state_max_bytes=1000)
+    state = State.initial(SHARD)
+    crowded = msgspec.structs.replace(
+        state, trace=(HollowBatch(1, Desc(0, 1), (inline, inline, inline), 15),)
+    )  # 900 inline bytes
+    assert _fits_inline(state, [hollow, hollow, hollow], roomy)
+    assert not _fits_inline(state, [hollow] * 4, roomy)  # 1,200 bytes > the part limit
+    assert not _fits_inline(crowded, [hollow], full)  # 900 + 300 > the state's room
+    assert _fits_inline(crowded, [inline, inline], full)  # replaces inline inputs: no growth
