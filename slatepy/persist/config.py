@@ -46,7 +46,9 @@ class PersistSettings:
             (the threshold is the larger of this and the latest rollup's size).
         rollup_min_diffs: Diffs since the latest rollup below which no rollup is due.
         rollup_replay_limit: A load that replayed more diffs than this writes a rollup.
-        gc_min_versions: Versions ``seqno_since`` must move past the last GC to start one.
+        gc_min_versions: Versions ``seqno_since`` must move past the last GC to start one
+            (a pass costs about 25 requests: a LIST of parts and rollups, the replay of the
+            states since a rollup, deletions, two state changes).
         listen_poll_max: Longest pause in seconds between polls of an idle listen.
         max_trace_batches: Batches in the trace at which appends wait for compaction.
         small_merge_batches: Non-empty batches below 1,024 updates a merge of them takes
@@ -74,7 +76,7 @@ class PersistSettings:
     rollup_min_bytes: int = 4096
     rollup_min_diffs: int = 16
     rollup_replay_limit: int = 256
-    gc_min_versions: int = 32
+    gc_min_versions: int = 128
     listen_poll_max: float = 1.0
     max_trace_batches: int = 2000
     small_merge_batches: int = 8
