@@ -119,9 +119,8 @@ class PartWriter:
         target = self.settings.part_target_bytes
         with _Puts(self.blob, background=ends[-1] > target) as puts:
             start = 0
-            size = min(
-                target, max(target // 4, CHUNK_BYTES)
-            )  # a small first part: puts start early
+            # A quarter-size first part: its put starts while the rest is being encoded.
+            size = min(target, max(target // 4, CHUNK_BYTES))
             while start < len(updates):
                 part_end = min(bisect_left(ends, ends[start] + size, start + 1), len(updates))
                 size = target
@@ -215,16 +214,16 @@ class _Puts:
     def send(self, output: _PartOutput) -> Iterator[HollowPart]:
         """Take a finished part; yield the parts whose puts completed meanwhile."""
         data, part = output.finish()
-        held, self._held = self._held, (data, part, output.path)
-        if self._background:
-            held, self._held = self._held, None
-        if held is None:
+        item: tuple[bytes | bytearray, HollowPart, str] | None = (data, part, output.path)
+        if not self._background:  # hold this part back, put the one held before
+            item, self._held = self._held, item
+        if item is None:
             return
         while len(self._pending) >= PUTS_IN_FLIGHT:
             yield self._wait()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(PUTS_IN_FLIGHT, thread_name_prefix="slatepy-part-put")
-        data, part, path = held
+        data, part, path = item
         self._pending.append((self._pool.submit(self._blob.put, path, data), part, path))
 
     def finish(self) -> Iterator[HollowPart]:
