@@ -126,13 +126,16 @@ def scan_pinned(
     """Live ``(key, value)`` with ``start <= key < end`` of the pinned view, in key order.
 
     Raises:
-        CorruptionError: an SST of the view is gone (the snapshot expired and GC collected
-            it, or the database is damaged).
+        NotFound: the view was collected (its snapshot expired or was released).
+        CorruptionError: an SST of the view is gone while its snapshot protects it.
     """
     check_range(start, end)
-    manifest = ManifestStore(store, attempts=settings.manifest_update_attempts).read(
-        pinned.manifest_id
-    )
+    try:
+        manifest = ManifestStore(store, attempts=settings.manifest_update_attempts).read(
+            pinned.manifest_id
+        )
+    except NotFound as exc:
+        raise _gone(pinned, exc) from exc
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
     memtable, _ = replay(wal, manifest.wal_id_last_compacted + 1, pinned.wal_id + 1)
     tables = TableReader(
@@ -144,7 +147,18 @@ def scan_pinned(
     try:
         yield from scan_merged(tables, memtable.range(start, end), manifest, start, end)
     except NotFound as exc:
+        if time.time() > pinned.expire_time_s:
+            raise _gone(pinned, exc) from exc
         raise missing_sst(exc) from exc
+
+
+def _gone(pinned: PinnedSnapshot, exc: NotFound) -> NotFound:
+    return NotFound(
+        f"the pinned view of manifest {pinned.manifest_id} was collected: its snapshot "
+        f"expired (or was released) before the read; pin a new one, with a longer ttl for "
+        f"scans this long ({exc})",
+        path=exc.path,
+    )
 
 
 def split_points(
@@ -160,8 +174,15 @@ def split_points(
     if max_parts < 1:
         raise InvalidArgument(f"max_parts must be >= 1, got {max_parts}")
     handles = [*manifest.l0, *(h for run in manifest.sorted_runs for h in run.ssts)]
+    # Not the smallest first key: below it there is no compacted data, only a few WAL keys
+    # at most, which the first range reads as well.
+    lowest = min((h.first_key for h in handles), default=b"")
     keys = sorted(
-        {h.first_key for h in handles if h.first_key > start and (end is None or h.first_key < end)}
+        {
+            h.first_key
+            for h in handles
+            if h.first_key > max(start, lowest) and (end is None or h.first_key < end)
+        }
     )
     if len(keys) <= max_parts - 1:
         return keys
