@@ -6,8 +6,15 @@
 
       df = spark.read.format("slatepy").option("url", URL).load()
 
+* ``slatepy.persist``: a persist shard as a sink, streaming and one-off
+  (``slatepy.spark.persist_sink``)::
+
+      df.writeStream.format("slatepy.persist").option("url", URL).option("shard", S) \
+          .option("checkpointLocation", CKPT).start()
+
 Nothing below this package knows Spark; it uses the engine's pinned snapshots
-(``slatepy.engine.pinned``) and the row codec (``slatepy.spark.codec``).
+(``slatepy.engine.pinned``), the row codec (``slatepy.spark.codec``) and persist's write
+handles.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 
 from slatepy.errors import InvalidArgument
 
-SOURCE_NAMES = ("slatepy",)
+SOURCE_NAMES = ("slatepy", "slatepy.persist")
 """The short names :func:`register` makes usable in ``format(...)``."""
 
 
@@ -28,8 +35,10 @@ def register(spark: Any) -> None:
     """
     try:
         from slatepy.spark.kv import KvDataSource
+        from slatepy.spark.persist_sink import PersistSinkDataSource
     except ImportError as exc:
         raise InvalidArgument(
             f'the Spark sources need pyspark and pyarrow: pip install "slatepy[spark]" ({exc})'
         ) from exc
     spark.dataSource.register(KvDataSource)
+    spark.dataSource.register(PersistSinkDataSource)
