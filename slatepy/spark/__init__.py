@@ -35,10 +35,10 @@ def register(spark: Any) -> None:
     """
     try:
         from slatepy.spark.kv import KvDataSource
-        from slatepy.spark.persist_sink import PersistSinkDataSource
+        from slatepy.spark.persist_sink import PersistDataSource
     except ImportError as exc:
         raise InvalidArgument(
             f'the Spark sources need pyspark and pyarrow: pip install "slatepy[spark]" ({exc})'
         ) from exc
     spark.dataSource.register(KvDataSource)
-    spark.dataSource.register(PersistSinkDataSource)
+    spark.dataSource.register(PersistDataSource)

@@ -63,7 +63,9 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
@@ -208,12 +210,28 @@ class PersistCommitMessage(WriterCommitMessage):
     query_id: str | None
 
 
-class PersistSinkDataSource(DataSource):
-    """``format("slatepy.persist")``: see the module docstring."""
+class PersistDataSource(DataSource):
+    """``format("slatepy.persist")``: the sink (this module's docstring) and the snapshot and
+    listen sources (``slatepy.spark.persist_source``)."""
 
     @classmethod
     def name(cls) -> str:
         return SINK_NAME
+
+    def schema(self) -> str:
+        from slatepy.spark.persist_source import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from slatepy.spark.persist_source import PersistSnapshotReader, source_config
+
+        return PersistSnapshotReader(source_config(self.options, stream=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from slatepy.spark.persist_source import PersistStreamReader, source_config
+
+        return PersistStreamReader(source_config(self.options, stream=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> PersistBatchWriter:
         if overwrite:
