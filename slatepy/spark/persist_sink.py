@@ -409,6 +409,8 @@ class PersistStreamWriter(DataSourceStreamArrowWriter):
         return write_task(self.config, iterator, int(batch_id), query_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if not any(isinstance(m, PersistCommitMessage) for m in messages):
+            return  # no task ran: nothing to append, no query id to record
         commit_batches(
             self.config,
             messages,
