@@ -201,8 +201,9 @@ class BatchBuilder:
 
     def extend(self, updates: Iterable[Update]) -> None:
         """Add many updates at once (checked as a column, as ``compare_and_append`` does:
-        much cheaper per update than :meth:`add`); the buffer is written as a run when it
-        reaches ``builder_buffer_bytes``.
+        much cheaper per update than :meth:`add`); after the call, a buffer at
+        ``builder_buffer_bytes`` or more is written as a run (so memory is bounded by that
+        plus one call's updates: feed it in chunks).
 
         Raises:
             UsageError: a malformed update (nothing of the call is added), or the builder is

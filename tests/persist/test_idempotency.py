@@ -281,3 +281,24 @@ def test_a_lost_reply_is_answered_by_the_recorded_key(tmp_path: Path) -> None:
         assert read_all(client) == [upd(b"x", 1)]
         assert state_of(client).idempotency["q"].id == 7
     inner.close()
+
+
+def test_builder_extend_checks_a_whole_call_and_spills_full_buffers(url: str) -> None:
+    from slatepy.persist import PersistSettings as Settings
+
+    settings = Settings(
+        batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True, builder_buffer_bytes=2048
+    )
+    with PersistClient.open(url, settings=settings) as client:
+        write = client.open_writer(SHARD)
+        builder = write.builder(0)
+        with pytest.raises(UsageError):
+            builder.extend([upd(b"ok", 1), ((b"bad", "not bytes"), 1, 1)])  # type: ignore[list-item]
+        assert builder.max_time is None  # nothing of the failed call was added
+        for first in range(0, 100, 10):  # the buffer is checked after each call
+            builder.extend([upd(b"k%03d" % i, i % 5) for i in range(first, first + 10)])
+        assert builder.max_time == 4
+        batch = builder.finish(None)
+        assert len(batch.record.runs) > 1  # spilled as runs along the way
+        assert write.compare_and_append_batch([batch], 0, 5, forward=True)
+        assert len(read_all(client)) == 100
