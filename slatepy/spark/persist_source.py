@@ -166,13 +166,13 @@ def read_range(config: SourceConfig, start: int, end: int) -> Iterator[pa.Record
         reader = client.open_leased_reader(config.shard, purpose="spark listen")
         try:
             listen = reader.listen(start - 1)
-            got: list[tuple[tuple[bytes, bytes], int, int]] = []
-            while listen.frontier is not None and listen.frontier < end:
-                for event in listen.fetch_next(timeout=60):
-                    if isinstance(event, Updates):
-                        got.extend(u for u in event.updates if u[1] < end)
-            listen.close()
-            yield from _to_batches(iter(got))
+            try:
+                while listen.frontier is not None and listen.frontier < end:
+                    for event in listen.fetch_next(timeout=60):
+                        if isinstance(event, Updates):
+                            yield from _to_batches(u for u in event.updates if u[1] < end)
+            finally:
+                listen.close()
         finally:
             reader.expire()
 

@@ -67,6 +67,13 @@ def test_a_snapshot_read_as_of_a_time(spark: Any, tmp_path: Path) -> None:
         read(as_of="4").collect()  # not complete yet
     with pytest.raises(Exception, match="bogus"):
         read(bogus="1").collect()
+    with PersistClient.open(url) as client:
+        holder = client.open_leased_reader(SHARD)
+        holder.downgrade_since(2)  # the shard's since is now 2: as_of 1 is compacted away
+        with pytest.raises(Exception, match="since"):
+            read(as_of="1").collect()
+        assert rows_of(read(as_of="2")) == [(b"b", b"vb", 2, 1)]
+        holder.expire()
 
 
 def test_a_stream_reads_the_snapshot_then_each_range_with_its_times(
