@@ -138,7 +138,7 @@ def _batch(batch: HollowBatch) -> dict[str, Any]:
 
 
 def _part(part: HollowPart | InlinePart) -> dict[str, Any]:
-    window = _window(part.window)
+    window = _window(part.window) | ({"forward": part.forward} if part.forward else {})
     if isinstance(part, InlinePart):
         return {"inline_bytes": len(part.data), "updates": part.updates} | window
     return {

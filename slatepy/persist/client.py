@@ -286,6 +286,17 @@ class PersistClient:
         """Every shard with a consensus log, sorted."""
         return self.consensus.list_keys()
 
+    def wait_maintenance(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for this client's queued merges and GC passes to
+        finish (a short-lived process that appended, before it closes: its merge claims are
+        otherwise left to expire). Answers whether the queue emptied."""
+        deadline = time.monotonic() + timeout
+        while not self._maintenance.idle():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def close(self) -> None:
         """Wake waiting reads, and close the consensus if this client opened it.
         Idempotent; handles fail with ``ClosedError`` afterwards."""

@@ -57,6 +57,11 @@ class PersistSettings:
         write_stall_timeout: Seconds an append waits for compaction at
             ``max_trace_batches`` before it fails with ``WriteStalled``.
         max_handles: Most leased readers, and most writers, one shard registers.
+        idempotency_ttl: Seconds an idempotency key (``compare_and_append_batch(...,
+            idempotency=(key, id))``) stays recorded after its last append; a replay older
+            than this appends again (RFC 0015 Addendum E).
+        max_idempotency_keys: Most idempotency keys one shard records; a new key beyond it
+            evicts the least recently used one.
         compaction: ``"on"`` runs merges in clients with a writer; ``"off"`` never merges.
         allow_short_leases: Allow ``batch_lease`` and ``consensus_min_age`` below one hour
             (tests only: shorter leases are unsafe against stalled requests).
@@ -82,6 +87,8 @@ class PersistSettings:
     small_merge_batches: int = 8
     write_stall_timeout: float = 60.0
     max_handles: int = 1000
+    idempotency_ttl: float = 7 * 24 * 3600.0
+    max_idempotency_keys: int = 1000
     compaction: Literal["on", "off"] = "on"
     allow_short_leases: bool = False
 
@@ -122,6 +129,8 @@ class PersistSettings:
             (2 <= self.small_merge_batches <= 64, "small_merge_batches must be in [2, 64]"),
             (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
             (self.max_handles >= 1, "max_handles must be >= 1"),
+            (self.idempotency_ttl > 0, "idempotency_ttl must be > 0 seconds"),
+            (self.max_idempotency_keys >= 1, "max_idempotency_keys must be >= 1"),
             (self.compaction in ("on", "off"), 'compaction must be "on" or "off"'),
         ]
         for ok, message in checks:
@@ -163,3 +172,7 @@ class PersistSettings:
     @property
     def consensus_min_age_ms(self) -> int:
         return round(self.consensus_min_age * 1000)
+
+    @property
+    def idempotency_ttl_ms(self) -> int:
+        return round(self.idempotency_ttl * 1000)

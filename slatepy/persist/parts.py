@@ -270,7 +270,8 @@ def inline_part(entries: Sequence[Entry]) -> InlinePart:
 def run_entries(
     tables: TableReader, shard_id: str, run: Run, *, chunk_bytes: int
 ) -> Iterator[Entry]:
-    """The SST entries of a run's updates inside each part's window, in key order: inline
+    """The SST entries of a run's updates inside each part's window (then forwarded to its
+    ``forward``), in key order: inline
     parts decoded from the state, hollow ones streamed ``chunk_bytes`` per ranged GET
     (``TableReader.scan_all``: uncached), one part after the other.
 
@@ -286,12 +287,22 @@ def run_entries(
                 shard_path(shard_id, part.key), chunk_bytes=chunk_bytes, size=part.size
             )
         window = part.window
-        if window is None:
-            yield from entries
+        if window is not None:
+            entries = (e for e in entries if frontier.contains(window.lower, window.upper, e[1]))
+        if part.forward:
+            entries = _forward(entries, part.forward)
+        yield from entries
+
+
+def _forward(entries: Iterable[Entry], to: int) -> Iterator[Entry]:
+    """Times before ``to`` read as ``to`` (a part's ``forward``; RFC 0015 Addendum E). The
+    time is the key's last 8 bytes and the seq, so a sorted part stays sorted."""
+    time = _TIME.pack(to)
+    for key, seq, value in entries:
+        if seq < to:
+            yield key[:-8] + time, to, value
         else:
-            for entry in entries:
-                if frontier.contains(window.lower, window.upper, entry[1]):
-                    yield entry
+            yield key, seq, value
 
 
 def merge_runs(

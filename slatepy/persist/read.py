@@ -346,7 +346,9 @@ class Listen:
 def _from_time(run: Run, start: int) -> Run:
     """``run`` without the blob parts whose times all lie before ``start`` (a batch a
     metadata merge extended is seen again by a listen; its old parts need no GET)."""
-    return tuple(p for p in run if not (isinstance(p, HollowPart) and p.t_max < start))
+    return tuple(
+        p for p in run if not (isinstance(p, HollowPart) and max(p.t_max, p.forward) < start)
+    )
 
 
 class _Pinned(Iterator[Update]):

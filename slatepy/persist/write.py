@@ -40,16 +40,25 @@ from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import PartWriter
 from slatepy.persist.state.append import (
     AlreadyAppended,
+    AlreadyApplied,
     AlreadyCommitted,
     Appended,
     CompareAndAppend,
     append_case,
     check_batch_age,
     check_batch_covers,
+    check_idempotency,
     compare_and_append,
 )
 from slatepy.persist.state.outcome import Maintenance
-from slatepy.persist.state.records import HollowPart, Run, Runs, State, narrow_runs
+from slatepy.persist.state.records import (
+    HollowPart,
+    Run,
+    Runs,
+    State,
+    forward_runs,
+    narrow_runs,
+)
 from slatepy.persist.state.transitions import (
     ExpireWriter,
     HeartbeatWriter,
@@ -189,6 +198,32 @@ class BatchBuilder:
         self._max_time = time if self._max_time is None else max(self._max_time, time)
         if self._bytes >= self._handle._machine.settings.builder_buffer_bytes:
             self._flush(inline_budget=0)
+
+    def extend(self, updates: Iterable[Update]) -> None:
+        """Add many updates at once (checked as a column, as ``compare_and_append`` does:
+        much cheaper per update than :meth:`add`); after the call, a buffer at
+        ``builder_buffer_bytes`` or more is written as a run (so memory is bounded by that
+        plus one call's updates: feed it in chunks).
+
+        Raises:
+            UsageError: a malformed update (nothing of the call is added), or the builder is
+                finished.
+        """
+        self._check_open()
+        checked = check_updates(updates, self.lower, None)
+        if not checked:
+            return
+        self._buffer.extend(checked)
+        self._bytes += sum(len(k) + len(v) + 32 for (k, v), _, _ in checked)
+        top = max(update[1] for update in checked)
+        self._max_time = top if self._max_time is None else max(self._max_time, top)
+        if self._bytes >= self._handle._machine.settings.builder_buffer_bytes:
+            self._flush(inline_budget=0)
+
+    @property
+    def max_time(self) -> int | None:
+        """The largest time added so far (None: nothing added)."""
+        return self._max_time
 
     def finish(self, upper: int | None) -> Batch:
         """The batch of every added update for ``[lower, upper)``.
@@ -396,22 +431,45 @@ class WriteHandle:
         return Batch(record, self._parts)
 
     def compare_and_append_batch(
-        self, batches: Sequence[Batch], expected_upper: int, new_upper: int | None
-    ) -> None:
+        self,
+        batches: Sequence[Batch],
+        expected_upper: int,
+        new_upper: int | None,
+        *,
+        idempotency: tuple[str, int] | None = None,
+        forward: bool = False,
+    ) -> bool:
         """Apply written batches iff the shard's upper is ``expected_upper``, moving it to
         ``new_upper``. Each batch must cover ``[expected_upper, new_upper)``; its updates
         outside that range are dropped (a window, no rewrite). The batches stay usable after
         an ``UpperMismatch``.
 
+        Args:
+            idempotency: ``(key, id)`` recorded in the same state change as the append
+                (RFC 0015 Addendum E). If the shard already records ``key`` at ``id`` or
+                beyond, nothing is appended, whatever the uppers, and the call returns
+                False (the caller deletes its batches). Ids of one key must grow with
+                each logical append (a Spark micro-batch id, a sequence number).
+            forward: Apply the batches above the times they were written at: each batch
+                needs only ``new_upper <= batch.upper``, and its updates before
+                ``expected_upper`` read as ``expected_upper`` (a part's ``forward``, no
+                rewrite). For a sink that mints its range at commit time.
+
+        Returns:
+            True when appended (or an earlier attempt of this call landed), False when the
+            idempotency key said the append was applied already.
+
         Raises:
             InvalidBounds: ``new_upper`` is not beyond ``expected_upper`` (checked first).
             UsageError: a batch of another shard, one that does not cover the range, the
-                same batch twice, or one older than half of ``batch_lease``.
+                same batch twice, or one older than half of ``batch_lease``; a malformed
+                ``idempotency``.
             UpperMismatch: the shard's upper is not ``expected_upper``.
         """
         with self._lock:
             self._check_live()
             _check_range(expected_upper, new_upper, ("expected upper", "new upper"))
+            key = check_idempotency(idempotency)
             if len({id(batch) for batch in batches}) != len(batches):
                 raise UsageError("compare_and_append_batch: the same batch was passed twice")
             runs: list[Run] = []
@@ -422,6 +480,14 @@ class WriteHandle:
                         f"a batch of shard {record.shard_id!r} cannot be applied to "
                         f"{self.shard_id!r}"
                     )
+                if forward:
+                    if not frontier.le(new_upper, record.upper):
+                        raise UsageError(
+                            f"a batch of [{record.lower}, {record.upper}) cannot be applied "
+                            f"forwarded up to {new_upper}: its upper must be at least that"
+                        )
+                    runs.extend(forward_runs(record.runs, expected_upper, new_upper))
+                    continue
                 narrow = check_batch_covers(record.lower, record.upper, expected_upper, new_upper)
                 runs.extend(
                     narrow_runs(record.runs, expected_upper, new_upper) if narrow else record.runs
@@ -433,9 +499,15 @@ class WriteHandle:
                 for written_ms in births:
                     check_batch_age(written_ms, now_ms, settings)
 
-            self._commit(
-                tuple(runs), expected_upper, new_upper, delete_on_mismatch=False, check=young_enough
+            result = self._commit(
+                tuple(runs),
+                expected_upper,
+                new_upper,
+                delete_on_mismatch=False,
+                check=young_enough,
+                idempotency=key,
             )
+            return not isinstance(result, AlreadyApplied)
 
     def _commit(
         self,
@@ -445,7 +517,8 @@ class WriteHandle:
         *,
         delete_on_mismatch: bool = True,
         check: Callable[[int], None] | None = None,
-    ) -> None:
+        idempotency: tuple[str, int] | None = None,
+    ) -> Appended | AlreadyCommitted | AlreadyApplied:
         args = CompareAndAppend(
             writer_id=self.writer_id,
             token=new_token(),
@@ -454,6 +527,7 @@ class WriteHandle:
             runs=runs,
             registered=self._registered,
             debug=self._debug,
+            idempotency=idempotency,
         )
         try:
             result = self._run_unstalled(args, check)
@@ -466,10 +540,13 @@ class WriteHandle:
             if delete_on_mismatch:
                 self._parts.delete(runs)
             raise
-        self._registered = True
-        # Appended answers the new upper; AlreadyCommitted the one its landed attempt set
-        # (the shard's may be beyond it by now). Uppers only grow.
+        if not isinstance(result, AlreadyApplied):
+            self._registered = True
+        # Appended answers the new upper; AlreadyCommitted the one its landed attempt set;
+        # AlreadyApplied the one the recorded key's append set (the shard's may be beyond
+        # it by now). Uppers only grow.
         self._upper = frontier.join(self._upper, result.upper)
+        return result
 
     def _slow_down(self) -> None:
         """While this client's compaction is behind (more than :data:`SLOWDOWN_BATCHES` in
@@ -484,7 +561,7 @@ class WriteHandle:
 
     def _run_unstalled(
         self, args: CompareAndAppend, check: Callable[[int], None] | None
-    ) -> Appended | AlreadyCommitted:
+    ) -> Appended | AlreadyCommitted | AlreadyApplied:
         """Run the append; while the trace is full (``WriteStalled``: compaction is behind)
         wait for the state to change and rerun, up to ``write_stall_timeout``."""
         deadline = time.monotonic() + self._machine.settings.write_stall_timeout

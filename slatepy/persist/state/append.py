@@ -23,7 +23,15 @@ from slatepy.persist.state.outcome import (
     successor,
     walltime_after,
 )
-from slatepy.persist.state.records import Desc, HollowBatch, Runs, State, Writer, runs_updates
+from slatepy.persist.state.records import (
+    Applied,
+    Desc,
+    HollowBatch,
+    Runs,
+    State,
+    Writer,
+    runs_updates,
+)
 from slatepy.persist.state.spine import plan_for, runs_problem
 
 
@@ -41,6 +49,9 @@ class CompareAndAppend:
             its lease expired); False registers the writer with this append.
         uncertain: An earlier attempt of this call failed indefinitely (it may have landed).
         debug: Stored with a writer registered by this call.
+        idempotency: ``(key, id)``, an external idempotency key recorded atomically with
+            the append (Addendum E): if the shard records ``key`` at ``id`` or beyond, the
+            call is a NoOp(``AlreadyApplied``) whatever its uppers.
     """
 
     writer_id: str
@@ -51,6 +62,7 @@ class CompareAndAppend:
     registered: bool = True
     uncertain: bool = False
     debug: str = ""
+    idempotency: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +80,69 @@ class AlreadyCommitted:
     upper: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class AlreadyApplied:
+    """The call's idempotency key is recorded at ``id`` (at or beyond the call's): that
+    append, or a later one of the same key, landed and set the upper to ``upper``. Nothing
+    was appended; the caller's batches are not referenced."""
+
+    id: int
+    upper: int | None
+
+
+def check_idempotency(idempotency: object) -> tuple[str, int] | None:
+    """``idempotency`` as ``(key, id)`` (a non-empty string of at most 256 characters, a
+    u64 id), or None.
+
+    Raises:
+        UsageError: anything else.
+    """
+    if idempotency is None:
+        return None
+    if (
+        isinstance(idempotency, tuple)
+        and len(idempotency) == 2
+        and isinstance(idempotency[0], str)
+        and 0 < len(idempotency[0]) <= 256
+        and type(idempotency[1]) is int
+        and 0 <= idempotency[1] < 1 << 64
+    ):
+        return idempotency[0], idempotency[1]
+    raise UsageError(
+        f"idempotency must be (key, id): a non-empty str of at most 256 characters and a "
+        f"u64 int, not {idempotency!r}"
+    )
+
+
+def recorded(
+    current: dict[str, Applied], key: str, applied: Applied, now_ms: int, settings: PersistSettings
+) -> dict[str, Applied]:
+    """The idempotency map with ``key`` set to ``applied``: keys not applied within
+    ``idempotency_ttl`` are dropped, and beyond ``max_idempotency_keys`` the least recently
+    applied ones are evicted (never ``key``)."""
+    horizon = now_ms - settings.idempotency_ttl_ms
+    kept = {k: a for k, a in current.items() if k != key and a.applied_ms >= horizon}
+    room = settings.max_idempotency_keys - 1
+    if len(kept) > room:
+        newest = sorted(kept.items(), key=lambda item: (item[1].applied_ms, item[0]))
+        kept = dict(newest[len(kept) - room :]) if room > 0 else {}
+    kept[key] = applied
+    return kept
+
+
 def compare_and_append(
     state: State, now_ms: int, settings: PersistSettings, args: CompareAndAppend
-) -> Outcome[Appended | AlreadyCommitted]:
+) -> Outcome[Appended | AlreadyCommitted | AlreadyApplied]:
     """Append a batch iff the shard's upper is ``expected``, moving it to ``new``.
 
     Rules, in order (the first that applies decides):
 
     1. ``InvalidBounds`` unless ``new`` is beyond ``expected`` — before the upper is
        looked at; ``UsageError`` for an empty token or runs with an empty run or part.
+    1a. With ``idempotency=(key, id)`` and ``key`` recorded at ``id`` or beyond (and not
+       expired by ``idempotency_ttl``): NoOp(``AlreadyApplied``) — whatever the uppers,
+       the writer's registration or the shard being closed. This also answers the retry of
+       an attempt whose reply was lost.
     2. The writer is not registered: if an earlier attempt was uncertain and the upper is
        not ``expected``, ``Indeterminate`` (it may have landed and the writer expired since,
        taking the token with it: never a guess); else if the handle had registered,
@@ -90,8 +156,10 @@ def compare_and_append(
        and the batch has data; progress-only appends go on (empty batches merge with their
        empty neighbours, so they add at most one batch).
     7. Append ``HollowBatch(next_batch_id, Desc(expected, new), runs)``, set ``upper =
-       new``, record ``token``/``new``/heartbeat on the writer (registering it), and run
-       the spine rule (metadata merges, claims for this writer).
+       new``, record ``token``/``new``/heartbeat on the writer (registering it), record
+       ``idempotency`` as ``Applied(id, new, walltime)`` (dropping expired keys, evicting
+       the least recently applied beyond ``max_idempotency_keys``), and run the spine rule
+       (metadata merges, claims for this writer).
 
     Keeps: the trace stays contiguous from 0 to the upper, which only grows; a token is
     committed at most once.
@@ -103,6 +171,17 @@ def compare_and_append(
     problem = "no idempotency token" if not args.token else runs_problem(args.runs)
     if problem:
         return refuse(UsageError(f"compare_and_append: {problem}"))
+    try:
+        idempotency = check_idempotency(args.idempotency)
+    except UsageError as exc:
+        return refuse(exc)
+    if idempotency is not None:
+        applied = state.idempotency.get(idempotency[0])
+        fresh = applied is not None and (
+            applied.applied_ms >= state.walltime_ms - settings.idempotency_ttl_ms
+        )
+        if applied is not None and fresh and applied.id >= idempotency[1]:
+            return noop(AlreadyApplied(applied.id, applied.upper))
     writer = state.writers.get(args.writer_id)
     if writer is None:
         if args.uncertain and state.upper != args.expected:
@@ -147,12 +226,19 @@ def compare_and_append(
         runs=args.runs,
         updates=runs_updates(args.runs),
     )
+    idempotency_map = state.idempotency
+    if idempotency is not None:
+        key, applied_id = idempotency
+        idempotency_map = recorded(
+            state.idempotency, key, Applied(applied_id, args.new, now), now, settings
+        )
     appended = msgspec.structs.replace(
         state,
         trace=(*state.trace, batch),
         next_batch_id=state.next_batch_id + 1,
         upper=args.new,
         writers={**state.writers, args.writer_id: writer},
+        idempotency=idempotency_map,
     )
     planned, requests = plan_for(appended, now_ms, settings, args.writer_id)
     new = successor(planned, now_ms)

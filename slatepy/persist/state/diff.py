@@ -27,6 +27,7 @@ from slatepy.format.checksum import checksum
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist.state.records import (
     STATE_FORMAT_VERSION,
+    Applied,
     CriticalReader,
     GcClaim,
     HollowBatch,
@@ -79,6 +80,7 @@ class StateDiff(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     critical_readers: tuple[Put[str, CriticalReader] | Remove[str], ...] = ()
     writers: tuple[Put[str, Writer] | Remove[str], ...] = ()
     rollups: tuple[Put[int, RollupRef] | Remove[int], ...] = ()
+    idempotency: tuple[Put[str, Applied] | Remove[str], ...] = ()
 
     @classmethod
     def between(cls, old: State, new: State, *, nonce: str, prev_digest: int) -> StateDiff:
@@ -123,6 +125,7 @@ class StateDiff(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             critical_readers=_map_ops(old.critical_readers, new.critical_readers),
             writers=_map_ops(old.writers, new.writers),
             rollups=_map_ops(old.rollups, new.rollups),
+            idempotency=_map_ops(old.idempotency, new.idempotency),
             **scalars,
         )
 
@@ -204,6 +207,7 @@ def apply(state: State, diff: StateDiff) -> State:
         ),
         writers=_apply_ops(state.writers, diff.writers, "writer"),
         rollups=_apply_ops(state.rollups, diff.rollups, "rollup"),
+        idempotency=_apply_ops(state.idempotency, diff.idempotency, "idempotency key"),
         **changes,
     )
     if new.latest_rollup() != diff.latest_rollup:

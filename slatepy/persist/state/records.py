@@ -59,6 +59,9 @@ class HollowPart(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     t_min: int
     t_max: int
     window: Window | None = None
+    forward: int = 0
+    """Times before it (inside the window) read as it: a batch applied above its written
+    times without a rewrite (``compare_and_append_batch(..., forward=True)``, Addendum E)."""
 
 
 class InlinePart(msgspec.Struct, frozen=True, array_like=True, tag="i"):
@@ -67,6 +70,7 @@ class InlinePart(msgspec.Struct, frozen=True, array_like=True, tag="i"):
     data: bytes
     updates: int
     window: Window | None = None
+    forward: int = 0
 
 
 Part = HollowPart | InlinePart
@@ -97,6 +101,47 @@ def narrow_runs(runs: Runs, lower: int, upper: int | None) -> Runs:
         if parts:
             narrowed.append(tuple(parts))
     return tuple(narrowed)
+
+
+def forward_runs(runs: Runs, lower: int, upper: int | None) -> Runs:
+    """``runs`` applied for ``[lower, upper)`` with every time before ``lower`` forwarded to
+    ``lower``: each part's window is capped at ``upper`` (updates at or beyond it dropped),
+    and its ``forward`` raised to ``lower``. A window filters the written times first, then
+    ``forward`` moves what is left. Parts left with no time before ``upper`` are dropped."""
+    out: list[Run] = []
+    for run in runs:
+        parts: list[Part] = []
+        for part in run:
+            window = part.window
+            w_lower = 0 if window is None else window.lower
+            w_upper = upper if window is None else frontier.meet((upper, window.upper))
+            if not frontier.lt(w_lower, w_upper) or not frontier.lt(lower, upper):
+                continue
+            unbounded = window is None and upper is None
+            new_window = None if unbounded else Window(w_lower, w_upper)
+            parts.append(
+                msgspec.structs.replace(part, window=new_window, forward=max(part.forward, lower))
+            )
+        if parts:
+            out.append(tuple(parts))
+    return tuple(out)
+
+
+def part_times(part: Part) -> tuple[int, int | None]:
+    """``[lowest, beyond)``: the times a part's updates read at, after its window and
+    forward (``beyond`` None: unbounded)."""
+    lower = 0 if part.window is None else part.window.lower
+    upper = None if part.window is None else part.window.upper
+    return max(lower, part.forward), upper
+
+
+class Applied(msgspec.Struct, frozen=True, array_like=True):
+    """An idempotency key's latest applied id (Addendum E): the append of ``(key, id)`` set
+    the upper to ``upper`` at ``applied_ms``; any id up to ``id`` is applied."""
+
+    id: int
+    upper: int | None
+    applied_ms: int
 
 
 class HollowBatch(msgspec.Struct, frozen=True, array_like=True):
@@ -221,6 +266,7 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     critical_readers: dict[str, CriticalReader] = {}
     writers: dict[str, Writer] = {}
     rollups: dict[int, RollupRef] = {}
+    idempotency: dict[str, Applied] = {}
     last_gc_seqno: int = 0
     active_gc: GcClaim | None = None
     finalized: bool = False
@@ -293,6 +339,9 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         for seqno, ref in self.rollups.items():
             if not 1 <= seqno < self.seqno or rollup_seqno(ref.key) != seqno:
                 yield f"rollup {seqno} ({ref.key}) is not a rollup of an earlier seqno"
+        for key, applied in self.idempotency.items():
+            if not key or applied.id < 0 or applied.applied_ms > self.walltime_ms:
+                yield f"idempotency key {key!r} records id {applied.id} at {applied.applied_ms}"
         if self.last_gc_seqno > self.seqno or (
             self.active_gc is not None and self.active_gc.seqno > self.seqno
         ):
@@ -304,6 +353,7 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             or sinces
             or self.writers
             or self.merges
+            or self.idempotency
         ):
             yield "finalized, but frontiers, trace, handles or merges remain"
 
@@ -326,12 +376,17 @@ class State(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
                 window = part.window
                 if part.updates < 1:
                     yield f"batch {batch.id} has a part without updates"
+                lowest = part_times(part)[0]
                 if window is not None and not (
-                    desc.lower <= window.lower
+                    desc.lower <= lowest
                     and frontier.lt(window.lower, window.upper)
                     and frontier.le(window.upper, desc.upper)
                 ):
                     yield f"batch {batch.id} has a part window outside its desc"
+                if part.forward and not (
+                    desc.lower <= part.forward and frontier.lt(part.forward, desc.upper)
+                ):
+                    yield f"batch {batch.id} has a part forwarded outside its desc"
             if any(not run for run in batch.runs):
                 yield f"batch {batch.id} has a run without parts"
         if self.trace and lower != self.upper:

@@ -418,6 +418,7 @@ def finalize(state: State, now_ms: int, settings: PersistSettings, args: Finaliz
         leased_readers={},
         critical_readers={},
         writers={},
+        idempotency={},
         finalized=True,
     )
     return Change(new, None)

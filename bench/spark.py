@@ -1,0 +1,164 @@
+"""The Spark persist sink's throughput and its Python workers' memory (RFC 0016).
+
+    python -m bench.spark [--rows 5000000] [--batch-rows 500000] [--name spark]
+
+A local session (``local[2]``) streams ``--rows`` rows from the ``rate-micro-batch`` source
+(``--batch-rows`` per micro-batch, two partitions; key: the row number as a string, value:
+about 100 bytes) into a persist shard on a ``file://`` directory through the
+``slatepy.persist`` sink. Reported: rows/s over the micro-batches (sum of their trigger
+durations) and, per micro-batch, the largest RSS of any PySpark Python worker sampled every
+50 ms (``/proc``: processes running ``pyspark.daemon`` or ``pyspark.worker``). Target:
+the last micro-batch's worker RSS within 1.5x of the first's (a task's memory is bounded by
+the batch builder's buffer, not by the rows it writes). Writes ``bench/results/<name>.json``
+and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def worker_pids() -> list[int]:
+    """PySpark Python workers (and their daemon) on this machine started by this process
+    tree."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"pyspark.daemon" in cmdline or b"pyspark.worker" in cmdline:
+            pids.append(int(entry))
+    return pids
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class Sampler(threading.Thread):
+    """Largest worker RSS per micro-batch (the index is the number of finished batches)."""
+
+    def __init__(self, query: Any) -> None:
+        super().__init__(daemon=True)
+        self.query = query
+        self.peaks: dict[int, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            done = len(self.query.recentProgress)
+            peak = max((rss_mb(pid) for pid in worker_pids()), default=0.0)
+            self.peaks[done] = max(self.peaks.get(done, 0.0), peak)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--batch-rows", type=int, default=500_000)
+    parser.add_argument("--name", default="spark")
+    args = parser.parse_args()
+    batches = args.rows // args.batch_rows
+
+    from pyspark.sql import SparkSession
+
+    import slatepy.spark
+    from slatepy.persist import PersistClient
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("slatepy-bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    slatepy.spark.register(spark)
+    work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    url = f"file://{work}/persist"
+    rows = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", args.batch_rows)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(
+            "cast(cast(value as string) as binary) as key",
+            "cast(concat('v', cast(value as string), repeat('x', 90)) as binary) as value",
+        )
+    )
+    query = (
+        rows.writeStream.format("slatepy.persist")
+        .option("url", url)
+        .option("shard", "bench")
+        .option("checkpointLocation", str(work / "ckpt"))
+        .start()
+    )
+    sampler = Sampler(query)
+    sampler.start()
+    try:
+        while len([p for p in query.recentProgress if p["numInputRows"]]) < batches:
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            time.sleep(0.2)
+    finally:
+        sampler.stop.set()
+        query.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"]][:batches]
+    seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    sunk = sum(p["numInputRows"] for p in progress)
+    with PersistClient.open(url) as client:
+        upper = client.machine("bench").fetch().upper
+    peaks = [round(sampler.peaks.get(i, 0.0), 1) for i in range(batches)]
+    first, last = peaks[0], peaks[-1]
+    results = {
+        "rows": sunk,
+        "batch_rows": args.batch_rows,
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(sunk / seconds),
+        "per_batch_s": [p["durationMs"]["triggerExecution"] / 1000 for p in progress],
+        "worker_rss_mb_per_batch": peaks,
+        "rss_last_over_first": round(last / first, 2) if first else None,
+        "shard_upper": upper,
+        "target_met": bool(first and last <= 1.5 * first),
+    }
+    spark.stop()
+    print(json.dumps(results, indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    md = [
+        f"# bench.spark: persist sink, {sunk:,} rows in micro-batches of {args.batch_rows:,}",
+        "",
+        f"- rows/s: {results['rows_per_s']:,} ({results['seconds']} s over the micro-batches)",
+        f"- worker RSS per micro-batch (MB): {peaks}",
+        f"- last / first: {results['rss_last_over_first']} (target <= 1.5: "
+        f"{'met' if results['target_met'] else 'NOT met'})",
+        "",
+    ]
+    (RESULTS / f"{args.name}.md").write_text("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The ``slatepy`` data source: a KV database read as a DataFrame (RFC 0016).
+
+Reading::
+
+    slatepy.spark.register(spark)
+    df = (
+        spark.read.format("slatepy")
+        .schema("id long, name string, score double")   # omit for `key binary, value binary`
+        .option("url", "s3://bucket/db")
+        .option("key", "id")                            # the key column(s), comma-separated
+        .option("start", "100").option("end", "200")    # optional key range of the first
+        .load()                                         # key column; or .option("prefix", ..)
+    )
+
+The scan reads one snapshot: planning pins the newest manifest and its WAL prefix with a
+snapshot that expires after ``snapshotTtl`` seconds (``slatepy.engine.pinned``), and splits
+the key range into partitions along the manifest's SST boundaries (at most
+``maxPartitions``). Each task reads its range of that same view and returns Arrow batches.
+
+Options (names are case-insensitive, values strings):
+
+* ``url`` (or the ``load(path)`` argument): the database.
+* ``key``, ``value``: the row codec (``slatepy.spark.codec``). Without a schema the rows are
+  ``key binary, value binary``, the raw bytes.
+* ``start``, ``end``, ``prefix``: a key range, as values of the first key column.
+* ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600).
+
+Filters are not pushed down: PySpark 4.3 keeps the reader that ``pushFilters`` narrowed with
+the DataFrame and reuses it for later plans without filters, so ``df.where(...).count()``
+then ``df.count()`` would return the filtered count (RFC 0016, "Pushdown"). Key ranges come
+from options, which are part of the relation. Spark still applies every ``where`` itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from slatepy.config import Settings
+from slatepy.engine.pinned import PinnedSnapshot, pin_snapshot, scan_pinned, split_points
+from slatepy.errors import InvalidArgument
+from slatepy.spark.codec import Column, RowCodec, prefix_end
+from slatepy.store.stack import open_stack
+
+DEFAULT_SCHEMA = "key binary, value binary"
+BATCH_ROWS = 8192
+
+READ_OPTIONS = frozenset(
+    {"url", "path", "key", "value", "start", "end", "prefix", "maxpartitions", "snapshotttl"}
+)
+"""Every option a read accepts, lowercased (Spark stores them so; ``path`` is ``load``'s)."""
+
+
+def options_of(options: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
+    """The options lowercased, refusing unknown ones (a typo must not be ignored)."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    unknown = sorted(set(lowered) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"unknown option(s) {unknown} for the slatepy source; known: {sorted(allowed)}"
+        )
+    return lowered
+
+
+def url_of(options: Mapping[str, str]) -> str:
+    """The ``url`` option, or the ``load``/``save`` path."""
+    url, path = options.get("url"), options.get("path")
+    if url and path and url != path:
+        raise InvalidArgument(f"option 'url' ({url!r}) and the path ({path!r}) disagree")
+    found = url or path
+    if not found:
+        raise InvalidArgument("option 'url' is required: the database's URL")
+    return found
+
+
+def key_option(options: Mapping[str, str]) -> list[str]:
+    return [name.strip() for name in options.get("key", "").split(",") if name.strip()]
+
+
+def columns_of_schema(schema: StructType) -> list[Column]:
+    return [Column(f.name, f.dataType.typeName(), f.nullable) for f in schema.fields]
+
+
+def _number(options: Mapping[str, str], name: str, default: float, *, least: float) -> float:
+    text = options.get(name.lower())
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidArgument(f"option '{name}': {text!r} is not a number") from None
+    if value < least:
+        raise InvalidArgument(f"option '{name}': must be >= {least}, got {text}")
+    return value
+
+
+class KvDataSource(DataSource):
+    """``spark.read.format("slatepy")`` (and, with the bulk load, ``df.write``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "slatepy"
+
+    def schema(self) -> str:
+        options = options_of(self.options, READ_OPTIONS)
+        if "key" in options or "value" in options:
+            raise InvalidArgument(
+                "option 'key'/'value' needs the row schema: give it with "
+                ".schema('id long, name string, ...'); without a schema and these options the "
+                f"rows are `{DEFAULT_SCHEMA}`"
+            )
+        return DEFAULT_SCHEMA
+
+    def reader(self, schema: StructType) -> KvReader:
+        return KvReader(self.options, schema)
+
+
+@dataclass(frozen=True)
+class KvPartition(InputPartition):
+    """One task's share of a read: a key range of the pinned view."""
+
+    pinned: PinnedSnapshot
+    start: bytes
+    end: bytes | None
+
+
+class KvReader(DataSourceReader):
+    """Plans a scan of one pinned snapshot and reads its partitions as Arrow batches.
+
+    Everything is validated here, on the driver, before any task runs. Holds only options
+    and the codec, so it pickles small.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts = options_of(options, READ_OPTIONS)
+        self.url = url_of(opts)
+        key = key_option(opts) or ["key"]
+        value = opts.get("value")
+        names = [f.name for f in schema.fields]
+        if "key" not in opts and value is None and names == ["key", "value"]:
+            value = "value"  # the raw default schema
+        self.codec = RowCodec.of(columns_of_schema(schema), key, value)
+        self.max_partitions = int(_number(opts, "maxPartitions", 64, least=1))
+        self.ttl = _number(opts, "snapshotTtl", 3600.0, least=1)
+        self.start, self.end = self._range(opts)
+
+    def _range(self, opts: Mapping[str, str]) -> tuple[bytes, bytes | None]:
+        start = b"" if "start" not in opts else self.codec.encode_bound(opts["start"], "start")
+        end = None if "end" not in opts else self.codec.encode_bound(opts["end"], "end")
+        if "prefix" in opts:
+            prefix = self.codec.encode_bound(opts["prefix"], "prefix", prefix=True)
+            start = max(start, prefix)
+            upper = prefix_end(prefix)
+            if upper is not None:
+                end = upper if end is None else min(end, upper)
+        return start, end
+
+    def partitions(self) -> list[KvPartition]:
+        settings = Settings.from_env()
+        store = open_stack(self.url, settings)
+        try:
+            pinned, manifest = pin_snapshot(store, settings, ttl=self.ttl)
+        finally:
+            store.drain()
+        if self.end is not None and self.end <= self.start:
+            return [KvPartition(pinned, self.start, self.start)]  # empty: Spark wants one
+        cuts = split_points(manifest, self.start, self.end, max_parts=self.max_partitions)
+        bounds: list[bytes | None] = [self.start, *cuts, self.end]
+        return [
+            KvPartition(pinned, lo, hi) for lo, hi in itertools.pairwise(bounds) if lo is not None
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, KvPartition):
+            raise TypeError(f"not a slatepy partition: {partition!r}")
+        if partition.end is not None and partition.end <= partition.start:
+            return
+        settings = Settings.from_env()
+        store = open_stack(self.url, settings)
+        schema = self.codec.arrow_schema()
+        try:
+            pairs: list[tuple[bytes, bytes]] = []
+            for pair in scan_pinned(
+                store, settings, partition.pinned, partition.start, partition.end
+            ):
+                pairs.append(pair)
+                if len(pairs) == BATCH_ROWS:
+                    yield self.codec.to_batch(pairs, schema)
+                    pairs = []
+            if pairs:
+                yield self.codec.to_batch(pairs, schema)
+        finally:
+            store.drain()

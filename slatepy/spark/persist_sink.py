@@ -1,0 +1,435 @@
+"""The ``slatepy.persist`` sink: a DataFrame or a stream appended to a persist shard
+(RFC 0016, "Persist sink"; the persist side in RFC 0015 Addendum E).
+
+Streaming::
+
+    slatepy.spark.register(spark)
+    query = (
+        df.writeStream.format("slatepy.persist")        # df: key, value[, diff][, time column]
+        .option("url", "s3://bucket/persist")
+        .option("shard", "orders")
+        .option("checkpointLocation", "s3://bucket/checkpoints/orders")
+        .start()
+    )
+
+One-off (``.mode("append")`` is required: Python sinks know no other save mode)::
+
+    df.write.format("slatepy.persist").mode("append").option("url", URL).option("shard", S).save()
+
+Columns: ``key`` and ``value`` (binary, or string stored as UTF-8), optional ``diff`` (an
+integer column, default 1) and, with the ``timeColumn`` option, the update time (an integer
+column, u64). Without it a micro-batch's updates are at its ``batchId`` (a one-off write's
+at time 0); either way an update below the shard's upper when the append lands is forwarded
+to that upper. No other column is accepted.
+
+The protocol (the seed's ``mint_batch_descriptions`` / ``write_batches`` /
+``append_batches``):
+
+* every task writes its rows into one persist batch with ``WriteHandle.builder`` (bounded
+  memory: full buffers become parts on blob) and ships it to the driver in its commit
+  message (``Batch.to_bytes``, a few hundred bytes: part references, not data);
+* the driver's ``commit(messages, batchId)`` reads the shard's upper ``u`` and applies all
+  the batches with one ``compare_and_append_batch([...], u, max(u, t_max) + 1,
+  idempotency=(query id, batchId), forward=True)``; on ``UpperMismatch`` (another writer
+  appended) it re-mints from the new upper and tries again;
+* a replayed micro-batch (after a driver crash, Spark re-runs it and commits the same
+  ``batchId`` again) finds its key recorded, appends nothing and deletes its batches;
+  ``abort`` deletes the batches named in its messages. Orphans of failed task attempts are
+  deleted by persist's GC after ``batch_lease``.
+
+Options (case-insensitive): ``url`` and ``shard`` (required), ``timeColumn``, ``consensus``
+(a ``postgresql://`` URL; default: the log on the blob store), ``writerId`` (the idempotency
+key's name instead of the streaming query id), and for one-off writes ``idempotencyKey`` +
+``idempotencyId`` (both or neither: a retried job with the same pair appends once).
+
+Test hook (documented in RFC 0016): with ``SLATEPY_PERSIST_SINK_TEST_KILL=<marker path>`` in
+the environment, the first streaming commit that appends creates the marker file and
+SIGKILLs the process group of its session's leader (the test's driver process, started with
+``start_new_session``, and its JVM) and its own, right after the append and before Spark
+records the commit: the crash-inside-commit test. The hook does nothing once the marker
+exists, and nothing without the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructType,
+)
+
+from slatepy.errors import InvalidArgument
+from slatepy.persist import Batch, PersistClient, UpperMismatch, WriteHandle
+
+SINK_NAME = "slatepy.persist"
+
+COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "writerid"})
+STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path"}
+BATCH_OPTIONS = COMMON_OPTIONS | {"idempotencykey", "idempotencyid", "path"}
+
+MINT_ATTEMPTS = 1000
+"""Re-mints a commit tries before giving up (each one another writer's append landing)."""
+
+MAINTENANCE_WAIT = 30.0
+"""Seconds a commit waits for the merges its append claimed before its process ends."""
+
+KILL_HOOK = "SLATEPY_PERSIST_SINK_TEST_KILL"
+
+_INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
+_BYTES_TYPES = (BinaryType, StringType)
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """The sink's validated options and column layout (picklable)."""
+
+    url: str
+    shard: str
+    consensus: str | None
+    time_column: str | None
+    has_diff: bool
+    writer_id: str | None
+    idempotency: tuple[str, int] | None
+
+
+def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkConfig:
+    """Check the options and the DataFrame's columns before any task runs (so nothing is
+    written for a bad query).
+
+    Raises:
+        InvalidArgument: naming the unknown or missing option, or the bad column.
+    """
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    allowed = STREAM_OPTIONS if stream else BATCH_OPTIONS
+    unknown = sorted(set(opts) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"slatepy.persist: unknown option(s) {unknown}; known: {sorted(allowed - {'path'})}"
+        )
+    url = opts.get("url") or opts.get("path")
+    if not url:
+        raise InvalidArgument('slatepy.persist: option "url" is required (the persist location)')
+    shard = opts.get("shard")
+    if not shard:
+        raise InvalidArgument('slatepy.persist: option "shard" is required (the shard id)')
+    from slatepy.persist.ids import validate_shard_id
+
+    try:
+        validate_shard_id(shard)
+    except Exception as exc:
+        raise InvalidArgument(f'slatepy.persist: option "shard": {exc}') from exc
+    fields = {field.name: field for field in schema.fields}
+    for name in ("key", "value"):
+        field = fields.get(name)
+        if field is None:
+            raise InvalidArgument(f'slatepy.persist: the DataFrame has no "{name}" column')
+        if not isinstance(field.dataType, _BYTES_TYPES):
+            raise InvalidArgument(
+                f'slatepy.persist: column "{name}" must be binary or string, not '
+                f"{field.dataType.simpleString()}"
+            )
+    time_column = opts.get("timecolumn")
+    if time_column is not None:
+        field = fields.get(time_column)
+        if field is None or time_column in ("key", "value", "diff"):
+            raise InvalidArgument(
+                f'slatepy.persist: option "timeColumn": no integer column {time_column!r}'
+            )
+        if not isinstance(field.dataType, _INTEGER_TYPES):
+            raise InvalidArgument(
+                f'slatepy.persist: option "timeColumn": column {time_column!r} must be an '
+                f"integer type, not {field.dataType.simpleString()}"
+            )
+    has_diff = "diff" in fields
+    if has_diff and not isinstance(fields["diff"].dataType, _INTEGER_TYPES):
+        raise InvalidArgument('slatepy.persist: column "diff" must be an integer type')
+    extra = sorted(set(fields) - {"key", "value", "diff", *([time_column] if time_column else [])})
+    if extra:
+        raise InvalidArgument(
+            f"slatepy.persist: unexpected column(s) {extra}: the sink takes key, value, "
+            'diff and the "timeColumn" option\'s column'
+        )
+    idempotency = None
+    key, ident = opts.get("idempotencykey"), opts.get("idempotencyid")
+    if (key is None) != (ident is None):
+        missing = "idempotencyId" if ident is None else "idempotencyKey"
+        raise InvalidArgument(
+            f'slatepy.persist: option "{missing}" is required with the other of '
+            "idempotencyKey/idempotencyId"
+        )
+    if key is not None and ident is not None:
+        try:
+            number = int(ident)
+        except ValueError:
+            number = -1
+        if not key or not 0 <= number < 1 << 63:
+            raise InvalidArgument(
+                'slatepy.persist: option "idempotencyId" must be an integer >= 0 and '
+                'option "idempotencyKey" non-empty'
+            )
+        idempotency = ("user:" + key, number)
+    return SinkConfig(
+        url=url,
+        shard=shard,
+        consensus=opts.get("consensus"),
+        time_column=time_column,
+        has_diff=has_diff,
+        writer_id=opts.get("writerid"),
+        idempotency=idempotency,
+    )
+
+
+@dataclass(frozen=True)
+class PersistCommitMessage(WriterCommitMessage):
+    """What a task sends the driver: its batch (``Batch.to_bytes``; None: no rows), the
+    largest update time, its row count, and the streaming query id (None: a one-off)."""
+
+    batch: bytes | None
+    max_time: int | None
+    rows: int
+    query_id: str | None
+
+
+class PersistDataSource(DataSource):
+    """``format("slatepy.persist")``: the sink (this module's docstring) and the snapshot and
+    listen sources (``slatepy.spark.persist_source``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SINK_NAME
+
+    def schema(self) -> str:
+        from slatepy.spark.persist_source import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from slatepy.spark.persist_source import PersistSnapshotReader, source_config
+
+        return PersistSnapshotReader(source_config(self.options, stream=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from slatepy.spark.persist_source import PersistStreamReader, source_config
+
+        return PersistStreamReader(source_config(self.options, stream=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> PersistBatchWriter:
+        if overwrite:
+            raise InvalidArgument('slatepy.persist: only .mode("append") is supported')
+        return PersistBatchWriter(sink_config(self.options, schema, stream=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PersistStreamWriter:
+        if overwrite:
+            raise InvalidArgument('slatepy.persist: only outputMode("append") is supported')
+        return PersistStreamWriter(sink_config(self.options, schema, stream=True))
+
+
+def _open(config: SinkConfig) -> PersistClient:
+    return PersistClient.open(config.url, consensus=config.consensus)
+
+
+def _bytes_column(batch: pa.RecordBatch, name: str) -> list[bytes]:
+    column = batch.column(name)
+    if column.null_count:
+        raise InvalidArgument(f'slatepy.persist: column "{name}" has a null')
+    if not pa.types.is_binary(column.type):
+        column = pc.cast(column, pa.binary())
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+def _int_column(batch: pa.RecordBatch, name: str, what: str) -> list[int]:
+    column = batch.column(name)
+    if column.null_count:
+        raise InvalidArgument(f"slatepy.persist: {what} {name!r} has a null")
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+def write_task(
+    config: SinkConfig, batches: Iterator[pa.RecordBatch], default_time: int, query_id: str | None
+) -> PersistCommitMessage:
+    """One task: its rows into one persist batch (written, not applied)."""
+    rows = 0
+    with _open(config) as client:
+        write = client.open_writer(config.shard, purpose="spark sink task")
+        builder = write.builder(0)
+        for record_batch in batches:
+            n = record_batch.num_rows
+            if not n:
+                continue
+            keys = _bytes_column(record_batch, "key")
+            values = _bytes_column(record_batch, "value")
+            if config.time_column is not None:
+                times = _int_column(record_batch, config.time_column, "time column")
+            else:
+                times = [default_time] * n
+            diffs = _int_column(record_batch, "diff", "column") if config.has_diff else [1] * n
+            builder.extend(zip(zip(keys, values, strict=True), times, diffs, strict=True))
+            rows += n
+        max_time = builder.max_time
+        batch = builder.finish(None)
+        shipped = batch.to_bytes() if batch.record.runs else None
+    return PersistCommitMessage(shipped, max_time, rows, query_id)
+
+
+def _batches(write: WriteHandle, messages: Sequence[Any]) -> list[Batch]:
+    return [
+        write.batch_from_bytes(m.batch)
+        for m in messages
+        if isinstance(m, PersistCommitMessage) and m.batch is not None
+    ]
+
+
+def commit_batches(
+    config: SinkConfig,
+    messages: Sequence[Any],
+    *,
+    idempotency: tuple[str, int] | None,
+    min_time: int,
+    kill_hook: bool = False,
+) -> bool:
+    """The driver's ``append_batches``: mint ``[u, max(u, t_max) + 1)`` from the shard's
+    upper ``u``, apply every task's batch with one ``compare_and_append_batch`` (recording
+    ``idempotency``), re-mint on ``UpperMismatch``. Answers False when the key said the
+    append was applied already (the batches are then deleted)."""
+    times = [m.max_time for m in messages if isinstance(m, PersistCommitMessage)]
+    t_max = max([min_time, *(t for t in times if t is not None)])
+    with _open(config) as client:
+        write = client.open_writer(config.shard, purpose="spark sink commit")
+        batches = _batches(write, messages)
+        try:
+            upper = write.fetch_recent_upper()
+            for _ in range(MINT_ATTEMPTS):
+                if upper is None:
+                    raise InvalidArgument(
+                        f"slatepy.persist: shard {config.shard!r} is closed (its upper is None)"
+                    )
+                try:
+                    applied = write.compare_and_append_batch(
+                        batches,
+                        upper,
+                        max(upper, t_max) + 1,
+                        idempotency=idempotency,
+                        forward=True,
+                    )
+                except UpperMismatch as exc:
+                    upper = exc.current
+                    continue
+                if not applied:
+                    for batch in batches:
+                        batch.delete()
+                elif kill_hook:
+                    _test_kill_hook()
+                client.wait_maintenance(MAINTENANCE_WAIT)
+                return applied
+            raise InvalidArgument(
+                f"slatepy.persist: no append to {config.shard!r} after {MINT_ATTEMPTS} attempts "
+                "(other writers kept moving the upper)"
+            )
+        finally:
+            write.expire()
+
+
+def abort_batches(config: SinkConfig, messages: Sequence[Any]) -> None:
+    """Delete the batches named in ``messages`` (never applied: commit did not run or
+    failed definitely). Best effort: GC deletes what is left after ``batch_lease``."""
+    if not any(isinstance(m, PersistCommitMessage) and m.batch for m in messages):
+        return
+    with _open(config) as client:
+        write = client.open_writer(config.shard, purpose="spark sink abort")
+        for batch in _batches(write, messages):
+            batch.delete()
+        write.expire()
+
+
+def _test_kill_hook() -> None:
+    """The documented test hook: see the module docstring."""
+    marker = os.environ.get(KILL_HOOK)
+    if not marker or os.path.exists(marker):
+        return
+    with open(marker, "w") as out:
+        out.write(str(os.getpid()))
+    # PySpark's worker daemon runs in a process group of its own; the driver (started as a
+    # session leader by the test) and its JVM are in the session's group: kill that first.
+    os.killpg(os.getsid(0), signal.SIGKILL)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class PersistBatchWriter(DataSourceArrowWriter):
+    """``df.write``: each task writes a batch; ``commit`` appends them all at once."""
+
+    def __init__(self, config: SinkConfig) -> None:
+        self.config = config
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PersistCommitMessage:
+        return write_task(self.config, iterator, 0, None)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_batches(self.config, messages, idempotency=self.config.idempotency, min_time=0)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_batches(self.config, messages)
+
+
+class PersistStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream``: one append per micro-batch, exactly once per ``batchId``."""
+
+    def __init__(self, config: SinkConfig) -> None:
+        self.config = config
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PersistCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        query_id = batch_id = None
+        if context is not None:
+            query_id = context.getLocalProperty("sql.streaming.queryId")
+            batch_id = context.getLocalProperty("streaming.sql.batchId")
+        if query_id is None or batch_id is None:
+            raise InvalidArgument("slatepy.persist: a stream task without a query or batch id")
+        return write_task(self.config, iterator, int(batch_id), query_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if not any(isinstance(m, PersistCommitMessage) for m in messages):
+            return  # no task ran: nothing to append, no query id to record
+        commit_batches(
+            self.config,
+            messages,
+            idempotency=(self._key(messages), batchId),
+            min_time=batchId if self.config.time_column is None else 0,
+            kill_hook=True,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        abort_batches(self.config, messages)
+
+    def _key(self, messages: Sequence[Any]) -> str:
+        if self.config.writer_id:
+            return "writer:" + self.config.writer_id
+        ids = {m.query_id for m in messages if isinstance(m, PersistCommitMessage)}
+        ids.discard(None)
+        if len(ids) != 1:
+            raise InvalidArgument(
+                f"slatepy.persist: cannot tell the streaming query id from the tasks ({ids}); "
+                'set option "writerId"'
+            )
+        return "spark:" + str(ids.pop())

@@ -1,0 +1,298 @@
+"""Reading a persist shard from Spark (RFC 0016, "Persist source"): a consolidated
+snapshot, and a stream of its updates with the shard's uppers as offsets.
+
+Snapshot (one consistent view; ``as_of`` defaults to the upper minus one)::
+
+    spark.read.format("slatepy.persist").option("url", URL).option("shard", S)
+        .option("as_of", 41).load()          # key binary, value binary, time long, diff long
+
+Every update at a time ``<= as_of``, its time advanced to ``as_of``, summed per ``(key,
+value)``, zero diffs dropped (``ReadHandle.snapshot``). ``as_of`` must lie in ``[since,
+upper)``; anything else is an error naming ``as_of``.
+
+Stream::
+
+    spark.readStream.format("slatepy.persist").option("url", URL).option("shard", S).load()
+
+Offsets are ``{"shard": S, "upper": u}``. The first micro-batch is the snapshot as of its end
+upper minus one (so it starts from whatever the shard accumulated), every later one the
+updates at times in ``[start, end)`` with their own times (a listen). The long-lived driver
+reader holds a leased reader whose since ``commit(end)`` downgrades to ``end - 1``: a replay
+never starts below a committed end, so nothing it needs is compacted away. ``latestOffset``
+polls the upper at most every ``pollInterval`` seconds (default 0.5; Spark calls it ~90
+times a second when idle). ``Trigger.AvailableNow`` reads up to the upper at its start.
+Options: ``url``, ``shard`` (required), ``consensus``, ``pollInterval``; for ``read``:
+``as_of``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from slatepy.errors import InvalidArgument
+from slatepy.persist import PersistClient, ReadHandle, Updates
+from slatepy.persist.errors import SinceError
+
+SCHEMA = "key binary, value binary, time long, diff long"
+ARROW_SCHEMA = pa.schema(
+    [("key", pa.binary()), ("value", pa.binary()), ("time", pa.int64()), ("diff", pa.int64())]
+)
+BATCH_ROWS = 8192
+READ_OPTIONS = frozenset({"url", "path", "shard", "consensus", "as_of"})
+STREAM_OPTIONS = frozenset({"url", "path", "shard", "consensus", "pollinterval"})
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    url: str
+    shard: str
+    consensus: str | None
+    as_of: int | None = None
+    poll_interval: float = 0.5
+
+
+def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
+    """Check a read's options.
+
+    Raises:
+        InvalidArgument: naming the unknown, missing or malformed option.
+    """
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    allowed = STREAM_OPTIONS if stream else READ_OPTIONS
+    unknown = sorted(set(opts) - allowed)
+    if unknown:
+        raise InvalidArgument(
+            f"slatepy.persist: unknown option(s) {unknown}; known: {sorted(allowed - {'path'})}"
+        )
+    url = opts.get("url") or opts.get("path")
+    if not url:
+        raise InvalidArgument('slatepy.persist: option "url" is required (the persist location)')
+    shard = opts.get("shard")
+    if not shard:
+        raise InvalidArgument('slatepy.persist: option "shard" is required (the shard id)')
+    from slatepy.persist.ids import validate_shard_id
+
+    try:
+        validate_shard_id(shard)
+    except Exception as exc:
+        raise InvalidArgument(f'slatepy.persist: option "shard": {exc}') from exc
+    as_of = None
+    if "as_of" in opts:
+        try:
+            as_of = int(opts["as_of"])
+        except ValueError:
+            as_of = -1
+        if as_of < 0:
+            raise InvalidArgument('slatepy.persist: option "as_of" must be an integer >= 0')
+    poll = 0.5
+    if "pollinterval" in opts:
+        try:
+            poll = float(opts["pollinterval"])
+        except ValueError:
+            poll = -1.0
+        if not 0 <= poll <= 3600:
+            raise InvalidArgument('slatepy.persist: option "pollInterval" must be seconds >= 0')
+    return SourceConfig(url, shard, opts.get("consensus"), as_of, poll)
+
+
+def _open(config: SourceConfig) -> PersistClient:
+    return PersistClient.open(config.url, consensus=config.consensus)
+
+
+def _to_batches(
+    updates: Iterator[tuple[tuple[bytes, bytes], int, int]],
+) -> Iterator[pa.RecordBatch]:
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    times: list[int] = []
+    diffs: list[int] = []
+    for (key, value), t, diff in updates:
+        keys.append(key)
+        values.append(value)
+        times.append(t)
+        diffs.append(diff)
+        if len(keys) >= BATCH_ROWS:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), times, diffs],
+                schema=ARROW_SCHEMA,
+            )
+            keys, values, times, diffs = [], [], [], []
+    if keys:
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(keys, pa.binary()), pa.array(values, pa.binary()), times, diffs],
+            schema=ARROW_SCHEMA,
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotPartition(InputPartition):
+    """Read the snapshot as of ``as_of`` (None: the shard is empty)."""
+
+    as_of: int | None
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """Read the updates at times in ``[start, end)``; ``start == 0``: the snapshot as of
+    ``end - 1`` instead (the stream's first micro-batch)."""
+
+    start: int
+    end: int
+
+
+def read_snapshot(config: SourceConfig, as_of: int) -> Iterator[pa.RecordBatch]:
+    with _open(config) as client:
+        reader = client.open_leased_reader(config.shard, purpose="spark snapshot")
+        try:
+            yield from _to_batches(reader.snapshot_iter(as_of))
+        finally:
+            reader.expire()
+
+
+def read_range(config: SourceConfig, start: int, end: int) -> Iterator[pa.RecordBatch]:
+    """The updates at times in ``[start, end)`` with their times (a listen from ``start -
+    1`` until its frontier reaches ``end``)."""
+    if start == 0:
+        yield from read_snapshot(config, end - 1)
+        return
+    with _open(config) as client:
+        reader = client.open_leased_reader(config.shard, purpose="spark listen")
+        try:
+            listen = reader.listen(start - 1)
+            try:
+                while listen.frontier is not None and listen.frontier < end:
+                    for event in listen.fetch_next(timeout=60):
+                        if isinstance(event, Updates):
+                            yield from _to_batches(u for u in event.updates if u[1] < end)
+            finally:
+                listen.close()
+        finally:
+            reader.expire()
+
+
+class PersistSnapshotReader(DataSourceReader):
+    """``spark.read.format("slatepy.persist")``: one partition, one snapshot."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+
+    def partitions(self) -> Sequence[InputPartition]:
+        config = self.config
+        with _open(config) as client:
+            state = client.machine(config.shard).fetch()
+        upper, since = state.upper, state.since
+        as_of = config.as_of
+        if as_of is None:
+            if upper == 0:
+                return [SnapshotPartition(None)]
+            as_of = (upper - 1) if upper is not None else None
+            if as_of is None:
+                raise InvalidArgument(
+                    f'slatepy.persist: shard {config.shard!r} is closed; give option "as_of"'
+                )
+        if upper is not None and as_of >= upper:
+            raise InvalidArgument(
+                f'slatepy.persist: option "as_of" {as_of} is not below the shard\'s upper '
+                f"{upper} (not complete yet)"
+            )
+        if since is None or as_of < since:
+            raise InvalidArgument(
+                f'slatepy.persist: option "as_of" {as_of} is before the shard\'s since {since} '
+                "(compacted away)"
+            )
+        return [SnapshotPartition(as_of)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SnapshotPartition)
+        if partition.as_of is None:
+            return
+        try:
+            yield from read_snapshot(self.config, partition.as_of)
+        except SinceError as exc:
+            raise InvalidArgument(
+                f'slatepy.persist: option "as_of" {partition.as_of}: {exc}'
+            ) from exc
+
+
+class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("slatepy.persist")``: offsets are uppers."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        self._client: PersistClient | None = None
+        self._reader: ReadHandle | None = None
+        self._upper: int = 0
+        self._polled = float("-inf")
+        self._until: int | None = None
+
+    def _handle(self) -> tuple[PersistClient, ReadHandle]:
+        if self._client is None or self._reader is None:
+            self._client = _open(self.config)
+            self._reader = self._client.open_leased_reader(self.config.shard, purpose="spark")
+        return self._client, self._reader
+
+    def _offset(self, upper: int) -> dict[str, Any]:
+        return {"shard": self.config.shard, "upper": upper}
+
+    def _check(self, offset: Mapping[str, Any]) -> int:
+        if offset.get("shard") != self.config.shard:
+            raise InvalidArgument(
+                f"slatepy.persist: the checkpoint's offsets are of shard {offset.get('shard')!r}, "
+                f'not of option "shard" {self.config.shard!r}'
+            )
+        return int(offset["upper"])
+
+    def _poll(self) -> int:
+        now = time.monotonic()
+        if now - self._polled >= self.config.poll_interval:
+            client, _ = self._handle()
+            upper = client.machine(self.config.shard).fetch().upper
+            if upper is None:  # closed: nothing more arrives; the last complete time
+                upper = self._upper
+            self._upper, self._polled = max(self._upper, upper), now
+        return self._upper
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(0)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._polled = float("-inf")
+        self._until = self._poll()
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
+        lower = 0 if start is None else self._check(start)
+        if self._until is not None:
+            return self._offset(max(lower, self._until))
+        return self._offset(max(lower, self._poll()))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        lo, hi = self._check(start), self._check(end)
+        if hi <= lo:
+            return []
+        return [RangePartition(lo, hi)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.config, partition.start, partition.end)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        upper = self._check(end)
+        if upper > 0:
+            _, reader = self._handle()
+            reader.downgrade_since(upper - 1)
+
+    def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.expire()
+        if self._client is not None:
+            self._client.close()
+        self._reader = self._client = None
