@@ -2,12 +2,15 @@
 
 ``register(spark)`` makes the sources known to a session (registration is per session):
 
-* ``slatepy``: a KV database read as a DataFrame (``slatepy.spark.kv``)::
+* ``slatepy``: a KV database read as a DataFrame, and bulk-loaded from one
+  (``slatepy.spark.kv``)::
 
       df = spark.read.format("slatepy").option("url", URL).load()
+      df.write.format("slatepy").option("url", URL).option("key", "id").mode("append").save()
 
 Nothing below this package knows Spark; it uses the engine's pinned snapshots
-(``slatepy.engine.pinned``) and the row codec (``slatepy.spark.codec``).
+(``slatepy.engine.pinned``), its ingestion of externally built SSTs
+(``slatepy.engine.ingest``) and the row codec (``slatepy.spark.codec``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,16 @@
-"""The ``slatepy`` data source: a KV database read as a DataFrame (RFC 0016).
+"""The ``slatepy`` data source: a KV database read as, and bulk-loaded from, a DataFrame
+(RFC 0016).
+
+Bulk load (the database must exist; ``.mode("append")`` is required: Spark's Python sinks
+refuse the default mode, and this one refuses ``overwrite``)::
+
+    (
+        df.write.format("slatepy")
+        .option("url", "s3://bucket/db")
+        .option("key", "id")        # the key column(s); .option("value", col) for raw bytes
+        .mode("append")
+        .save()
+    )
 
 Reading::
 
@@ -23,7 +35,8 @@ Options (names are case-insensitive, values strings):
 * ``key``, ``value``: the row codec (``slatepy.spark.codec``). Without a schema the rows are
   ``key binary, value binary``, the raw bytes.
 * ``start``, ``end``, ``prefix``: a key range, as values of the first key column.
-* ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600).
+* ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600): reads only.
+* ``targetSstBytes`` (default 64 MiB): writes only, the size the tasks cut SSTs at.
 
 Filters are not pushed down: PySpark 4.3 keeps the reader that ``pushFilters`` narrowed with
 the DataFrame and reuses it for later plans without filters, so ``df.where(...).count()``

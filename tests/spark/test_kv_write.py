@@ -84,11 +84,12 @@ def test_a_load_racing_a_live_writer_keeps_newest_wins(spark: Any, tmp_path: Pat
             db.put(key(i), CODEC.encode_values({1: ["before"], 2: [1.0]}, 1)[0])
         stop = threading.Event()
 
+        live = [10_000]
+
         def keep_writing() -> None:  # keys the load does not touch, all through the load
-            i = 10_000
             while not stop.is_set():
-                db.put(key(i), CODEC.encode_values({1: ["live"], 2: [2.0]}, 1)[0])
-                i += 1
+                db.put(key(live[0]), CODEC.encode_values({1: ["live"], 2: [2.0]}, 1)[0])
+                live[0] += 1
 
         writer = threading.Thread(target=keep_writing)
         writer.start()
@@ -97,6 +98,7 @@ def test_a_load_racing_a_live_writer_keeps_newest_wins(spark: Any, tmp_path: Pat
         finally:
             stop.set()
             writer.join()
+        assert live[0] > 10_010  # the writer kept writing while the load ran
         for i in range(25, 75):  # after the load: these win
             db.put(key(i), CODEC.encode_values({1: ["after"], 2: [3.0]}, 1)[0])
         db.refresh()
