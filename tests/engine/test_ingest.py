@@ -11,6 +11,7 @@ import pytest
 
 from slatepy import Db, DbReader, Settings
 from slatepy.compactor import Compactor
+from slatepy.compactor.planner import CompactionPolicy
 from slatepy.engine.ingest import (
     IngestAbandoned,
     global_seq_for,
@@ -67,6 +68,15 @@ def test_ingested_keys_are_newer_than_earlier_writes_and_older_than_later_ones(
             assert reader.get_many(keys) == [expected[k] for k in keys]
             assert dict(reader.scan()) == expected
 
+        check(db)
+        with DbReader.open(url, settings=OFF) as reader:
+            check(reader)
+        # The WAL (older writes, "before") compacted into L0 *in front of* the ingested SSTs:
+        # L0's order no longer follows seqs, the highest seq must still win.
+        Compactor(store, settings=OFF, policy=CompactionPolicy(l0_trigger=100)).run_until_idle()
+        db.refresh()
+        stored = ManifestStore(store).load()
+        assert stored is not None and not stored.manifest.l0[0].global_seq
         check(db)
         with DbReader.open(url, settings=OFF) as reader:
             check(reader)
