@@ -67,7 +67,10 @@ def test_a_bulk_load_of_200k_rows_reads_back_the_same(spark: Any, tmp_path: Path
         pairs = list(db.scan())
         assert len(pairs) == n
         ids = CODEC.decode_keys([k for k, _ in pairs])[0]
-        assert ids == sorted(ids)
+        expected = {i * 7919 % 1000003 - 500000: (f"name{i}", i / 2) for i in range(n)}
+        assert ids == sorted(expected)
+        values = CODEC.decode_values([v for _, v in pairs])
+        assert list(zip(values[1], values[2], strict=True)) == [expected[i] for i in ids]
         assert name_of(db.get(key(-500000))) == "name0"
         assert name_of(db.get(key(7919 - 500000))) == "name1"
     read = spark.read.format("slatepy").schema(SCHEMA).option("url", url).option("key", "id")
