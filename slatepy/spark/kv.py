@@ -244,7 +244,8 @@ class KvWriter(DataSourceArrowWriter):
     straight to the store (no WAL, no memtable; ``engine.ingest``). ``commit`` publishes
     every task's SSTs in one manifest update: the loaded keys are newer than every write
     acknowledged before it and older than every write after it. ``abort`` deletes what the
-    successful tasks wrote; what failed attempts wrote is unreferenced and GC deletes it.
+    successful tasks reported; what failed attempts, or tasks still running when the job
+    failed, wrote is unreferenced and GC deletes it.
     A task holds its partition in memory: give a large DataFrame enough partitions
     (``repartitionByRange(n, key)`` also makes the SSTs of different tasks disjoint).
     """
