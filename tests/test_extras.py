@@ -48,3 +48,24 @@ def test_the_core_imports_without_boto3_or_minio() -> None:
         check=False,
     )
     assert child.stdout.strip() == "ok", child.stderr
+
+
+def test_spark_sources_without_pyspark_name_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['pyspark'] = None\n"
+        "import slatepy.spark\n"
+        "from slatepy import InvalidArgument\n"
+        "try:\n"
+        "    slatepy.spark.register(object())\n"
+        "except InvalidArgument as exc:\n"
+        "    print(exc)\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert 'pip install "slatepy[spark]"' in child.stdout, child.stderr

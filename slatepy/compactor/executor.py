@@ -25,6 +25,7 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
+from slatepy.table.merge import stamped
 from slatepy.table.reader import TableReader
 
 READ_AHEAD_BYTES = 16 * 1024 * 1024
@@ -53,6 +54,15 @@ def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Ite
             [(compacted_path(h.id), h.object_size) for h in run.ssts]
             for run in manifest.sorted_runs
             if run.id in plan.run_ids
+        ]
+        # Ingested L0 SSTs store seq 0: their entries take the handle's global seq, which
+        # the outputs then store (RFC 0016).
+        stamps = [h.global_seq for h in manifest.l0 if h.id in plan.l0_ids]
+        stamps += [0] * (len(sources) - len(stamps))
+        chunk = max(MIN_CHUNK_BYTES, READ_AHEAD_BYTES // max(len(sources), 1))
+        return [
+            stamped(_chain(tables, paths, chunk), stamp)
+            for paths, stamp in zip(sources, stamps, strict=True)
         ]
     # All inputs are open at once, so they share one read-ahead budget.
     chunk = max(MIN_CHUNK_BYTES, READ_AHEAD_BYTES // max(len(sources), 1))

@@ -21,6 +21,7 @@ from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
+    newer_value,
     scan_merged,
     values_of,
 )
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 STALL_POLL_SECONDS = 0.05
+SEQ_STEP = 2
+"""Writers assign even seqs only; ingestions take the odd ones between (RFC 0016)."""
 
 log = logging.getLogger(__name__)
 _OPEN: weakref.WeakSet[Db] = weakref.WeakSet()
@@ -89,7 +92,9 @@ class Db(Closing):
         self._view_time = time.monotonic()
         self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
-        self._seq = start.last_seq
+        # Writers assign even seqs only, so an ingestion's (odd) global seq fits strictly
+        # between the writes before it and after it (RFC 0016): start at an even number.
+        self._seq = start.last_seq + start.last_seq % 2
         self.replayed_ssts = start.replayed_ssts
         self._wal = WalWriter(
             NumberedObjects(store, WAL_DIR, WAL_SUFFIX),
@@ -230,7 +235,7 @@ class Db(Closing):
         with self._lock:
             self._check_open()
             self._wal.check()
-            self._seq += 1
+            self._seq += SEQ_STEP
             seq = self._seq
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             # One WAL generation holds the whole batch, so it lands in one SST (atomic).
@@ -245,14 +250,16 @@ class Db(Closing):
         self._check_open()
         self._refresh_stale_view()
         version = self._memtable.get(key)  # a batch is seen whole (Memtable.apply)
-        if version is not None:
-            return version[1]
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
-        found = self._read(lambda view: get_compacted(self._tables, view, key), self._view)
+        view = self._view
+        if version is not None and version[0] > view.last_ingest_seq:
+            return version[1]
+        # No version, or one older than an ingestion, which may hold a newer one.
+        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
         self._check_open()
-        return None if found is None else found[1]
+        return newer_value(version, found)
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent or deleted), all from
@@ -268,7 +275,13 @@ class Db(Closing):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
-        rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None})
+        rest = sorted(
+            {
+                k
+                for k, v in zip(keys, newer, strict=True)
+                if v is None or v[0] < view.last_ingest_seq
+            }
+        )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
         return values_of(keys, newer, found)
 

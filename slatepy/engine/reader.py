@@ -49,6 +49,7 @@ from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
+    newer_value,
     scan_merged,
     values_of,
 )
@@ -165,10 +166,11 @@ class DbReader(Closing):
         key = check_key(key)
         self._check_open()
         version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
-        if version is not None:
+        if version is not None and version[0] > self._view.last_ingest_seq:
             return version[1]
+        # No version, or one older than an ingestion, which may hold a newer one.
         found = self._read(lambda view: get_compacted(self._tables, view, key))
-        return None if found is None else found[1]
+        return newer_value(version, found)
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent), from one consistent
@@ -178,7 +180,13 @@ class DbReader(Closing):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
-        rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None})
+        rest = sorted(
+            {
+                k
+                for k, v in zip(keys, newer, strict=True)
+                if v is None or v[0] < view.last_ingest_seq
+            }
+        )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
         return values_of(keys, newer, found)
 

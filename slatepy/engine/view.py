@@ -17,7 +17,7 @@ from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.layout import compacted_path
-from slatepy.table.merge import merge_newest
+from slatepy.table.merge import merge_newest, stamped
 from slatepy.table.reader import TableReader
 
 
@@ -34,11 +34,24 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
     """The newest ``(seq, value)`` of ``key`` in the compacted SSTs of ``view``."""
     if tables.followed is not view:
         _follow(tables, view)
+    # L0 is newest first, so the first hit is the newest version, unless an ingested SST
+    # is there: its global seq need not follow L0's order (a WAL compaction published after
+    # an ingestion holds older writes), so then every L0 SST is asked and the highest seq
+    # wins (the first on a tie: two ingestions of one global seq, the later one in front).
+    ingested = view.l0_has_ingested()
+    best: Version | None = None
     for handle in view.l0:
         if handle.first_key <= key <= handle.last_key:
             found = tables.get(compacted_path(handle.id), key, size=handle.object_size)
             if found is not None:
-                return found
+                if handle.global_seq:
+                    found = (handle.global_seq, found[1])
+                if not ingested:
+                    return found
+                if best is None or found[0] > best[0]:
+                    best = found
+    if best is not None:
+        return best
     for run in view.sorted_runs:
         in_run = _run_sst_for(run, key)
         if in_run is not None:
@@ -67,11 +80,21 @@ def get_many_compacted(
         ]
         if inside:
             results = tables.get_many(compacted_path(handle.id), inside, size=handle.object_size)
-            found.update((k, r) for k, r in zip(inside, results, strict=True) if r is not None)
+            for k, r in zip(inside, results, strict=True):
+                if r is None:
+                    continue
+                version = (handle.global_seq, r[1]) if handle.global_seq else r
+                if k not in found or version[0] > found[k][0]:
+                    found[k] = version
 
-    for handle in view.l0:  # newest first: what one finds, older ones are not asked
+    # L0 newest first: what one finds, older ones are not asked; with an ingested SST in L0
+    # every L0 SST is asked and the highest seq wins (see get_compacted).
+    ingested = view.l0_has_ingested()
+    for handle in view.l0:
         ask(handle)
-        pending = [k for k in pending if k not in found]
+        if not ingested:
+            pending = [k for k in pending if k not in found]
+    pending = [k for k in pending if k not in found]
     for run in view.sorted_runs:
         for handle in run.ssts:  # disjoint key ranges: one pass over the run
             ask(handle)
@@ -82,13 +105,17 @@ def get_many_compacted(
 def values_of(
     keys: Sequence[bytes], newer: Sequence[Version | None], found: dict[bytes, Version]
 ) -> list[bytes | None]:
-    """The value of each key: its memtable version (``newer``) if it has one, else what
+    """The value of each key: the newer of its memtable version (``newer``) and what
     :func:`get_many_compacted` found; None for absent or deleted keys."""
-    values: list[bytes | None] = []
-    for key, version in zip(keys, newer, strict=True):
-        latest = found.get(key) if version is None else version
-        values.append(None if latest is None else latest[1])
-    return values
+    return [newer_value(version, found.get(key)) for key, version in zip(keys, newer, strict=True)]
+
+
+def newer_value(memtable: Version | None, compacted: Version | None) -> bytes | None:
+    """The value of the newer of a key's memtable and compacted versions (None: absent or
+    deleted). The memtable's is newer unless an ingestion published after it (RFC 0016)."""
+    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
+        return None if memtable is None else memtable[1]
+    return compacted[1]
 
 
 def scan_compacted(
@@ -97,7 +124,10 @@ def scan_compacted(
     """Entry streams (newest source first) of ``start <= key < end`` in ``view``."""
     if tables.followed is not view:
         _follow(tables, view)
-    sources = [tables.scan(compacted_path(h.id), start, end, size=h.object_size) for h in view.l0]
+    sources = [
+        stamped(tables.scan(compacted_path(h.id), start, end, size=h.object_size), h.global_seq)
+        for h in view.l0
+    ]
     sources += [_scan_run(tables, run, start, end) for run in view.sorted_runs]
     return sources
 

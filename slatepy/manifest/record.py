@@ -20,6 +20,11 @@ class SstHandle(msgspec.Struct, frozen=True):
     """A compacted SST the manifest references (under ``compacted/``).
 
     ``max_seq`` lets a new writer continue sequence numbers above everything compacted.
+
+    ``global_seq`` (0: none) is the sequence number of every entry of an *ingested* SST
+    (built outside the writer, published by ``engine.ingest``; RFC 0016): its entries are
+    stored with seq 0 and readers stamp them with it. Only L0 holds such handles; compaction
+    writes the stamped seqs into its outputs.
     """
 
     id: str
@@ -28,6 +33,7 @@ class SstHandle(msgspec.Struct, frozen=True):
     last_key: bytes
     entry_count: int
     max_seq: int = 0
+    global_seq: int = 0
 
 
 class SortedRun(msgspec.Struct, frozen=True):
@@ -102,6 +108,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     # Optional, added after format version 1 shipped: manifests without it decode with None,
     # and older slatepy ignores it (msgspec skips unknown fields), so no version bump.
     compactor_lease: CompactorLease | None = None
+    # The global seq of the latest ingestion (odd; 0: none yet). Writers assign even seqs
+    # (RFC 0016), so an ingestion sits strictly between the writes before and after it.
+    last_ingest_seq: int = 0
 
     def encode(self) -> bytes:
         return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))
@@ -126,6 +135,10 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
         """
         handles = [*self.l0, *(h for run in self.sorted_runs for h in run.ssts)]
         return max([self.last_compacted_seq, *(h.max_seq for h in handles)])
+
+    def l0_has_ingested(self) -> bool:
+        """Whether an L0 SST is ingested (its seqs need not follow L0's order)."""
+        return any(h.global_seq for h in self.l0)
 
     def with_snapshot(self, snapshot: Snapshot) -> Manifest:
         return msgspec.structs.replace(self, snapshots=(*self.snapshots, snapshot))

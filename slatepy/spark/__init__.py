@@ -2,9 +2,11 @@
 
 ``register(spark)`` makes the sources known to a session (registration is per session):
 
-* ``slatepy``: a KV database read as a DataFrame (``slatepy.spark.kv``)::
+* ``slatepy``: a KV database read as a DataFrame, and bulk-loaded from one
+  (``slatepy.spark.kv``)::
 
       df = spark.read.format("slatepy").option("url", URL).load()
+      df.write.format("slatepy").option("url", URL).option("key", "id").mode("append").save()
 
 * ``slatepy.persist``: a persist shard as a sink, streaming and one-off
   (``slatepy.spark.persist_sink``)::
@@ -13,8 +15,8 @@
           .option("checkpointLocation", CKPT).start()
 
 Nothing below this package knows Spark; it uses the engine's pinned snapshots
-(``slatepy.engine.pinned``), the row codec (``slatepy.spark.codec``) and persist's write
-handles.
+(``slatepy.engine.pinned``), its ingestion of externally built SSTs
+(``slatepy.engine.ingest``), the row codec (``slatepy.spark.codec``) and persist's handles.
 """
 
 from __future__ import annotations

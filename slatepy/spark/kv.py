@@ -1,4 +1,16 @@
-"""The ``slatepy`` data source: a KV database read as a DataFrame (RFC 0016).
+"""The ``slatepy`` data source: a KV database read as, and bulk-loaded from, a DataFrame
+(RFC 0016).
+
+Bulk load (the database must exist; ``.mode("append")`` is required: Spark's Python sinks
+refuse the default mode, and this one refuses ``overwrite``)::
+
+    (
+        df.write.format("slatepy")
+        .option("url", "s3://bucket/db")
+        .option("key", "id")        # the key column(s); .option("value", col) for raw bytes
+        .mode("append")
+        .save()
+    )
 
 Reading::
 
@@ -23,7 +35,8 @@ Options (names are case-insensitive, values strings):
 * ``key``, ``value``: the row codec (``slatepy.spark.codec``). Without a schema the rows are
   ``key binary, value binary``, the raw bytes.
 * ``start``, ``end``, ``prefix``: a key range, as values of the first key column.
-* ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600).
+* ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600): reads only.
+* ``targetSstBytes`` (default 64 MiB): writes only, the size the tasks cut SSTs at.
 
 Filters are not pushed down: PySpark 4.3 keeps the reader that ``pushFilters`` narrowed with
 the DataFrame and reuses it for later plans without filters, so ``df.where(...).count()``
@@ -38,12 +51,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 from slatepy.config import Settings
+from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
 from slatepy.engine.pinned import PinnedSnapshot, pin_snapshot, scan_pinned, split_points
-from slatepy.errors import InvalidArgument
+from slatepy.errors import InvalidArgument, NotFound
+from slatepy.manifest.record import SstHandle
+from slatepy.manifest.store import ManifestStore
 from slatepy.spark.codec import Column, RowCodec, prefix_end
 from slatepy.store.stack import open_stack
 
@@ -54,6 +76,11 @@ READ_OPTIONS = frozenset(
     {"url", "path", "key", "value", "start", "end", "prefix", "maxpartitions", "snapshotttl"}
 )
 """Every option a read accepts, lowercased (Spark stores them so; ``path`` is ``load``'s)."""
+
+WRITE_OPTIONS = frozenset({"url", "path", "key", "value", "targetsstbytes"})
+"""Every option a bulk load accepts, lowercased (``path`` is ``save``'s)."""
+
+DEFAULT_TARGET_SST_BYTES = 64 * 1024 * 1024
 
 
 def options_of(options: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
@@ -118,6 +145,9 @@ class KvDataSource(DataSource):
 
     def reader(self, schema: StructType) -> KvReader:
         return KvReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> KvWriter:
+        return KvWriter(self.options, schema, overwrite=overwrite)
 
 
 @dataclass(frozen=True)
@@ -196,3 +226,101 @@ class KvReader(DataSourceReader):
                 yield self.codec.to_batch(pairs, schema)
         finally:
             store.drain()
+
+
+@dataclass(frozen=True)
+class KvCommitMessage(WriterCommitMessage):
+    """What one task wrote: its SSTs, not yet part of the database."""
+
+    handles: tuple[SstHandle, ...]
+
+
+class KvWriter(DataSourceArrowWriter):
+    """The bulk load: tasks write sorted SSTs, the driver publishes them in one ingestion.
+
+    ``df.write.format("slatepy").option("url", URL).option("key", "id").mode("append")
+    .save()``. Each task encodes *all* its rows (so a bad row fails the task before it
+    writes anything), sorts them by key, keeps the last row of equal keys, and writes SSTs
+    straight to the store (no WAL, no memtable; ``engine.ingest``). ``commit`` publishes
+    every task's SSTs in one manifest update: the loaded keys are newer than every write
+    acknowledged before it and older than every write after it. ``abort`` deletes what the
+    successful tasks reported; what failed attempts, or tasks still running when the job
+    failed, wrote is unreferenced and GC deletes it.
+    A task holds its partition in memory: give a large DataFrame enough partitions
+    (``repartitionByRange(n, key)`` also makes the SSTs of different tasks disjoint).
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, *, overwrite: bool) -> None:
+        if overwrite:
+            raise InvalidArgument(
+                "the slatepy source only appends: use .mode('append') (a load never deletes "
+                "keys it does not write)"
+            )
+        opts = options_of(options, WRITE_OPTIONS)
+        self.url = url_of(opts)
+        self.codec = RowCodec.of(columns_of_schema(schema), key_option(opts), opts.get("value"))
+        self.target_sst_bytes = int(
+            _number(opts, "targetSstBytes", DEFAULT_TARGET_SST_BYTES, least=4096)
+        )
+        # On the driver, before any task runs: the database must exist (a load creates none).
+        settings = Settings.from_env()
+        try:
+            missing = ManifestStore(open_stack(self.url, settings)).load() is None
+        except NotFound:
+            missing = True
+        if missing:
+            raise NotFound(
+                f"option 'url': no slatepy database at {self.url} (a load creates none: "
+                f"create it with Db.open)",
+                path="manifest/",
+            )
+
+    def write(self, iterator: Iterator[Any]) -> KvCommitMessage:
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        for batch in iterator:
+            k, v = self.codec.from_batch(batch)
+            keys += k
+            values += v
+        pairs = sorted(zip(keys, values, strict=True), key=_first)  # stable: last row wins
+        del keys, values
+        settings = Settings.from_env()
+        store = open_stack(self.url, settings)
+        try:
+            handles = write_ingest_ssts(
+                store, _last_of_equal(pairs), settings, target_sst_bytes=self.target_sst_bytes
+            )
+        finally:
+            store.drain()
+        return KvCommitMessage(tuple(handles))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
+        if not handles:
+            return  # an empty DataFrame: nothing to publish
+        settings = Settings.from_env()
+        store = open_stack(self.url, settings)
+        try:
+            publish_ingest(store, settings, handles)
+        finally:
+            store.drain()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
+        settings = Settings.from_env()
+        store = open_stack(self.url, settings)
+        try:
+            delete_ingest_ssts(store, handles)
+        finally:
+            store.drain()
+
+
+def _first(pair: tuple[bytes, bytes]) -> bytes:
+    return pair[0]
+
+
+def _last_of_equal(pairs: list[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """Sorted pairs with, of equal keys, only the last."""
+    for i, pair in enumerate(pairs):
+        if i + 1 == len(pairs) or pairs[i + 1][0] != pair[0]:
+            yield pair

@@ -63,6 +63,15 @@ def merge(sources: Iterable[Iterator[Entry]], combine: Combine) -> Iterator[Entr
             yield out
 
 
+def stamped(entries: Iterator[Entry], global_seq: int) -> Iterator[Entry]:
+    """``entries`` of an SST, each with ``global_seq`` as its seq when the SST is an
+    ingested one (``global_seq`` non-zero: its entries are stored with seq 0), else as they
+    are (RFC 0016)."""
+    if not global_seq:
+        return entries
+    return ((key, global_seq, value) for key, _, value in entries)
+
+
 def newest(run: Sequence[Entry]) -> Entry:
     """The KV engine's combine: the newest version of the key (a tombstone too)."""
     return run[0]

@@ -76,9 +76,9 @@ def test_repair_reports_the_exact_entries_given_up(tmp_path: Path, capsys: Captu
     damaged = flipped_wal(tmp_path / "db")
     status, out = run(capsys, "doctor", damaged.url, "--repair")
     assert status == 0
-    assert "wal/00000000000000000005.sst: 1 entry, seq 4..4, keys b'k003'" in out
-    assert "wal/00000000000000000009.sst: 1 entry, seq 8..8, keys b'k007'" in out
-    assert "the WAL from id 5 on, 5 entries (seq 4..8)" in out
+    assert "wal/00000000000000000005.sst: 1 entry, seq 8..8, keys b'k003'" in out
+    assert "wal/00000000000000000009.sst: 1 entry, seq 16..16, keys b'k007'" in out
+    assert "the WAL from id 5 on, 5 entries (seq 8..16)" in out
     assert "compact the intact WAL before the cut (ids 1..4, 3 entries) into L0" in out
 
 

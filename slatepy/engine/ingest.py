@@ -1,0 +1,206 @@
+"""Ingesting SSTs built outside the writer (bulk loads; RFC 0016, "Ingestion").
+
+As RocksDB's external-file ingestion, with the same promise: the ingested keys are newer
+than every write acknowledged before the publish, and writes made after it win over them;
+the publish is one manifest compare-and-set, so it is all or nothing, and it works while a
+writer (any process) is open on the database.
+
+1. :func:`write_ingest_ssts` (any process, any number of them): sorted, distinct keys into
+   SSTs under fresh ids in ``compacted/``, every entry with seq 0. Nothing references them:
+   if the load is abandoned, GC deletes them once they are ``gc_min_age`` old (rule 3).
+2. :func:`publish_ingest` (one process, once): one manifest update that puts them at the
+   front of L0 with one *global seq* ``G`` in their handles, which readers and the compactor
+   give to each of their entries (``table.merge.stamped``).
+
+**Choosing G.** Writers assign even seqs only (``Db``: step 2, starting at an even number),
+so G is odd and strictly between two writes. Inside the update (after reading the manifest
+it will replace, before the CAS), ``S`` is the highest seq that manifest and the WAL after
+its ``wal_id_last_compacted`` hold (*every* listed WAL SST, not only the contiguous prefix: a
+write is acknowledged once its own SST lands). ``G`` is the odd number just above ``S``, or
+``S`` itself when ``S`` is the previous ingestion's G (no write came in between; the later
+ingestion is in front in L0 and wins the tie, in reads and in compaction).
+
+* Newer than every write acknowledged before the publish: such a write's WAL SST existed
+  when the update listed the WAL (or it was compacted into the manifest read), so its seq
+  is <= S < G. A write acknowledged between the listing and the CAS is concurrent with the
+  publish, and either order is right for it.
+* Older than every write made after the publish returned: every seq in the store was
+  assigned by the live writer or by writers before it (whose seqs it started above), so
+  its counter is >= S, and even; its next seq is >= S + 2 > G when G = S + 1, and >= S + 3
+  > G when S is odd (G = S + 2). When G = S is the previous ingestion's G, the same holds
+  by the argument for that ingestion: no write was acknowledged since, and the counter was
+  already placed to give the next write a seq above it. A writer opened later starts above
+  ``max_compacted_seq``, which counts G (the ingested handles' ``max_seq``), at an even
+  number.
+
+**Reading.** An ingested L0 SST breaks L0's "first hit is the newest" rule (a WAL compaction
+published after the ingestion puts older writes in front of it), so while L0 holds one a
+get asks every L0 SST and keeps the highest seq; and a memtable version older than the
+manifest's ``last_ingest_seq`` is compared with the compacted one instead of winning
+outright. Scans and compaction merge by seq anyway.
+
+**GC.** Like a compactor's outputs (GC rules, RFC 0003), SSTs older than ``gc_min_age / 2``
+are not published: GC deletes unreferenced SSTs once ``gc_min_age`` old, and the check, made
+inside the update and followed by its CAS, is what GC's fence manifest relies on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgspec
+
+from slatepy.config import Settings
+from slatepy.engine.startup import read_wal_sst
+from slatepy.errors import InvalidArgument, NotFound, SlatepyError
+from slatepy.format.sst import SstBuilder
+from slatepy.manifest.record import Manifest, SstHandle
+from slatepy.manifest.store import ManifestStore
+from slatepy.store.base import ObjectStore
+from slatepy.store.cas import create_if_absent
+from slatepy.store.numbered import NumberedObjects
+from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
+
+
+class IngestAbandoned(SlatepyError):
+    """The ingestion published nothing: an SST is too old to publish safely (GC may have
+    collected it), or gone. Write the SSTs again and publish them promptly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """A published ingestion: the manifest that holds it and its global seq."""
+
+    manifest_id: int
+    global_seq: int
+    ssts: int
+
+
+def write_ingest_ssts(
+    store: ObjectStore,
+    pairs: Iterable[tuple[bytes, bytes]],
+    settings: Settings,
+    *,
+    target_sst_bytes: int,
+) -> list[SstHandle]:
+    """Write ``(key, value)`` pairs, keys strictly increasing, as SSTs to publish later.
+
+    Returns their handles (``global_seq`` still 0). Cut at ``target_sst_bytes``.
+
+    Raises:
+        InvalidArgument: keys are not strictly increasing, or one is empty.
+    """
+    handles: list[SstHandle] = []
+    builder: SstBuilder | None = None
+    last: bytes | None = None
+    for key, value in pairs:
+        if not key or (last is not None and key <= last):
+            raise InvalidArgument(
+                f"ingested keys must be non-empty and strictly increasing: {key!r} after {last!r}"
+            )
+        last = key
+        if builder is None:
+            builder = SstBuilder(
+                writer_epoch=0,
+                block_size=settings.block_size,
+                bloom_bits_per_key=settings.bloom_bits_per_key,
+            )
+        builder.add(key, 0, value)
+        if builder.estimated_size >= target_sst_bytes:
+            handles.append(_store(store, builder))
+            builder = None
+    if builder is not None:
+        handles.append(_store(store, builder))
+    return handles
+
+
+def _store(store: ObjectStore, builder: SstBuilder) -> SstHandle:
+    encoded = builder.finish()
+    sst_id = uuid.uuid4().hex
+    if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
+        raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
+    props = encoded.meta.props
+    assert props.first_key is not None and props.last_key is not None
+    return SstHandle(
+        sst_id, encoded.meta.object_size, props.first_key, props.last_key, props.entry_count
+    )
+
+
+def delete_ingest_ssts(store: ObjectStore, handles: Sequence[SstHandle]) -> None:
+    """Delete written but unpublished SSTs (an aborted load; GC would, later)."""
+    for handle in handles:
+        store.delete(compacted_path(handle.id))
+
+
+def global_seq_for(highest: int, last_ingest_seq: int) -> int:
+    """The odd seq just above ``highest``, or ``highest`` when it is the previous
+    ingestion's (see the module docstring)."""
+    if highest and highest == last_ingest_seq:
+        return highest
+    return highest + 1 if highest % 2 == 0 else highest + 2
+
+
+def publish_ingest(
+    store: ObjectStore, settings: Settings, handles: Sequence[SstHandle]
+) -> Ingested:
+    """Publish SSTs from :func:`write_ingest_ssts` in one manifest update (see the module
+    docstring). Publishing the same SSTs again is a no-op that returns the first result.
+
+    Raises:
+        InvalidArgument: no SSTs, or repeated ones.
+        NotFound: no database at the store.
+        IngestAbandoned: an SST is older than ``gc_min_age / 2`` or missing.
+    """
+    if not handles:
+        raise InvalidArgument("nothing to ingest: no SSTs")
+    ids = [h.id for h in handles]
+    if len(set(ids)) != len(ids):
+        raise InvalidArgument("an SST is named twice in one ingestion")
+    manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
+    if manifests.load() is None:
+        raise NotFound(f"no slatepy database at {store.url}", path="manifest/")
+    written: dict[str, datetime] = {}
+    for handle in handles:
+        try:
+            written[handle.id] = store.head(compacted_path(handle.id)).last_modified
+        except NotFound as exc:
+            raise IngestAbandoned(f"{exc.path}: an SST to ingest is gone") from exc
+    wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
+    wal_seqs: dict[int, int] = {}  # WAL SSTs are write-once: read each once across retries
+    outcome: list[Ingested] = []
+
+    def ingest(m: Manifest, next_id: int) -> Manifest | None:
+        outcome.clear()
+        present = {h.id: h for h in m.l0 if h.global_seq}
+        if all(i in present for i in ids):  # published already (a retried update landed)
+            outcome.append(Ingested(next_id - 1, present[ids[0]].global_seq, len(ids)))
+            return None
+        now = datetime.now(UTC)
+        for sst_id, when in written.items():
+            age = (now - when).total_seconds()
+            if age > settings.gc_min_age / 2:
+                raise IngestAbandoned(
+                    f"{compacted_path(sst_id)} was written {age:.0f} s ago, more than "
+                    f"gc_min_age / 2 ({settings.gc_min_age / 2:.0f} s): GC may collect it, so "
+                    f"it is not published; load again (raise gc_min_age for longer loads)"
+                )
+        highest = max(m.max_compacted_seq(), m.last_ingest_seq)
+        for wal_id in wal.ids(after=m.wal_id_last_compacted):
+            if wal_id not in wal_seqs:
+                try:
+                    wal_seqs[wal_id] = read_wal_sst(wal, wal_id)[0].props.max_seq
+                except NotFound:
+                    # Compacted and collected since we read the manifest: a newer manifest
+                    # exists, so this update's CAS fails and it runs again.
+                    wal_seqs[wal_id] = 0
+            highest = max(highest, wal_seqs[wal_id])
+        g = global_seq_for(highest, m.last_ingest_seq)
+        stamped = tuple(msgspec.structs.replace(h, global_seq=g, max_seq=g) for h in handles)
+        outcome.append(Ingested(next_id, g, len(handles)))
+        return msgspec.structs.replace(m, l0=(*stamped, *m.l0), last_ingest_seq=g)
+
+    manifests.update(ingest)
+    return outcome[0]
