@@ -253,11 +253,12 @@ class ReadHandle:
         with self._lock:
             if self._expired:
                 return
-            self._expired = True
-            self._listens.clear()
+            # Marked only once committed: an expire that failed can be called again.
             self._machine.run(
                 expire_leased_reader, ExpireLeasedReader(self.reader_id), on_uncertain=rerun_as_is
             )
+            self._expired = True
+            self._listens.clear()
 
     def _check_live(self) -> None:
         if self._expired:

@@ -21,9 +21,12 @@ from slatepy.persist import (
     PersistClient,
     PersistSettings,
     Progress,
+    ReadHandle,
+    SinceHandle,
     Updates,
     UpperMismatch,
     UsageError,
+    WriteHandle,
     frontier,
 )
 from slatepy.persist.codec import consolidate
@@ -179,6 +182,35 @@ def test_an_attempt_that_never_acted_loses_to_another_writer(
                 write.compare_and_append([upd(b"a", 1)], 1, 2)
             assert info.value.current == 2
             assert snapshot(client, 1) == [upd(b"r", 1)]
+
+
+@pytest.mark.parametrize("kind", ["writer", "leased reader", "critical since"])
+def test_an_expire_that_failed_can_be_called_again(
+    store: ObjectStore, log: Consensus, kind: str
+) -> None:
+    """Found by ``test_model``: ``expire`` marked the handle expired before its state change,
+    so after a failed change every later ``expire`` returned at once and the registration
+    stayed (a critical since, which never lapses, held the shard's since for good)."""
+    faulty = FaultyConsensus(log, {"compare_and_set": FaultRates(fail=1.0)}, enabled=False)
+    with PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([], 0, 1)
+        handle: WriteHandle | ReadHandle | SinceHandle
+        if kind == "writer":
+            handle = write
+        elif kind == "leased reader":
+            handle = client.open_leased_reader(SHARD)
+        else:
+            handle = client.open_critical_since(SHARD, "controller")
+        faulty.enabled = True
+        with pytest.raises(StoreUnavailable):
+            handle.expire()
+        faulty.enabled = False
+        handle.expire()
+        state = state_of(client)
+        registered = {*state.writers, *state.leased_readers, *state.critical_readers}
+        ident = handle.writer_id if isinstance(handle, WriteHandle) else handle.reader_id
+        assert ident not in registered
 
 
 def test_random_consensus_faults_lose_and_duplicate_nothing(
