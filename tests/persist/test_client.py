@@ -27,6 +27,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
     client_fixture,
+    nothing_committed,
     state_of,
     url_fixture,
     validate_states,
@@ -68,9 +69,10 @@ def test_a_consensus_instance_is_used_as_is_and_left_open() -> None:
 
 
 def test_invalid_shard_ids_are_usage_errors(client: PersistClient) -> None:
-    for bad in ("", "a/b", ".hidden", 7):
-        with pytest.raises(UsageError):
-            client.open_writer(bad)  # type: ignore[arg-type]
+    with nothing_committed(client):
+        for bad in ("", "a/b", ".hidden", 7):
+            with pytest.raises(UsageError):
+                client.open_writer(bad)  # type: ignore[arg-type]
 
 
 def close_everything(client: PersistClient) -> None:
@@ -82,7 +84,7 @@ def close_everything(client: PersistClient) -> None:
 
 def test_finalize_needs_since_and_upper_none(client: PersistClient) -> None:
     client.open_writer(SHARD).compare_and_append([], 0, None)
-    with pytest.raises(UsageError, match="since and upper both None"):
+    with nothing_committed(client), pytest.raises(UsageError, match="since and upper both None"):
         client.finalize_shard(SHARD)  # since is still 0
     read = client.open_leased_reader(SHARD)
     read.downgrade_since(None)
