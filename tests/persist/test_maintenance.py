@@ -196,3 +196,15 @@ def test_background_merges_and_gc_collect_the_inputs_after_batch_lease(url: str)
             assert snapshot(client, 11) == sorted(upd(b"k%d" % t, 11) for t in range(12))
         finally:
             runner.close()
+
+
+def test_close_does_not_wait_out_a_poll_interval() -> None:
+    """Found by the open/close hygiene test: a ``close()`` that notified the thread between
+    its scan and its wait was not seen, so every other client took a whole ``poll_interval``
+    (1 s) to close."""
+    for _ in range(5):
+        with PersistClient.open("memory://") as client:
+            write = client.open_writer(SHARD)  # starts the thread, which scans at once
+            write.compare_and_append([upd(b"a", 0)], 0, 1)
+            started = time.monotonic()
+        assert time.monotonic() - started < 0.5
