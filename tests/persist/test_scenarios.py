@@ -22,6 +22,7 @@ from slatepy.persist import (
     PersistSettings,
     Progress,
     ReadHandle,
+    SinceError,
     SinceHandle,
     Updates,
     UpperMismatch,
@@ -46,6 +47,7 @@ from slatepy.testing.persist_faults import (
     consensus_uniform,
 )
 from tests.conftest import Backend
+from tests.persist.compaction_kit import compact_all, manual
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
@@ -211,6 +213,39 @@ def test_an_expire_that_failed_can_be_called_again(
         registered = {*state.writers, *state.leased_readers, *state.critical_readers}
         ident = handle.writer_id if isinstance(handle, WriteHandle) else handle.reader_id
         assert ident not in registered
+
+
+def test_a_downgrade_that_may_have_landed_is_not_read_below(
+    store: ObjectStore, log: Consensus
+) -> None:
+    """An indefinite ``downgrade_since`` left the handle's since behind the committed one;
+    after compaction forwarded times to the new since, a snapshot below it passed the
+    handle's check and answered wrong data (here: nothing). Reads now check the since the
+    state holds for the reader: ``SinceError``, and the handle learns its since."""
+    rates = {
+        "compare_and_set": FaultRates(lost_reply=1.0),  # lands; the reply is lost
+        "head": FaultRates(fail=1.0),  # and nothing can read it back
+        "scan": FaultRates(fail=1.0),
+    }
+    faulty = FaultyConsensus(log, rates, enabled=False)
+    with manual(PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS)) as client:
+        write = client.open_writer(SHARD)
+        for t in range(6):
+            write.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+        read = client.open_leased_reader(SHARD)
+        faulty.enabled = True
+        with pytest.raises(StoreUnavailable) as info:
+            read.downgrade_since(5)
+        faulty.enabled = False
+        assert not info.value.definite and read.since == 0
+        assert state_of(client).since == 5  # it landed
+        compact_all(client, write.writer_id)  # times <= 5 forwarded to 5
+        with pytest.raises(SinceError):
+            read.snapshot(2)
+        assert read.since == 5
+        with pytest.raises(SinceError):
+            read.listen(3)
+        assert read.snapshot(5) == [upd(b"k%d" % t, 5) for t in range(6)]
 
 
 def test_random_consensus_faults_lose_and_duplicate_nothing(
