@@ -63,7 +63,7 @@ def moved_writer(client: PersistClient) -> WriteHandle:
     """A writer whose shard's upper is 4 (with data), so that an order mistake would show as
     an ``UpperMismatch`` instead of the usage error."""
     write = client.open_writer(SHARD)
-    write.compare_and_append([upd(b"a", 1)], 0, 4)
+    write.compare_and_append([((b"a", b"v"), 1, 1)], 0, 4)
     return write
 
 
@@ -146,11 +146,12 @@ def test_calls_of_a_writer_whose_lease_lapsed_commit_nothing(
 ) -> None:
     clock.advance(HOLLOW.writer_lease + 1)
     batch = write.batch([upd(b"k", 4)], 4, 5)  # type: ignore[list-item]
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: write.compare_and_append([upd(b"k", 4)], 4, 5),  # type: ignore[list-item]
         lambda: write.append([upd(b"k", 4)], 4, 5),  # type: ignore[list-item]
         lambda: write.compare_and_append_batch([batch], 4, 5),
-    ):
+    ]
+    for call in calls:
         seqno, parts = state_of(client).seqno, part_paths(client)
         with pytest.raises(UsageError, match="lease expired"):
             call()
