@@ -87,7 +87,7 @@ MODEL_SETTINGS = PersistSettings(
     merge_lease=10.0,
     consensus_min_age=1.0,
     allow_short_leases=True,
-    inline_part_max_bytes=96,  # a few updates inline, more as blob parts
+    inline_part_max_bytes=40,  # an update or two inline, more as blob parts
     rollup_min_bytes=0,
     rollup_min_diffs=4,  # rollups (and cold loads from them) happen within an example
 )
@@ -622,7 +622,7 @@ class ShardModel(RuleBasedStateMachine):
         self.client = self._open_client()
         self.writer = self._open_writer()
 
-    @rule(seconds=st.sampled_from([CLOCK_STEP, CLOCK_STEP, CLOCK_STEP, LAPSE]))
+    @rule(seconds=st.sampled_from([CLOCK_STEP, CLOCK_STEP, 4 * CLOCK_STEP, LAPSE]))
     def advance_clock(self, seconds: float) -> None:
         """Time passes; ``LAPSE`` runs out every lease (the next change drops the readers
         and writers)."""
