@@ -81,12 +81,13 @@ class SinceHandle:
         with self._lock:
             if self._expired:
                 return
-            self._expired = True
+            # Marked only once committed: an expire that failed can be called again.
             self._machine.run(
                 expire_critical_reader,
                 ExpireCriticalReader(self.reader_id),
                 on_uncertain=rerun_as_is,
             )
+            self._expired = True
 
     def _check_live(self) -> None:
         if self._expired:

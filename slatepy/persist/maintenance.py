@@ -141,6 +141,8 @@ class MaintenanceRunner:
                 self._scan()
                 next_scan = self.clock() + self.poll_interval
             with self._wake:
+                if self._stop.is_set():  # close() notified before we got here: no wait
+                    return
                 job = self._take()
                 if job is None:
                     self._wake.wait(max(0.0, next_scan - self.clock()))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier
 from slatepy.persist.codec import Update, check_frontier, check_time
-from slatepy.persist.errors import StateConflictError, UsageError
+from slatepy.persist.errors import SinceError, StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.parts import merge_runs
@@ -144,6 +144,7 @@ class ReadHandle:
             )
         try:
             self._check_registered(state)
+            self._check_held(state, as_of)
         except UsageError:
             self._unpin(state.seqno)
             raise
@@ -253,15 +254,26 @@ class ReadHandle:
         with self._lock:
             if self._expired:
                 return
-            self._expired = True
-            self._listens.clear()
+            # Marked only once committed: an expire that failed can be called again.
             self._machine.run(
                 expire_leased_reader, ExpireLeasedReader(self.reader_id), on_uncertain=rerun_as_is
             )
+            self._expired = True
+            self._listens.clear()
 
     def _check_live(self) -> None:
         if self._expired:
             raise ClosedError(f"reader {self.reader_id} of shard {self.shard_id!r} was expired")
+
+    def _check_held(self, state: State, as_of: int) -> None:
+        """``SinceError`` unless the since committed for this reader in ``state`` is at most
+        ``as_of``. The handle's own since can lag it: a ``downgrade_since`` that failed
+        indefinitely may have landed, and compaction may have forwarded times to it since."""
+        held = state.leased_readers[self.reader_id].since
+        with self._lock:
+            self._since = frontier.join(self._since, held)
+        if not frontier.le(held, as_of):
+            raise SinceError(as_of, held)
 
     def _check_registered(self, state: State) -> None:
         if self.reader_id not in state.leased_readers:
@@ -310,6 +322,7 @@ class Listen:
             return []
         try:
             self._handle._check_registered(state)
+            self._handle._check_held(state, start - 1)
             runs = [
                 live
                 for batch in state.trace

@@ -606,8 +606,9 @@ class WriteHandle:
         with self._lock:
             if self._expired:
                 return
-            self._expired = True
+            # Marked only once committed: an expire that failed can be called again.
             self._machine.run(expire_writer, ExpireWriter(self.writer_id), on_uncertain=rerun_as_is)
+            self._expired = True
 
     def _check_live(self) -> None:
         if self._expired:

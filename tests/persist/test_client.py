@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
+import os
 import threading
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
     client_fixture,
+    nothing_committed,
     state_of,
     url_fixture,
     validate_states,
@@ -69,9 +72,10 @@ def test_a_consensus_instance_is_used_as_is_and_left_open() -> None:
 
 
 def test_invalid_shard_ids_are_usage_errors(client: PersistClient) -> None:
-    for bad in ("", "a/b", ".hidden", 7):
-        with pytest.raises(UsageError):
-            client.open_writer(bad)  # type: ignore[arg-type]
+    with nothing_committed(client):
+        for bad in ("", "a/b", ".hidden", 7):
+            with pytest.raises(UsageError):
+                client.open_writer(bad)  # type: ignore[arg-type]
 
 
 def close_everything(client: PersistClient) -> None:
@@ -83,7 +87,7 @@ def close_everything(client: PersistClient) -> None:
 
 def test_finalize_needs_since_and_upper_none(client: PersistClient) -> None:
     client.open_writer(SHARD).compare_and_append([], 0, None)
-    with pytest.raises(UsageError, match="since and upper both None"):
+    with nothing_committed(client), pytest.raises(UsageError, match="since and upper both None"):
         client.finalize_shard(SHARD)  # since is still 0
     read = client.open_leased_reader(SHARD)
     read.downgrade_since(None)
@@ -241,18 +245,35 @@ def test_close_wakes_a_blocked_listen_with_closed_error(url: str) -> None:
     assert len(raised) == 1 and isinstance(raised[0], ClosedError)
 
 
-def test_open_close_cycles_leave_no_threads_behind(url: str) -> None:
-    before = threading.active_count()
-    for _ in range(20):
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_open_close_cycles_leave_no_threads_or_files_behind(url: str) -> None:
+    """100 cycles of client + writer + leased reader + listen (RFC 0015 §13.4 hygiene)."""
+
+    def cycle(n: int) -> None:
         with PersistClient.open(url, settings=TEST_SETTINGS) as client:
             write = client.open_writer(SHARD)
+            upper = write.fetch_recent_upper() or 0
+            write.compare_and_append([((b"k%d" % n, b"v"), upper, 1)], upper, upper + 1)
             read = client.open_leased_reader(SHARD)
-            listen = read.listen(write.fetch_recent_upper() or 0)
+            listen = read.listen(upper)
             listen.fetch_next(timeout=0.0)
+            assert read.snapshot(upper)
             listen.close()
             read.expire()
             write.expire()
-    assert threading.active_count() <= before
+
+    cycle(0)  # first-use imports, pools and caches are not leaks
+    gc.collect()
+    threads, fds = threading.active_count(), open_fds()
+    for n in range(1, 100):
+        cycle(n)
+    gc.collect()
+    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
+    assert open_fds() <= fds
 
 
 def test_open_creates_a_file_location_unless_told_not_to(tmp_path: Path) -> None:

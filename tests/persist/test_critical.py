@@ -10,6 +10,7 @@ from slatepy.persist import OpaqueMismatch, PersistClient, UsageError
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     client_fixture,
+    nothing_committed,
     state_of,
     url_fixture,
     validate_states,
@@ -34,7 +35,7 @@ def test_a_wrong_opaque_is_a_mismatch_that_changes_nothing(client: PersistClient
     since = client.open_critical_since(SHARD, "controller")
     since.compare_and_downgrade_since(b"", b"epoch1", 2)
     seqno = state_of(client).seqno
-    with pytest.raises(OpaqueMismatch) as info:
+    with nothing_committed(client), pytest.raises(OpaqueMismatch) as info:
         since.compare_and_downgrade_since(b"epoch0", b"epoch2", 9)
     assert (info.value.expected, info.value.current) == (b"epoch0", b"epoch1")
     assert state_of(client).seqno == seqno
@@ -58,11 +59,16 @@ def test_a_since_of_none_releases_everything(client: PersistClient) -> None:
 
 
 def test_invalid_ids_and_opaques_are_usage_errors(client: PersistClient) -> None:
-    with pytest.raises(UsageError):
+    with nothing_committed(client), pytest.raises(UsageError):
         client.open_critical_since(SHARD, "no/slash")
     since = client.open_critical_since(SHARD, "controller")
-    with pytest.raises(UsageError):
-        since.compare_and_downgrade_since("", b"x", 1)  # type: ignore[arg-type]
+    with nothing_committed(client):
+        with pytest.raises(UsageError):
+            since.compare_and_downgrade_since("", b"x", 1)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            since.compare_and_downgrade_since(b"", "x", 1)  # type: ignore[arg-type]
+        with pytest.raises(UsageError):
+            since.compare_and_downgrade_since(b"", b"x", "1")  # type: ignore[arg-type]
 
 
 def test_expire_removes_the_hold(client: PersistClient) -> None:

@@ -242,3 +242,15 @@ def test_turns_serve_commands_in_arrival_order() -> None:
     for thread in waiters:
         thread.join(5)
     assert order == ["first", "second", "third"]
+
+
+def test_close_does_not_wait_out_a_poll_interval() -> None:
+    """Found by the open/close hygiene test: a ``close()`` that notified the thread between
+    its scan and its wait was not seen, so every other client took a whole ``poll_interval``
+    (1 s) to close."""
+    for _ in range(5):
+        with PersistClient.open("memory://") as client:
+            write = client.open_writer(SHARD)  # starts the thread, which scans at once
+            write.compare_and_append([upd(b"a", 0)], 0, 1)
+            started = time.monotonic()
+        assert time.monotonic() - started < 0.5

@@ -16,13 +16,14 @@ from slatepy.persist import (
     Updates,
     UsageError,
 )
-from slatepy.persist.read import Event
+from slatepy.persist.read import Event, ReadHandle
 from slatepy.persist.state.records import HollowPart
 from slatepy.store.metrics import MetricsStore
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     Clock,
     client_fixture,
+    nothing_committed,
     state_of,
     url_fixture,
     validate_states,
@@ -67,12 +68,13 @@ def test_reads_before_the_since_are_since_errors(client: PersistClient) -> None:
     client.open_writer(SHARD).compare_and_append([], 0, 10)
     read = client.open_leased_reader(SHARD)
     assert read.downgrade_since(5) == 5
-    for call in (read.snapshot, read.listen, read.subscribe):
-        with pytest.raises(SinceError) as info:
-            call(4)
-        assert info.value.since == 5
-    with pytest.raises(SinceError):
-        read.snapshot(None)  # type: ignore[arg-type]
+    with nothing_committed(client):
+        for call in (read.snapshot, read.listen, read.subscribe):
+            with pytest.raises(SinceError) as info:
+                call(4)
+            assert info.value.since == 5
+        with pytest.raises(SinceError):
+            read.snapshot(None)  # type: ignore[arg-type]
 
 
 def test_since_only_moves_forward(client: PersistClient) -> None:
@@ -188,7 +190,7 @@ def test_a_reader_whose_lease_expired_gets_a_usage_error(url: str) -> None:
         write = client.open_writer(SHARD)
         clock.advance(60)
         write.compare_and_append([], 0, 1)  # the next transition expires the reader
-        with pytest.raises(UsageError, match="lease expired"):
+        with nothing_committed(client), pytest.raises(UsageError, match="lease expired"):
             read.snapshot(0)
 
 
@@ -224,6 +226,11 @@ def test_a_part_missing_under_a_live_reader_is_corruption(url: str) -> None:
 
 def test_read_times_that_are_not_u64_are_usage_errors(client: PersistClient) -> None:
     read = client.open_leased_reader(SHARD)
+    with nothing_committed(client):
+        _refuse_bad_times(read)
+
+
+def _refuse_bad_times(read: ReadHandle) -> None:
     for bad in ("1", -1, 1.5, True):
         for call in (read.snapshot, read.listen, read.subscribe):
             with pytest.raises(UsageError):

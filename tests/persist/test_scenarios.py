@@ -21,9 +21,13 @@ from slatepy.persist import (
     PersistClient,
     PersistSettings,
     Progress,
+    ReadHandle,
+    SinceError,
+    SinceHandle,
     Updates,
     UpperMismatch,
     UsageError,
+    WriteHandle,
     frontier,
 )
 from slatepy.persist.codec import consolidate
@@ -43,6 +47,7 @@ from slatepy.testing.persist_faults import (
     consensus_uniform,
 )
 from tests.conftest import Backend
+from tests.persist.compaction_kit import compact_all, manual
 from tests.persist.handles_kit import (  # noqa: F401 (fixtures)
     SHARD,
     TEST_SETTINGS,
@@ -179,6 +184,68 @@ def test_an_attempt_that_never_acted_loses_to_another_writer(
                 write.compare_and_append([upd(b"a", 1)], 1, 2)
             assert info.value.current == 2
             assert snapshot(client, 1) == [upd(b"r", 1)]
+
+
+@pytest.mark.parametrize("kind", ["writer", "leased reader", "critical since"])
+def test_an_expire_that_failed_can_be_called_again(
+    store: ObjectStore, log: Consensus, kind: str
+) -> None:
+    """Found by ``test_model``: ``expire`` marked the handle expired before its state change,
+    so after a failed change every later ``expire`` returned at once and the registration
+    stayed (a critical since, which never lapses, held the shard's since for good)."""
+    faulty = FaultyConsensus(log, {"compare_and_set": FaultRates(fail=1.0)}, enabled=False)
+    with PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        write.compare_and_append([], 0, 1)
+        handle: WriteHandle | ReadHandle | SinceHandle
+        if kind == "writer":
+            handle = write
+        elif kind == "leased reader":
+            handle = client.open_leased_reader(SHARD)
+        else:
+            handle = client.open_critical_since(SHARD, "controller")
+        faulty.enabled = True
+        with pytest.raises(StoreUnavailable):
+            handle.expire()
+        faulty.enabled = False
+        handle.expire()
+        state = state_of(client)
+        registered = {*state.writers, *state.leased_readers, *state.critical_readers}
+        ident = handle.writer_id if isinstance(handle, WriteHandle) else handle.reader_id
+        assert ident not in registered
+
+
+def test_a_downgrade_that_may_have_landed_is_not_read_below(
+    store: ObjectStore, log: Consensus
+) -> None:
+    """An indefinite ``downgrade_since`` left the handle's since behind the committed one;
+    after compaction forwarded times to the new since, a snapshot below it passed the
+    handle's check and answered wrong data (here: nothing). Reads now check the since the
+    state holds for the reader: ``SinceError``, and the handle learns its since."""
+    rates = {
+        "compare_and_set": FaultRates(lost_reply=1.0),  # lands; the reply is lost
+        "head": FaultRates(fail=1.0),  # and nothing can read it back
+        "scan": FaultRates(fail=1.0),
+    }
+    faulty = FaultyConsensus(log, rates, enabled=False)
+    with manual(PersistClient.open(store, consensus=faulty, settings=TEST_SETTINGS)) as client:
+        write = client.open_writer(SHARD)
+        for t in range(6):
+            write.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+        read = client.open_leased_reader(SHARD)
+        faulty.enabled = True
+        with pytest.raises(StoreUnavailable) as info:
+            read.downgrade_since(5)
+        faulty.enabled = False
+        assert not info.value.definite and read.since == 0
+        assert state_of(client).since == 5  # it landed
+        compact_all(client, write.writer_id)  # times <= 5 forwarded to 5
+        with pytest.raises(SinceError):
+            read.snapshot(2)
+        assert read.since == 5
+        with pytest.raises(SinceError):
+            read.listen(3)
+        assert read.snapshot(5) == [upd(b"k%d" % t, 5) for t in range(6)]
 
 
 def test_random_consensus_faults_lose_and_duplicate_nothing(
