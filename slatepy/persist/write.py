@@ -416,13 +416,13 @@ class WriteHandle:
             CorruptionError: the bytes are not a batch.
             UsageError: the batch belongs to another shard.
         """
+        if not isinstance(data, bytes | bytearray | memoryview):  # bytes(7) is 7 zero bytes
+            raise UsageError(f"batch_from_bytes needs bytes, not {type(data).__name__}")
         try:
             _, payload = unseal(bytes(data), BATCH_MAGIC, (BATCH_FORMAT_VERSION,), "persist batch")
             record = _batch_decoder.decode(payload)
         except msgspec.DecodeError as exc:
             raise CorruptionError(f"persist batch: cannot decode: {exc}") from exc
-        except TypeError as exc:
-            raise UsageError(f"batch_from_bytes needs bytes, not {type(data).__name__}") from exc
         if record.shard_id != self.shard_id:
             raise UsageError(
                 f"a batch of shard {record.shard_id!r} cannot be applied to {self.shard_id!r}"

@@ -244,6 +244,6 @@ def _mutated(data: bytes, edits: list[tuple[int, int]]) -> bytes:
 
 def test_batch_from_bytes_refuses_what_is_not_bytes(client: PersistClient) -> None:
     write, _ = _shipper(client)
-    for bad in ("text", None, ["a"], 1.5):
+    for bad in ("text", None, ["a"], 1.5, 7):  # bytes(7) would be seven zero bytes
         with nothing_committed(client), pytest.raises(UsageError):
             write.batch_from_bytes(bad)  # type: ignore[arg-type]
