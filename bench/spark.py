@@ -1,6 +1,11 @@
-"""The Spark persist sink's throughput and its Python workers' memory (RFC 0016).
+"""Spark benchmarks (RFC 0016): the persist sink, and the KV bulk load and range read.
 
-    python -m bench.spark [--rows 5000000] [--batch-rows 500000] [--name spark]
+    python -m bench.spark [--only sink,load,read] [--rows 5000000] [--batch-rows 500000]
+                          [--name spark] [--kv-rows 2000000] [--write-batch 1000]
+
+``--only`` picks the sub-benchmarks (all by default), in one ``local[2]`` session. ``load``
+and ``read`` are ``bench/spark_kv.py`` (its docstring says what they time and count; results
+in ``bench/results/spark-kv.json`` and ``.md``). ``sink``:
 
 A local session (``local[2]``) streams ``--rows`` rows from the ``rate-micro-batch`` source
 (``--batch-rows`` per micro-batch, two partitions; key: the row number as a string, value:
@@ -72,18 +77,10 @@ class Sampler(threading.Thread):
             self.peaks[done] = max(self.peaks.get(done, 0.0), peak)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--batch-rows", type=int, default=500_000)
-    parser.add_argument("--name", default="spark")
-    args = parser.parse_args()
-    batches = args.rows // args.batch_rows
-
+def session() -> Any:
     from pyspark.sql import SparkSession
 
     import slatepy.spark
-    from slatepy.persist import PersistClient
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -97,6 +94,13 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     slatepy.spark.register(spark)
+    return spark
+
+
+def run_sink(spark: Any, args: argparse.Namespace) -> None:
+    from slatepy.persist import PersistClient
+
+    batches = args.rows // args.batch_rows
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     url = f"file://{work}/persist"
     rows = (
@@ -144,7 +148,6 @@ def main() -> None:
         "shard_upper": upper,
         "target_met": bool(first and last <= 1.5 * first),
     }
-    spark.stop()
     print(json.dumps(results, indent=2))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2))
@@ -158,6 +161,31 @@ def main() -> None:
         "",
     ]
     (RESULTS / f"{args.name}.md").write_text("\n".join(md))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", default="sink,load,read", help="comma-separated subset")
+    parser.add_argument("--rows", type=int, default=5_000_000, help="sink rows")
+    parser.add_argument("--batch-rows", type=int, default=500_000)
+    parser.add_argument("--name", default="spark")
+    parser.add_argument("--kv-rows", type=int, default=2_000_000, help="load/read rows")
+    parser.add_argument("--write-batch", type=int, default=1000, help="Db.write batch rows")
+    args = parser.parse_args()
+    only = {part.strip() for part in args.only.split(",") if part.strip()}
+    unknown = only - {"sink", "load", "read"}
+    if unknown:
+        raise SystemExit(f"unknown --only {sorted(unknown)} (sink, load, read)")
+    spark = session()
+    try:
+        if "sink" in only:
+            run_sink(spark, args)
+        if only & {"load", "read"}:
+            from bench.spark_kv import run_kv
+
+            run_kv(spark, args.kv_rows, args.write_batch, only)
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":
