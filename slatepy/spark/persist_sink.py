@@ -80,6 +80,7 @@ from pyspark.sql.types import (
 
 from slatepy.errors import InvalidArgument
 from slatepy.persist import Batch, PersistClient, UpperMismatch, WriteHandle
+from slatepy.spark.persist_options import shard_options
 
 SINK_NAME = "slatepy.persist"
 
@@ -119,25 +120,7 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
     Raises:
         InvalidArgument: naming the unknown or missing option, or the bad column.
     """
-    opts = {str(k).lower(): str(v) for k, v in options.items()}
-    allowed = STREAM_OPTIONS if stream else BATCH_OPTIONS
-    unknown = sorted(set(opts) - allowed)
-    if unknown:
-        raise InvalidArgument(
-            f"slatepy.persist: unknown option(s) {unknown}; known: {sorted(allowed - {'path'})}"
-        )
-    url = opts.get("url") or opts.get("path")
-    if not url:
-        raise InvalidArgument('slatepy.persist: option "url" is required (the persist location)')
-    shard = opts.get("shard")
-    if not shard:
-        raise InvalidArgument('slatepy.persist: option "shard" is required (the shard id)')
-    from slatepy.persist.ids import validate_shard_id
-
-    try:
-        validate_shard_id(shard)
-    except Exception as exc:
-        raise InvalidArgument(f'slatepy.persist: option "shard": {exc}') from exc
+    opts, url, shard = shard_options(options, STREAM_OPTIONS if stream else BATCH_OPTIONS)
     fields = {field.name: field for field in schema.fields}
     for name in ("key", "value"):
         field = fields.get(name)

@@ -39,6 +39,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from slatepy.errors import InvalidArgument
 from slatepy.persist import PersistClient, ReadHandle, Updates
 from slatepy.persist.errors import SinceError
+from slatepy.spark.persist_options import shard_options
 
 SCHEMA = "key binary, value binary, time long, diff long"
 ARROW_SCHEMA = pa.schema(
@@ -64,25 +65,7 @@ def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
     Raises:
         InvalidArgument: naming the unknown, missing or malformed option.
     """
-    opts = {str(k).lower(): str(v) for k, v in options.items()}
-    allowed = STREAM_OPTIONS if stream else READ_OPTIONS
-    unknown = sorted(set(opts) - allowed)
-    if unknown:
-        raise InvalidArgument(
-            f"slatepy.persist: unknown option(s) {unknown}; known: {sorted(allowed - {'path'})}"
-        )
-    url = opts.get("url") or opts.get("path")
-    if not url:
-        raise InvalidArgument('slatepy.persist: option "url" is required (the persist location)')
-    shard = opts.get("shard")
-    if not shard:
-        raise InvalidArgument('slatepy.persist: option "shard" is required (the shard id)')
-    from slatepy.persist.ids import validate_shard_id
-
-    try:
-        validate_shard_id(shard)
-    except Exception as exc:
-        raise InvalidArgument(f'slatepy.persist: option "shard": {exc}') from exc
+    opts, url, shard = shard_options(options, STREAM_OPTIONS if stream else READ_OPTIONS)
     as_of = None
     if "as_of" in opts:
         try:
