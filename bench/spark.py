@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -78,23 +77,9 @@ class Sampler(threading.Thread):
 
 
 def session() -> Any:
-    from pyspark.sql import SparkSession
+    from slatepy.spark.session import local_session
 
-    import slatepy.spark
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("slatepy-bench-spark")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    slatepy.spark.register(spark)
-    return spark
+    return local_session("slatepy-bench-spark")
 
 
 def run_sink(spark: Any, args: argparse.Namespace) -> None:

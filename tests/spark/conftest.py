@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,23 +30,8 @@ def spark() -> Iterator[Any]:
     reason = _missing()
     if reason is not None:
         pytest.skip(reason)
-    from pyspark.sql import SparkSession
+    from slatepy.spark.session import local_session
 
-    import slatepy.spark
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("slatepy-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    slatepy.spark.register(session)
+    session = local_session("slatepy-tests")
     yield session
     session.stop()

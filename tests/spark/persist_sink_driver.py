@@ -8,27 +8,13 @@ Usage: python persist_sink_driver.py URL SHARD INPUT_DIR CHECKPOINT
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def main(url: str, shard: str, input_dir: str, checkpoint: str) -> None:
-    from pyspark.sql import SparkSession
+    from slatepy.spark.session import local_session
 
-    import slatepy.spark
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    spark = (
-        SparkSession.builder.master("local[1]")
-        .appName("slatepy-sink-driver")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "1")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    slatepy.spark.register(spark)
+    spark = local_session("slatepy-sink-driver", cores=1)
     rows = (
         spark.readStream.format("json")
         .schema("key string, value string")
