@@ -25,7 +25,8 @@ By default the store is S3 over HTTP: a moto server in its own process behind
 :class:`bench.proxy.LatencyProxy` (``--latency-ms``, default 30 ± 10 ms, as real S3), which
 counts every request of either engine by kind. slatepy's own store metrics are shown beside
 it as a check. With ``--url`` the workloads run on that location (it must be a scratch one:
-they write to it) with slatepy alone, counted by its store metrics.
+they write to it) with slatepy alone, its settings from ``SLATEPY_*`` variables (defaults
+otherwise), counted by its store metrics.
 
 Prices: S3 Standard, us-east-1, as published by AWS: PUT, COPY, POST and LIST $0.005 per
 1,000 requests; GET, HEAD and other requests $0.0004 per 1,000; DELETE free. A month is 730
@@ -398,9 +399,10 @@ def main() -> None:
         "rows": [],
     }
     if args.url:
+        settings = Settings.from_env()
         for workload in args.workloads:
             print(f"{workload} / slatepy ...", flush=True)
-            row = measure("slatepy", workload, args.url, Settings(), window, proxy=None)
+            row = measure("slatepy", workload, args.url, settings, window, proxy=None)
             run["rows"].append({"workload": workload, "engine": "slatepy", **row})
     else:
         with s3_locations(args.latency_ms, args.jitter_ms) as fresh:
