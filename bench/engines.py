@@ -182,7 +182,7 @@ class SlatepyEngine:
 
 class SlatedbEngine:
     name = "slatedb"
-    metrics = None  # its object store is inside the Rust core; requests are not observable
+    metrics = None  # its object store is inside the Rust core: counted only at the proxy
 
     def __init__(self, url: str, settings: Settings) -> None:
         from slatedb.uniffi import DbBuilder, ObjectStore
