@@ -28,6 +28,9 @@ it as a check. With ``--url`` the workloads run on that location (it must be a s
 they write to it) with slatepy alone, its settings from ``SLATEPY_*`` variables (defaults
 otherwise), counted by its store metrics.
 
+Writes ``bench/results/<name>.json``, ``.md`` and, with matplotlib, ``.png`` (``--name``,
+default ``cost``).
+
 Prices: S3 Standard, us-east-1, as published by AWS: PUT, COPY, POST and LIST $0.005 per
 1,000 requests; GET, HEAD and other requests $0.0004 per 1,000; DELETE free. A month is 730
 hours. Storage ($0.023 per GB-month) and data transfer are not included.
@@ -43,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -369,6 +373,46 @@ def markdown(run: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def chart(run: dict[str, Any], path: Path) -> bool:
+    """Monthly request price per workload, one bar per engine, split by request kind."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = run["rows"]
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, ax = plt.subplots(figsize=(11, 1 + 0.9 * len(workloads)))
+    height = 0.8 / len(engines)
+    colors = dict(zip(KINDS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    labelled: set[str] = set()
+    for row in rows:
+        y = workloads.index(row["workload"]) + (engines.index(row["engine"]) - 0.5) * height
+        counted = row.get("proxy_per_hour") or row.get("metrics_per_hour") or {}
+        left = 0.0
+        for kind in KINDS:
+            usd = PRICE_PER_1000[kind] * counted.get(kind, 0) / 1000 * HOURS_PER_MONTH
+            if usd:
+                label = kind if kind not in labelled else None
+                labelled.add(kind)
+                ax.barh(y, usd, height, left=left, color=colors[kind], label=label)
+                left += usd
+        ax.text(left, y, f" {row['engine']} ${left:,.0f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(workloads)), workloads)
+    ax.invert_yaxis()
+    ax.set_xlabel("US$ a month in requests (S3 Standard us-east-1; storage not included)")
+    ax.set_title(f"Request cost, {run['window']:g} s per workload scaled to a month")
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the labels
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def main() -> None:
     import platform
 
@@ -416,8 +460,9 @@ def main() -> None:
     (RESULTS / f"{args.name}.json").write_text(json.dumps(run, indent=1))
     table = markdown(run)
     (RESULTS / f"{args.name}.md").write_text(table)
+    charted = chart(run, RESULTS / f"{args.name}.png")
     print(table)
-    print(f"wrote bench/results/{args.name}.json, .md")
+    print(f"wrote bench/results/{args.name}.json, .md" + (", .png" if charted else ""))
 
 
 if __name__ == "__main__":
