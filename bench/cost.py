@@ -44,7 +44,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -175,9 +175,14 @@ def run_slatepy(workload: str, url: str, settings: Settings, window: float, mete
             meter.start(db.metrics)
             meter.ops = paced(1000, window, lambda i: db.put(key(i), VALUE, await_durable=False))
         elif workload == "durable-100":
+            futures: list[Future[None]] = []
             with ThreadPoolExecutor(max_workers=64) as pool:
                 meter.start(db.metrics)
-                meter.ops = paced(100, window, lambda i: _submit(pool, db.put, key(i), VALUE))
+                meter.ops = paced(
+                    100, window, lambda i: futures.append(pool.submit(db.put, key(i), VALUE))
+                )
+            for future in futures:
+                future.result()  # a failed put fails the run
         elif workload == "reader-polling":
             with DbReader.open(url, settings=settings) as reader:
                 stop = threading.Event()
@@ -199,10 +204,6 @@ def run_slatepy(workload: str, url: str, settings: Settings, window: float, mete
         else:
             raise SystemExit(f"unknown workload {workload!r} ({', '.join(WORKLOADS)})")
         meter.result = meter.stop()
-
-
-def _submit(pool: ThreadPoolExecutor, fn: Callable[..., object], *args: object) -> None:
-    pool.submit(fn, *args)
 
 
 # SlateDB ------------------------------------------------------------------------------------
