@@ -9,15 +9,30 @@ SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get
 workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
 ``minio`` (the MinIO of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each
 time: slatepy's object-store requests and bytes moved per 1,000 operations (SlateDB's
-requests happen inside its Rust core and are not observable here), and the store's raw
-conditional PUT and GET latency from the same run. Writes ``bench/results/<name>.json``, a
-Markdown table ``<name>.md``, and ``<name>.png`` when matplotlib is installed.
+requests happen inside its Rust core: only the latency proxy below counts them), and the
+store's raw conditional PUT and GET latency from the same run. Writes
+``bench/results/<name>.json``, a Markdown table ``<name>.md``, and ``<name>.png`` when
+matplotlib is installed.
+
+Against a store as slow as real S3 (issue 15):
+
+    python -m bench --latency-ms 30 --name latency30-requests     # a few minutes
+
+puts moto behind :class:`bench.proxy.LatencyProxy` (30 ± 10 ms a request; ``--jitter-ms``)
+and runs only ``s3`` unless ``--stores`` says otherwise. It adds durable puts from 8 and 64
+concurrent writers (p50/p99; 1 writer is "durable puts"), the lag until a reader in the same
+process sees a durable write (p50/p99, ``--lag-writes``), and, for every workload, the
+requests the proxy saw per 1,000 operations by kind (GET, PUT, POST, LIST, HEAD, DELETE):
+SlateDB's included, and an independent count of slatepy's. Cold gets are "gets, fresh
+reader" (a new reader, nothing cached in memory or on disk), warm gets "gets, SSTs warm".
+The extra chart is ``<name>-latency.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -27,6 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -45,22 +61,43 @@ def key(i: int) -> bytes:
     return b"key%013d" % i
 
 
+class Locations:
+    """``locations(engine) -> (url, settings)``: a new empty location per engine, and the
+    latency proxy in front of the store (None without one), which counts every request."""
+
+    def __init__(
+        self, fresh: Callable[[str], tuple[str, Settings]], proxy: LatencyProxy | None = None
+    ) -> None:
+        self.fresh, self.proxy = fresh, proxy
+
+    def __call__(self, engine: str) -> tuple[str, Settings]:
+        return self.fresh(engine)
+
+
 @contextmanager
 def store_location(
-    name: str, latency_ms: float = 0.0, disk_cache: Literal["auto", "on", "off"] = "auto"
-) -> Iterator[Callable[[str], tuple[str, Settings]]]:
-    """Yields ``fresh(engine) -> (url, settings)``: a new empty location per engine.
+    name: str,
+    latency_ms: float = 0.0,
+    disk_cache: Literal["auto", "on", "off"] = "auto",
+    jitter_ms: float | None = None,
+    *,
+    count: bool = False,
+) -> Iterator[Locations]:
+    """A new empty location per engine (see :class:`Locations`).
 
-    With ``latency_ms`` an S3 store is reached through :class:`bench.proxy.LatencyProxy`
-    (that many ms ± a third of it per request), for both engines alike."""
+    With ``latency_ms`` (or ``count``) an S3 store is reached through
+    :class:`bench.proxy.LatencyProxy` (that many ms ± ``jitter_ms``, default a third of it,
+    per request), for both engines alike."""
     if name == "memory":
-        yield lambda _: ("memory:///", Settings())
+        yield Locations(lambda _: ("memory:///", Settings()))
     elif name == "file":
         with tempfile.TemporaryDirectory() as tmp:
-            yield lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
+            yield Locations(
+                lambda engine: (f"file://{tmp}/{engine}-{uuid.uuid4().hex[:6]}", Settings())
+            )
     elif name in ("s3", "minio"):
         with (
-            _s3_endpoint(name, latency_ms) as (endpoint, bucket),
+            _s3_endpoint(name, latency_ms, jitter_ms, count=count) as (endpoint, bucket, proxy),
             tempfile.TemporaryDirectory() as cache_dir,  # every run starts with a cold cache
         ):
             os.environ.update(
@@ -79,13 +116,17 @@ def store_location(
                 disk_cache=disk_cache,
                 disk_cache_dir=cache_dir,
             )
-            yield lambda engine: (f"s3://{bucket}/{engine}-{uuid.uuid4().hex[:6]}", settings)
+            yield Locations(
+                lambda engine: (f"s3://{bucket}/{engine}-{uuid.uuid4().hex[:6]}", settings), proxy
+            )
     else:
         raise SystemExit(f"unknown store {name!r}")
 
 
 @contextmanager
-def _s3_endpoint(name: str, latency_ms: float = 0.0) -> Iterator[tuple[S3Endpoint, str]]:
+def _s3_endpoint(
+    name: str, latency_ms: float = 0.0, jitter_ms: float | None = None, *, count: bool = False
+) -> Iterator[tuple[S3Endpoint, str, LatencyProxy | None]]:
     """moto in its own process (``s3``), or the MinIO of ``compose.yaml`` (``minio``: set
     ``SLATEPY_TEST_S3_ENDPOINT``, and ``SLATEPY_TEST_S3_ACCESS_KEY``/``_SECRET_KEY`` if they
     are not minioadmin; the bucket ``slatepy`` must exist)."""
@@ -100,17 +141,19 @@ def _s3_endpoint(name: str, latency_ms: float = 0.0) -> Iterator[tuple[S3Endpoin
                 secret_access_key=os.environ.get("SLATEPY_TEST_S3_SECRET_KEY", "minioadmin"),
             ),
             "slatepy",
+            None,
         )
         return
     with moto_server(separate_process=True) as endpoint:
         create_bucket(endpoint, "bench")
-        if not latency_ms:
-            yield endpoint, "bench"
+        if not latency_ms and not count:
+            yield endpoint, "bench", None
             return
         target = urlsplit(endpoint.url)
         assert target.hostname is not None and target.port is not None
         delay = latency_ms / 1000
-        with LatencyProxy(target.hostname, target.port, delay=delay, jitter=delay / 3) as proxy:
+        jitter = delay / 3 if jitter_ms is None else jitter_ms / 1000
+        with LatencyProxy(target.hostname, target.port, delay=delay, jitter=jitter) as proxy:
             yield (
                 S3Endpoint(
                     proxy.url,
@@ -118,6 +161,7 @@ def _s3_endpoint(name: str, latency_ms: float = 0.0) -> Iterator[tuple[S3Endpoin
                     secret_access_key=endpoint.secret_access_key,
                 ),
                 "bench",
+                proxy,
             )
 
 
@@ -166,7 +210,17 @@ def requests(engine: Any) -> dict[str, int]:
     return counts
 
 
-def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dict[str, Any]:
+def run_engine(
+    engine_name: str,
+    url: str,
+    settings: Settings,
+    keys: int,
+    *,
+    proxy: LatencyProxy | None = None,
+    lag_writes: int = 20,
+) -> dict[str, Any]:
+    """Every workload on one engine; with a ``proxy``, also the requests it saw per 1,000
+    operations by kind, durable puts from 8 and 64 writers, and a reader's lag."""
     rng = random.Random(1)
     all_keys = [key(i) for i in range(keys)]
     shuffled = all_keys[:]
@@ -175,6 +229,7 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
 
     def measure(name: str, ops: int, fn: Callable[[], Any], unit: str = "ops/s") -> Any:
         before = requests(engine)
+        seen = proxy.counts() if proxy else {}
         start = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - start
@@ -184,6 +239,8 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
             "seconds": elapsed,
             "requests_per_1000": per_1000(before, requests(engine), ops),
         }
+        if proxy:
+            results[name]["proxy_requests_per_1000"] = per_1000(seen, proxy.counts(), ops)
         return out
 
     engine = ENGINES[engine_name](url, settings)
@@ -201,14 +258,28 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
             "durable puts", len(durable), lambda: engine.durable_puts(durable, VALUE)
         )
         results["durable puts"].update(p50_ms=median_ms(latencies), p99_ms=p99_ms(latencies))
+        total = keys * 2 + len(durable)  # rows written so far
+        if proxy:
+            for writers in (8, 64):
+                # Each writer puts at least 3; together about as many as the one writer did.
+                share = max(3, len(durable) // writers)
+                concurrent = [b"w%02d" % writers + k[3:] for k in all_keys[: share * writers]]
+                total += len(concurrent)
+                name = f"durable puts, {writers} writers"
+                latencies = measure(
+                    name,
+                    len(concurrent),
+                    partial(engine.concurrent_durable_puts, concurrent, VALUE, writers),
+                )
+                results[name].update(p50_ms=median_ms(latencies), p99_ms=p99_ms(latencies))
         sample = shuffled[: min(keys, 10_000)]
         found = measure("gets, memtable", len(sample), lambda: engine.get_many(sample))
         assert found == len(sample), (engine_name, found)
         engine.to_ssts()
         engine.get_many(sample)  # warm the caches
         measure("gets, SSTs warm", len(sample), lambda: engine.get_many(sample))
-        rows = measure("full scan", keys * 2 + len(durable), engine.scan_all, "rows/s")
-        assert rows == keys * 2 + len(durable), (engine_name, rows)
+        rows = measure("full scan", total, engine.scan_all, "rows/s")
+        assert rows == total, (engine_name, rows)
         ops = min(keys, 20_000)
         measure("mixed 80/20, 4 workers", ops, lambda: engine.mixed(shuffled, VALUE, ops, 4))
         reader_sample = shuffled[:200]
@@ -221,7 +292,7 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
             k: v * 1000 / len(reader_sample) for k, v in reader_requests.items()
         }
         rows, scanned, seconds = engine.fresh_reader_scan()
-        assert rows == keys * 2 + len(durable), (engine_name, rows)
+        assert rows == total, (engine_name, rows)
         results["full scan, fresh reader"] = {
             "rate": rows / seconds,
             "unit": "rows/s",
@@ -230,6 +301,21 @@ def run_engine(engine_name: str, url: str, settings: Settings, keys: int) -> dic
         }
         if scanned:
             results["full scan, fresh reader"]["mb_per_s"] = scanned / 2**20 / seconds
+        if proxy and lag_writes:
+            lags = measure(
+                "reader lag", lag_writes, lambda: engine.reader_lag(lag_writes), "writes/s"
+            )
+            lag = results["reader lag"]
+            # It may stop early: scale to the writes made (rate, requests per 1,000).
+            lag["rate"] *= len(lags) / lag_writes
+            for counts in ("requests_per_1000", "proxy_requests_per_1000"):
+                lag[counts] = {k: v * lag_writes / len(lags) for k, v in lag[counts].items()}
+            seen = [x for x in lags if not math.isnan(x)]
+            lag.update(
+                p50_ms=median_ms(seen) if seen else float("nan"),
+                p99_ms=p99_ms(seen) if seen else float("nan"),
+                seen=f"{len(seen)}/{len(lags)}",
+            )
         if engine_name == "slatepy":
             batched = shuffled[: min(keys, 5000)]
             found, batched_requests = measure(
@@ -265,7 +351,8 @@ def markdown(run: dict[str, Any]) -> str:
         ours, theirs = data["engines"].get("slatepy", {}), data["engines"].get("slatedb", {})
         for workload, mine in ours.items():
             other = theirs.get(workload)
-            ratio = f"{mine['rate'] / other['rate']:.1f}x" if other else "-"
+            # Reader lag is compared by its p50 (proxy table), not by its pace of writes.
+            ratio = f"{mine['rate'] / other['rate']:.1f}x" if other and "seen" not in mine else "-"
             rate = f"{mine['rate']:,.0f} {mine['unit']}"
             if "p50_ms" in mine:
                 rate += f" (p50 {mine['p50_ms']:.2f} ms, p99 {mine['p99_ms']:.2f} ms)"
@@ -287,6 +374,103 @@ def markdown(run: dict[str, Any]) -> str:
             f"{floor['get_ms']:.3f} ms; {floor.get('get_mb_per_s', 0):,.1f} MB/s | | | |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _kinds(counts: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items())) or "0"
+
+
+def _timing(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return "-"
+    if "p50_ms" in result:
+        text = f"p50 {result['p50_ms']:,.1f} ms, p99 {result['p99_ms']:,.1f} ms"
+        return text + (f" ({result['seen']} seen)" if "seen" in result else "")
+    return f"{result['rate']:,.0f} {result['unit']}"
+
+
+def proxy_markdown(run: dict[str, Any]) -> str:
+    """Per store behind a proxy: each workload's speed and the requests the proxy saw per
+    1,000 operations, by kind, for both engines."""
+    lines = []
+    for store, data in run["stores"].items():
+        ours, theirs = data["engines"].get("slatepy", {}), data["engines"].get("slatedb", {})
+        if not any("proxy_requests_per_1000" in r for r in ours.values()):
+            continue
+        lines += [
+            "",
+            f"{store} through the latency proxy: requests it saw per 1,000 operations "
+            "(per 1,000 writes for reader lag, the reader's polling included).",
+            "",
+            "| workload | slatepy | slatedb | slatepy requests / 1,000 | "
+            "slatedb requests / 1,000 |",
+            "|---|---|---|---|---|",
+        ]
+        for workload in dict.fromkeys([*ours, *theirs]):
+            mine, other = ours.get(workload), theirs.get(workload)
+            if "proxy_requests_per_1000" not in (mine or other or {}):
+                continue
+            reqs = [
+                _kinds(r["proxy_requests_per_1000"])
+                if r and "proxy_requests_per_1000" in r
+                else "-"
+                for r in (mine, other)
+            ]
+            lines.append(
+                f"| {workload} | {_timing(mine)} | {_timing(other)} | {reqs[0]} | {reqs[1]} |"
+            )
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def latency_chart(run: dict[str, Any], path: Path) -> bool:
+    """Durable put and reader lag p50/p99, and requests per 1,000 operations, both engines."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    store = next(
+        (
+            s
+            for s, d in run["stores"].items()
+            if any("proxy_requests_per_1000" in r for r in d["engines"].get("slatepy", {}).values())
+        ),
+        None,
+    )
+    if store is None:
+        return False
+    engines = run["stores"][store]["engines"]
+    timed = ["durable puts", "durable puts, 8 writers", "durable puts, 64 writers", "reader lag"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    width = 0.2
+    for i, (engine, results) in enumerate(engines.items()):
+        for j, pct in enumerate(("p50_ms", "p99_ms")):
+            xs = [t + (2 * i + j - 1.5) * width for t in range(len(timed))]
+            ys = [results.get(w, {}).get(pct, 0) for w in timed]
+            left.bar(xs, ys, width, label=f"{engine} {pct[:3]}")
+    left.set_xticks(range(len(timed)), ["1 writer", "8 writers", "64 writers", "reader lag"])
+    left.set_ylabel("ms (log)")
+    left.set_yscale("log")
+    left.set_title(f"{store}: durable put latency and reader lag (lower is better)")
+    left.legend()
+    workloads = [w for w, r in engines.get("slatepy", {}).items() if "proxy_requests_per_1000" in r]
+    for i, (engine, results) in enumerate(engines.items()):
+        totals = [
+            sum(results[w]["proxy_requests_per_1000"].values()) if w in results else 0
+            for w in workloads
+        ]
+        right.barh([y + (i - 0.5) * 0.4 for y in range(len(workloads))], totals, 0.4, label=engine)
+    right.set_yticks(range(len(workloads)), workloads)
+    right.set_xscale("symlog")
+    right.set_xlabel("requests per 1,000 operations, all kinds (counted at the proxy)")
+    right.set_title(f"{store}: store requests (lower is cheaper)")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def chart(run: dict[str, Any], path: Path) -> bool:
@@ -322,7 +506,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--keys", type=int, default=20_000)
-    parser.add_argument("--stores", nargs="+", default=["memory", "file", "s3"])
+    parser.add_argument(
+        "--stores", nargs="+", help="default memory file s3; only s3 with --latency-ms"
+    )
     parser.add_argument("--engines", nargs="+", default=["slatepy", "slatedb"])
     parser.add_argument("--name", default="latest")
     parser.add_argument(
@@ -332,12 +518,26 @@ def main() -> None:
         help="per-request delay added to s3 by a proxy on the wire (bench/proxy.py)",
     )
     parser.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=None,
+        help="± per-request jitter with --latency-ms (default a third of it: 10 at 30)",
+    )
+    parser.add_argument(
+        "--lag-writes",
+        type=int,
+        default=20,
+        help="with --latency-ms: writes whose reader lag is measured (0: skip)",
+    )
+    parser.add_argument(
         "--disk-cache",
         choices=["auto", "on", "off"],
         default="auto",
         help="slatepy's local disk cache for s3 (auto = on; in a fresh directory per run)",
     )
     args = parser.parse_args()
+    if args.stores is None:
+        args.stores = ["s3"] if args.latency_ms else ["memory", "file", "s3"]
     run: dict[str, Any] = {
         "command": "python -m bench "
         + " ".join(
@@ -350,6 +550,8 @@ def main() -> None:
                 "--name",
                 args.name,
                 *([f"--latency-ms {args.latency_ms:g}"] if args.latency_ms else []),
+                *([f"--jitter-ms {args.jitter_ms:g}"] if args.jitter_ms is not None else []),
+                *([f"--lag-writes {args.lag_writes}"] if args.lag_writes != 20 else []),
                 *([f"--disk-cache {args.disk_cache}"] if args.disk_cache != "auto" else []),
             ]
         ),
@@ -358,7 +560,7 @@ def main() -> None:
         "stores": {},
     }
     for store_name in args.stores:
-        with store_location(store_name, args.latency_ms, args.disk_cache) as fresh:
+        with store_location(store_name, args.latency_ms, args.disk_cache, args.jitter_ms) as fresh:
             url, settings = fresh("floor")
             data: dict[str, Any] = {
                 "floor": floor_ms(open_store(url, settings, create=True)),
@@ -367,13 +569,22 @@ def main() -> None:
             for engine_name in args.engines:
                 url, settings = fresh(engine_name)
                 print(f"{store_name} / {engine_name} ...", flush=True)
-                data["engines"][engine_name] = run_engine(engine_name, url, settings, args.keys)
+                data["engines"][engine_name] = run_engine(
+                    engine_name,
+                    url,
+                    settings,
+                    args.keys,
+                    proxy=fresh.proxy,
+                    lag_writes=args.lag_writes,
+                )
             run["stores"][store_name] = data
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(run, indent=1))
-    table = markdown(run)
+    table = markdown(run) + proxy_markdown(run)
     (RESULTS / f"{args.name}.md").write_text(table)
     charted = chart(run, RESULTS / f"{args.name}.png")
+    if latency_chart(run, RESULTS / f"{args.name}-latency.png"):
+        print(f"wrote bench/results/{args.name}-latency.png")
     print(table)
     print(f"wrote bench/results/{args.name}.json, .md" + (", .png" if charted else ""))
 

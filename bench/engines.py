@@ -12,13 +12,17 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.store import ObjectStore, StoreMetrics, open_store
+
+LAG_KEY = b"lag"
+LAG_TIMEOUT = 20.0  # seconds a reader may take to see a write before it counts as unseen
+LAG_BUDGET = 90.0  # seconds of lag measurement per engine, once 3 writes are measured
 
 
 class SlatepyEngine:
@@ -81,6 +85,52 @@ class SlatepyEngine:
             worker.join()
         self.db.flush()
 
+    def concurrent_durable_puts(
+        self, keys: Sequence[bytes], value: bytes, writers: int
+    ) -> list[float]:
+        """``writers`` threads, each putting its share of ``keys`` and awaiting durability
+        (their puts share WAL writes: group commit). Latency of every put."""
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def work(mine: Sequence[bytes]) -> None:
+            for key in mine:
+                start = time.perf_counter()
+                self.db.put(key, value)
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+
+        threads = [threading.Thread(target=work, args=(keys[w::writers],)) for w in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return latencies
+
+    def reader_lag(self, writes: int, timeout: float = LAG_TIMEOUT) -> list[float]:
+        """Seconds from a durable put's return until a reader in this process, polling
+        ``get`` every millisecond, sees it; one write at a time (a write not seen within
+        ``timeout`` is left out)."""
+        seen: dict[bytes, float] = {}
+        stop = threading.Event()
+        with self._cold_reader() as reader:
+
+            def poll() -> None:
+                while not stop.is_set():
+                    value = reader.get(LAG_KEY)
+                    if value is not None and value not in seen:
+                        seen[value] = time.perf_counter()
+                    time.sleep(0.001)
+
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            try:
+                return _lag_writes(writes, timeout, seen, self.db.put)
+            finally:
+                stop.set()
+                poller.join(10)
+
     def _cold_reader(self, **overrides: object) -> DbReader:
         """A new reader with nothing cached in memory, nor on disk unless ``overrides`` say."""
         fields = {f: getattr(self.settings, f) for f in self.settings.__struct_fields__}
@@ -132,7 +182,7 @@ class SlatepyEngine:
 
 class SlatedbEngine:
     name = "slatedb"
-    metrics = None  # its object store is inside the Rust core; requests are not observable
+    metrics = None  # its object store is inside the Rust core: counted only at the proxy
 
     def __init__(self, url: str, settings: Settings) -> None:
         from slatedb.uniffi import DbBuilder, ObjectStore
@@ -224,6 +274,58 @@ class SlatedbEngine:
 
         self._run(go())
 
+    def concurrent_durable_puts(
+        self, keys: Sequence[bytes], value: bytes, writers: int
+    ) -> list[float]:
+        """``writers`` tasks, each putting its share of ``keys`` and awaiting durability."""
+        latencies: list[float] = []
+
+        async def work(mine: Sequence[bytes]) -> None:
+            for key in mine:
+                start = time.perf_counter()
+                handle = await self.db.put(key, value)
+                await handle.await_durable()
+                latencies.append(time.perf_counter() - start)
+
+        async def go() -> None:
+            await asyncio.gather(*(work(keys[w::writers]) for w in range(writers)))
+
+        self._run(go())
+        return latencies
+
+    def reader_lag(self, writes: int, timeout: float = LAG_TIMEOUT) -> list[float]:
+        """As :meth:`SlatepyEngine.reader_lag`, with a ``DbReader`` (default options) polled
+        by a task in the same event loop."""
+        from slatedb.uniffi import DbReaderBuilder
+
+        seen: dict[bytes, float] = {}
+
+        async def go() -> list[float]:
+            reader = await DbReaderBuilder(self._path, self._store).build()
+            stop = asyncio.Event()
+
+            async def poll() -> None:
+                while not stop.is_set():
+                    value = await reader.get(LAG_KEY)
+                    if value is not None and value not in seen:
+                        seen[value] = time.perf_counter()
+                    await asyncio.sleep(0.001)
+
+            async def put(key: bytes, value: bytes) -> None:
+                handle = await self.db.put(key, value)
+                await handle.await_durable()
+
+            poller = asyncio.create_task(poll())
+            try:
+                return await _lag_writes_async(writes, timeout, seen, put)
+            finally:
+                stop.set()
+                await poller
+                await reader.shutdown()
+
+        result: list[float] = self._run(go())
+        return result
+
     def fresh_reader_gets(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
         from slatedb.uniffi import DbReaderBuilder
 
@@ -262,6 +364,60 @@ class SlatedbEngine:
 
 
 ENGINES = {"slatepy": SlatepyEngine, "slatedb": SlatedbEngine}
+
+
+def _lag_writes(
+    writes: int,
+    timeout: float,
+    seen: dict[bytes, float],
+    put: Callable[[bytes, bytes], object],
+) -> list[float]:
+    """Put up to ``writes`` values of :data:`LAG_KEY` one at a time, each after the reader
+    saw the one before (or ``timeout`` passed); the lag of each, NaN if never seen.
+
+    The pause before the next write is random, up to the lag just seen (at least 100 ms),
+    so that writes fall at random points of the reader's polling cycle rather than just
+    after a poll. Stops early after :data:`LAG_BUDGET` seconds (a reader polling every
+    10 s would otherwise take minutes)."""
+    rng = random.Random(3)
+    lags: list[float] = []
+    stop_at = time.perf_counter() + LAG_BUDGET
+    for i in range(writes):
+        if i >= 3 and time.perf_counter() > stop_at:
+            break
+        value = b"%d" % i
+        put(LAG_KEY, value)
+        acked = time.perf_counter()
+        deadline = acked + timeout
+        while value not in seen and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        lags.append(seen[value] - acked if value in seen else float("nan"))
+        time.sleep(rng.uniform(0, min(timeout, max(0.1, lags[-1]))))
+    return lags
+
+
+async def _lag_writes_async(
+    writes: int,
+    timeout: float,
+    seen: dict[bytes, float],
+    put: Callable[[bytes, bytes], Awaitable[None]],
+) -> list[float]:
+    """:func:`_lag_writes` for an asynchronous ``put``."""
+    rng = random.Random(3)
+    lags: list[float] = []
+    stop_at = time.perf_counter() + LAG_BUDGET
+    for i in range(writes):
+        if i >= 3 and time.perf_counter() > stop_at:
+            break
+        value = b"%d" % i
+        await put(LAG_KEY, value)
+        acked = time.perf_counter()
+        deadline = acked + timeout
+        while value not in seen and time.perf_counter() < deadline:
+            await asyncio.sleep(0.001)
+        lags.append(seen[value] - acked if value in seen else float("nan"))
+        await asyncio.sleep(rng.uniform(0, min(timeout, max(0.1, lags[-1]))))
+    return lags
 
 
 def median_ms(latencies: list[float]) -> float:

@@ -7,8 +7,14 @@ through untouched, so bandwidth stays the server's. Because it sits on the wire,
 SlateDB's Rust client pay the same latency in the same run (a Python store wrapper could only
 slow down slatepy).
 
+It also counts the requests it delays by billing kind (:func:`request_kind`: GET, PUT, POST,
+LIST, HEAD, DELETE), whichever client sent them: the only way to count SlateDB's requests,
+and a check on slatepy's own store metrics.
+
     with LatencyProxy("127.0.0.1", moto_port, delay=0.030, jitter=0.010) as proxy:
         endpoint = proxy.url   # http://127.0.0.1:<port>
+        ...
+        proxy.counts()         # {"PUT": 12, "GET": 40, "LIST": 3, ...}
 """
 
 from __future__ import annotations
@@ -16,10 +22,33 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 CHUNK = 256 * 1024
+METHODS = (b"GET", b"PUT", b"POST", b"HEAD", b"DELETE")
+
+
+def request_kind(first_bytes: bytes) -> str | None:
+    """The S3 request kind of an HTTP request starting with ``first_bytes``, or None when
+    they do not start a request (a body sent after ``100 Continue``, say).
+
+    A GET with ``list-type=`` or ``prefix=`` in its query is a LIST; a POST of
+    ``?delete`` (multi-object delete) a DELETE; other POSTs (multipart create and complete)
+    stay POST, billed as PUTs; a PUT with ``x-amz-copy-source`` (a COPY) stays PUT.
+    """
+    line = first_bytes.split(b"\r\n", 1)[0]
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[0] not in METHODS or not parts[2].startswith(b"HTTP/"):
+        return None
+    method, target = parts[0].decode(), parts[1]
+    query = target.partition(b"?")[2]
+    if method == "GET" and (b"list-type=" in query or b"prefix=" in query):
+        return "LIST"
+    if method == "POST" and b"delete" in (p.partition(b"=")[0] for p in query.split(b"&")):
+        return "DELETE"
+    return method
 
 
 class LatencyProxy:
@@ -35,6 +64,8 @@ class LatencyProxy:
         self.target = (target_host, target_port)
         self.delay, self.jitter = delay, jitter
         self.requests = 0
+        self._kinds: Counter[str] = Counter()
+        self._kinds_lock = threading.Lock()
         self.port = 0
         self._rng = random.Random(0)
         self._loop = asyncio.new_event_loop()
@@ -45,6 +76,11 @@ class LatencyProxy:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def counts(self) -> dict[str, int]:
+        """Requests so far by kind (see :func:`request_kind`)."""
+        with self._kinds_lock:
+            return dict(self._kinds)
 
     def __enter__(self) -> LatencyProxy:
         self._thread.start()
@@ -95,14 +131,19 @@ class LatencyProxy:
         responded = asyncio.Event()
         responded.set()  # the first bytes of a connection start a request
 
-        async def request_begins() -> None:
+        async def request_begins(data: bytes) -> None:
             if responded.is_set():  # the first bytes after a response start a new request
+                kind = request_kind(data)
+                if kind is None:
+                    return  # not a request line: the rest of one (a body after a 100)
                 responded.clear()
                 self.requests += 1
+                with self._kinds_lock:
+                    self._kinds[kind] += 1
                 wait = self.delay + self._rng.uniform(-self.jitter, self.jitter)
                 await asyncio.sleep(max(0.0, wait))
 
-        async def response_seen() -> None:
+        async def response_seen(data: bytes) -> None:
             responded.set()
 
         await asyncio.gather(
@@ -115,12 +156,12 @@ class LatencyProxy:
 async def _pump(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    before_chunk: Callable[[], Awaitable[None]],
+    before_chunk: Callable[[bytes], Awaitable[None]],
 ) -> None:
-    """Copy ``reader`` to ``writer``, awaiting ``before_chunk`` ahead of each chunk."""
+    """Copy ``reader`` to ``writer``, awaiting ``before_chunk(chunk)`` ahead of each chunk."""
     try:
         while data := await reader.read(CHUNK):
-            await before_chunk()
+            await before_chunk(data)
             writer.write(data)
             await writer.drain()
     finally:
