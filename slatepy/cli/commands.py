@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import logging
 import sys
 
 from slatepy.compactor import BackgroundCompactor, Compactor
 from slatepy.compactor.lease import default_holder
 from slatepy.config import Settings
+from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.reader import DbReader
 from slatepy.errors import NotFound
 from slatepy.gc import GarbageCollector, GcReport
+from slatepy.gc.describe import describe_hold, human_bytes
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.stack import open_stack
 
-ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc")
+ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc", "checkpoint")
 """Commands that work on an existing database and must never create one."""
 
 
@@ -114,17 +119,62 @@ def gc(
 
 
 def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
-    """A summary of a GC pass: counts and bytes per kind; each object only with ``verbose``
-    (a pass after a long run can delete thousands)."""
+    """A summary of a GC pass: counts and bytes per kind deleted, what is live, and what was
+    held back, by reason, with when it becomes collectable (RFC 0017). Each object (deleted
+    or held, with its reason and collectable time) only in a dry run or with ``verbose`` (a
+    pass after a long run can delete thousands)."""
     lines = [
         f"current manifest {report.current_manifest}, active manifests {report.active_manifests}",
         report.summary(),
+        f"live: {report.live_objects} objects, {human_bytes(report.live_bytes)} "
+        "(the current manifest, its SSTs and the WAL not yet compacted)",
+        report.held_summary(),
     ]
-    if verbose:
-        lines += [f"  {d.path}  ({d.size} B, {d.reason})" for d in report.deletions]
-    elif report.deletions:
-        lines.append("  (-v lists the objects)")
+    if verbose or report.dry_run:
+        verb = "would delete" if report.dry_run else "deleted"
+        lines += [
+            f"  {d.path}  ({human_bytes(d.size)}, {verb}: {d.reason})" for d in report.deletions
+        ]
+        lines += ["  " + describe_hold(h, now=report.now) for h in report.holds]
+    elif report.deletions or report.holds:
+        lines.append("  (-v or --dry-run lists the objects)")
     return "\n".join(lines)
+
+
+def checkpoint(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> None:
+    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017)."""
+    stack = open_stack(store, settings)
+    if args.checkpoint_command == "create":
+        made = checkpoints.create_checkpoint(
+            stack, settings, lifetime=args.lifetime, name=args.name
+        )
+        print(made.id)
+        print(f"  {describe_checkpoint(made)}")
+    elif args.checkpoint_command == "list":
+        found = checkpoints.list_checkpoints(stack, settings)
+        if not found:
+            print("no checkpoints")
+        for made in found:
+            print(f"{made.id}  {describe_checkpoint(made)}")
+    elif args.checkpoint_command == "refresh":
+        made = checkpoints.refresh_checkpoint(stack, settings, args.id, args.lifetime)
+        print(f"{made.id}  {describe_checkpoint(made)}")
+    else:
+        checkpoints.delete_checkpoint(stack, settings, args.id)
+        print(f"deleted checkpoint {args.id}; GC may now collect what only it held")
+
+
+def describe_checkpoint(made: checkpoints.Checkpoint) -> str:
+    expiry = "never expires" if made.expire_time is None else f"expires {_utc(made.expire_time)}"
+    name = f"{made.name!r} " if made.name else ""
+    return (
+        f"{name}manifest {made.manifest_id}, WAL to {made.wal_id}, "
+        f"created {_utc(made.create_time)}, {expiry}"
+    )
+
+
+def _utc(at: dt.datetime) -> str:
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def torture(

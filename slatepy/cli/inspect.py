@@ -91,7 +91,8 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
             if s.expire_time_s == 0
             else dt.datetime.fromtimestamp(s.expire_time_s, dt.UTC).isoformat()
         )
-        lines.append(f"    {s.id} manifest={s.manifest_id} expires={expiry}")
+        kind = f" checkpoint {s.name!r} wal_id={s.wal_id}" if s.kind == "checkpoint" else ""
+        lines.append(f"    {s.id}{kind} manifest={s.manifest_id} expires={expiry}")
     lines.append(f"L0: {len(m.l0)} SSTs")
     for n, h in enumerate(m.l0):
         lines.append(f"  {h.id} {handles_summary((h,))}")
@@ -120,6 +121,7 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     )
     reasons = Counter(d.reason for d in report.deletions)
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
+    lines.append(f"GC {report.held_summary()}")
     lines += run_summary(store, settings)
     return "\n".join(lines)
 

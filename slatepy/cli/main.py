@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
     gc.add_argument("-v", "--verbose", action="store_true", help="list every object")
+    _add_checkpoint_commands(sub)
     torture = sub.add_parser(
         "torture", help="soak: a random workload under injected faults, checked against a model"
     )
@@ -118,6 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
             "--consensus", default=None, help="a postgresql:// URL (default: a log on the store)"
         )
     return parser
+
+
+def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017)."""
+    checkpoint = sub.add_parser("checkpoint", help="checkpoints: views GC keeps until deleted")
+    csub = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    create = csub.add_parser("create", help="checkpoint the durable state (prints its id)")
+    create.add_argument("url")
+    create.add_argument("--name", default=None, help="a label for humans")
+    refresh = csub.add_parser("refresh", help="set a checkpoint's expiry from now")
+    refresh.add_argument("url")
+    refresh.add_argument("id")
+    for command in (create, refresh):
+        command.add_argument(
+            "--lifetime", type=float, default=None, help="seconds until it expires (default: never)"
+        )
+    csub.add_parser("list", help="the live checkpoints").add_argument("url")
+    delete = csub.add_parser("delete", help="delete a checkpoint (GC may then collect)")
+    delete.add_argument("url")
+    delete.add_argument("id")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -177,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return torture(store, settings, args.seconds, args.seed, args.fault_rate)
         elif args.command == "dynamodb":
             print(f"recovered {store.recover()} pending two-phase writes on {store.url}")
+        elif args.command == "checkpoint":
+            from slatepy.cli.commands import checkpoint
+
+            checkpoint(store, settings, args)
         elif args.command == "gc":
             from slatepy.cli.commands import gc
 

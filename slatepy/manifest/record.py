@@ -7,6 +7,8 @@ Encoding: msgpack (msgspec) inside a checksummed envelope with magic ``SLPM``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from slatepy.errors import CorruptionError
@@ -43,15 +45,30 @@ class SortedRun(msgspec.Struct, frozen=True):
     ssts: tuple[SstHandle, ...]
 
 
+SnapshotKind = Literal["snapshot", "checkpoint"]
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """A reference that keeps the manifest ``manifest_id`` (and what it reaches) alive.
 
     ``expire_time_s`` is UTC epoch seconds; 0 means the snapshot never expires.
+
+    A *checkpoint* (``kind="checkpoint"``, RFC 0017) is a snapshot a user created and names:
+    it holds the manifest and the WAL SSTs after its ``wal_id_last_compacted`` up to
+    ``wal_id`` (the WAL prefix the checkpoint covers), until deleted or expired. Reader and
+    writer snapshots leave the fields added with it at their defaults. They were added after
+    format version 1 shipped, with defaults: older manifests decode as plain snapshots, and
+    an older slatepy rewriting a manifest keeps a checkpoint as an anonymous snapshot (it
+    still protects its manifest from GC), so no version bump.
     """
 
     id: str
     manifest_id: int
     expire_time_s: int
+    kind: SnapshotKind = "snapshot"
+    name: str = ""
+    wal_id: int = 0
+    create_time_s: int = 0
 
     def expired(self, now_s: float) -> bool:
         return self.expire_time_s != 0 and self.expire_time_s < now_s
