@@ -11,6 +11,8 @@ from slatepy.compactor import BackgroundCompactor, Compactor
 from slatepy.compactor.lease import default_holder
 from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
+from slatepy.engine.clone import clone as clone_database
+from slatepy.engine.clone import with_external
 from slatepy.engine.reader import DbReader
 from slatepy.errors import NotFound
 from slatepy.gc import GarbageCollector, GcReport
@@ -73,7 +75,7 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
     takes compaction back ``compactor_lease`` after it ends (RFC 0013)."""
     compactor = Compactor(
-        store,
+        with_external(store, settings),  # a clone's compaction reads its source's SSTs
         settings=settings,
         holder=default_holder("slatepy compact"),
         takeover="always" if force else "unless-live",
@@ -94,7 +96,7 @@ def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False
     and takes compaction back when the other one leaves work pending (RFC 0013)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     compactor = Compactor(
-        store,
+        with_external(store, settings),
         settings=settings,
         holder=default_holder("slatepy compactor"),
         takeover="always" if force else "unless-live",
@@ -175,6 +177,16 @@ def describe_checkpoint(made: checkpoints.Checkpoint) -> str:
 
 def _utc(at: dt.datetime) -> str:
     return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> None:
+    """``slatepy clone SRC DST [--checkpoint ID]`` (RFC 0017)."""
+    made = clone_database(src, dst, checkpoint=checkpoint, settings=settings)
+    print(f"cloned {src} to {dst}: manifest {made.manifest_id}, WAL to {made.wal_id}")
+    print(
+        f"{src} keeps checkpoint {made.id} for the clone (it never expires): after deleting "
+        f"the clone, run `slatepy checkpoint delete {src} {made.id}`"
+    )
 
 
 def torture(

@@ -8,6 +8,7 @@ from collections import Counter
 
 from slatepy.cli import verify as checks
 from slatepy.config import Settings
+from slatepy.engine.clone import with_external
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
@@ -70,7 +71,7 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     L0 SSTs are read from their footers: one ranged GET each when not cached.
     """
     settings = settings or Settings()
-    store = open_stack(store, settings)
+    store = open_stack(with_external(store, settings), settings)
     lines: list[str] = [f"database: {store.url}"]
     stored = ManifestStore(store).load()
     if stored is None:
@@ -98,6 +99,11 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
         lines.append(f"  {h.id} {handles_summary((h,))}")
         if n < limit:
             lines.append(f"    {sst_summary(tables, compacted_path(h.id), size=h.object_size)}")
+    for e in m.external_dbs:
+        lines.append(
+            f"  shares {len(e.sst_ids)} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
+            f"manifest {e.manifest_id})"
+        )
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
@@ -137,7 +143,7 @@ def verify(store: ObjectStore, *, settings: Settings | None = None) -> tuple[str
         NotASlatepyDatabase: the location holds someone else's data.
     """
     settings = settings or Settings()
-    found = checks.survey(checks.uncached(open_stack(store, settings)))
+    found = checks.survey(checks.uncached(open_stack(with_external(store, settings), settings)))
     lines = checks.describe(found)
     if not found.manifest_ids:
         lines.append("no manifest: this location holds no slatepy database")

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017)."""
+    """``slatepy checkpoint create|list|refresh|delete`` and ``slatepy clone`` (RFC 0017)."""
     checkpoint = sub.add_parser("checkpoint", help="checkpoints: views GC keeps until deleted")
     csub = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
     create = csub.add_parser("create", help="checkpoint the durable state (prints its id)")
@@ -139,6 +139,14 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     delete = csub.add_parser("delete", help="delete a checkpoint (GC may then collect)")
     delete.add_argument("url")
     delete.add_argument("id")
+    clone = sub.add_parser(
+        "clone", help="a new database at DST sharing SRC's SSTs (nothing is copied but the WAL)"
+    )
+    clone.add_argument("src")
+    clone.add_argument("dst")
+    clone.add_argument(
+        "--checkpoint", default=None, help="clone this checkpoint (default: the current state)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -157,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             created = create_table(settings)
             print(f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}")
+            return 0
+        if args.command == "clone":
+            from slatepy.cli.commands import clone
+
+            clone(args.src, args.dst, settings, checkpoint=args.checkpoint)
             return 0
         # Only the torture soak may create its location; the rest need a database there.
         store = open_store(args.url, settings, create=args.command == "torture")

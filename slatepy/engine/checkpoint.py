@@ -77,21 +77,19 @@ def create_checkpoint(
     *,
     lifetime: float | None = None,
     name: str | None = None,
-    manifest_id: int | None = None,
-    wal_id: int | None = None,
+    of: str | None = None,
 ) -> Checkpoint:
     """Register a checkpoint of the newest manifest and the durable WAL prefix after it.
 
     Args:
         lifetime: Seconds until it expires (refresh to extend); None: it never expires.
         name: A label for humans (``list_checkpoints``, ``slatepy inspect``).
-        manifest_id, wal_id: Hold this existing view instead (both or neither): a second
-            checkpoint of a view another checkpoint holds (a clone's of a given checkpoint).
-            The caller guarantees the view is still protected.
+        of: Hold the view of this existing checkpoint instead (a second checkpoint of it,
+            which a clone of that checkpoint registers for itself).
 
     Raises:
         InvalidArgument: ``lifetime`` is not positive.
-        NotFound: no database at the store.
+        NotFound: no database at the store; no live checkpoint ``of``.
     """
     _check_lifetime(lifetime)
     manifests = _manifests(store, settings)
@@ -102,14 +100,18 @@ def create_checkpoint(
     def add(m: Manifest, next_id: int) -> Manifest:
         nonlocal registered
         now = time.time()
-        if manifest_id is None:
+        if of is None:
             # Listed inside the update, after the manifest was read: the listing is never
             # older than the manifest it goes with (as in DbReader._register).
             found = wal.contiguous_tail(m.wal_id_last_compacted)
             tail = m.wal_id_last_compacted if found is None else found
             held, covered = next_id, tail
         else:
-            held, covered, tail = manifest_id, wal_id or 0, m.wal_id_last_seen
+            # Checked in the same update that adds ours: it cannot expire in between.
+            other = _find(m.without_expired_snapshots(now), of)
+            if other is None:
+                raise _missing(store, of)
+            held, covered, tail = other.manifest_id, other.wal_id, m.wal_id_last_seen
         registered = Snapshot(
             checkpoint_id,
             held,

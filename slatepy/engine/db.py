@@ -16,6 +16,7 @@ from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.checkpoint import Checkpoint
+from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.memtable import Memtable
 from slatepy.engine.startup import start_writer
@@ -163,7 +164,8 @@ class Db(Closing):
         target = url
         if not isinstance(url, ObjectStore):
             target = open_store(url, settings, create=create_if_missing)
-        store = open_stack(target, settings)
+        # A clone reads the SSTs it shares from its source's store (RFC 0017).
+        store = open_stack(with_external(target, settings), settings)
         manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
         if not create_if_missing and manifests.load() is None:
             raise NotFound(

@@ -135,11 +135,14 @@ class DbReader(Closing):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
+        from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
+
+        store = open_stack(with_external(url, settings), settings)
         if checkpoint is not None:
             from slatepy.engine.checkpoint import CheckpointReader
 
-            return CheckpointReader(open_stack(url, settings), settings, checkpoint)
-        return cls(open_stack(url, settings), settings, read_only=read_only)
+            return CheckpointReader(store, settings, checkpoint)
+        return cls(store, settings, read_only=read_only)
 
     @property
     def manifest_id(self) -> int:

@@ -74,6 +74,21 @@ class Snapshot(msgspec.Struct, frozen=True):
         return self.expire_time_s != 0 and self.expire_time_s < now_s
 
 
+class ExternalDb(msgspec.Struct, frozen=True):
+    """SSTs a clone reads from another database's store (RFC 0017).
+
+    A clone's manifest references compacted SSTs of its source without copying them:
+    ``sst_ids`` live under ``compacted/`` at ``url``, held there by the source's checkpoint
+    ``checkpoint_id`` (of the source's manifest ``manifest_id``). Reads of those ids go to
+    ``url``; the clone writes, compacts into and collects only its own store.
+    """
+
+    url: str
+    checkpoint_id: str
+    manifest_id: int
+    sst_ids: tuple[str, ...]
+
+
 class CompactorLease(msgspec.Struct, frozen=True):
     """Who holds ``compactor_epoch`` and how a waiting compactor tells that it is still there.
 
@@ -128,6 +143,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     # The global seq of the latest ingestion (odd; 0: none yet). Writers assign even seqs
     # (RFC 0016), so an ingestion sits strictly between the writes before and after it.
     last_ingest_seq: int = 0
+    # Optional, added after format version 1 (RFC 0017): the SSTs of a clone that live in
+    # its source's store. Older slatepy cannot read a clone (it looks for them locally).
+    external_dbs: tuple[ExternalDb, ...] = ()
 
     def encode(self) -> bytes:
         return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))
