@@ -23,12 +23,15 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine.reader import DbReader
+from slatepy.engine.view import missing_sst
 from slatepy.errors import InvalidArgument, NotFound
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
@@ -36,6 +39,8 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +227,22 @@ class CheckpointReader(DbReader):
     def refresh(self) -> None:
         """Nothing to do: a checkpoint's view never changes."""
         self._check_open()
+
+    def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
+        """``read`` of the fixed view; a missing SST is damage while the checkpoint lives, and
+        the checkpoint's end otherwise (there is no newer view to catch up with)."""
+        try:
+            return read(self._view if view is None else view)
+        except NotFound as exc:
+            try:
+                get_checkpoint(self._store, self._settings, self.checkpoint.id)
+            except NotFound:
+                raise NotFound(
+                    f"checkpoint {self.checkpoint.id} expired or was deleted, and GC collected "
+                    f"what it held ({exc.path}); create a new checkpoint",
+                    path=exc.path,
+                ) from exc
+            raise missing_sst(exc) from exc
 
     def _run(self) -> None:
         return  # no polling

@@ -43,6 +43,7 @@ def test_a_checkpoint_survives_compaction_and_gc_and_a_reader_at_it_reads_it(
     store = backend.store()
     with Db.open(backend.target(), settings=backend.settings) as db:
         old = fill(db, b"old")
+        db.flush()
         Compactor(store, settings=backend.settings, policy=SMALL).run_until_idle()
         old |= fill(db, b"wal", keys=5)  # unawaited: the checkpoint flushes them first
         checkpoint = db.create_checkpoint(name="before")
@@ -57,6 +58,9 @@ def test_a_checkpoint_survives_compaction_and_gc_and_a_reader_at_it_reads_it(
             backend.target(), settings=backend.settings, checkpoint=checkpoint.id
         ) as r:
             assert r.manifest_id == checkpoint.manifest_id and r.wal_id == checkpoint.wal_id
+            # It holds compacted SSTs (rewritten since) and WAL (compacted since).
+            assert r.view.l0 or r.view.sorted_runs
+            assert checkpoint.wal_id > r.view.wal_id_last_compacted
             assert dict(r.scan()) == old
             assert r.get(b"key000") == old[b"key000"]
             assert r.get_many([b"key001", b"nope"]) == [old[b"key001"], None]
@@ -86,6 +90,27 @@ def test_an_expired_checkpoint_stops_protecting(backend: Backend) -> None:
         compact_and_collect(store, backend, later=120)  # two minutes on: it has expired
         with pytest.raises(NotFound):
             store.head(ManifestStore(store).path(checkpoint.manifest_id))
+
+
+def test_a_reader_at_a_deleted_checkpoint_says_so_when_its_ssts_are_gone(
+    backend: Backend,
+) -> None:
+    store = backend.store()
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        fill(db, b"old")
+        db.flush()
+        Compactor(store, settings=backend.settings, policy=SMALL).run_until_idle()
+        checkpoint = db.create_checkpoint()  # compacted SSTs only: the WAL is all compacted
+        fill(db, b"new")
+        db.flush()
+        with DbReader.open(
+            backend.target(), settings=backend.settings, checkpoint=checkpoint.id
+        ) as reader:
+            assert reader.view.l0 or reader.view.sorted_runs
+            db.delete_checkpoint(checkpoint.id)
+            compact_and_collect(store, backend)
+            with pytest.raises(NotFound, match="expired or was deleted"):
+                reader.get(b"key001")
 
 
 def test_refresh_moves_the_expiry_and_refuses_what_is_gone(backend: Backend) -> None:
