@@ -144,14 +144,19 @@ def explain_holds(
     live: list[ObjectMeta] = []
     grace = dt.timedelta(seconds=min_age)
 
-    def held_by(meta: ObjectMeta, manifest_ids: Iterable[int], what: str) -> None:
+    def held_by(
+        meta: ObjectMeta, manifest_ids: Iterable[int], what: str, *, aged: bool = False
+    ) -> None:
         chosen = [holders[i] for i in manifest_ids if i in holders]
         if not chosen:  # only the current manifest: live
             live.append(meta)
             return
         best = max(chosen, key=_lasting)
         detail = what if best.reason == "min_age" else best.detail
-        holds.append(Hold(meta.path, meta.size, best.reason, detail, best.until))
+        until = best.until
+        if aged and until is not None:  # unreferenced, a compacted SST must be old enough
+            until = max(until, meta.last_modified + grace)
+        holds.append(Hold(meta.path, meta.size, best.reason, detail, until))
 
     def young(meta: ObjectMeta, reason: HoldReason, detail: str) -> None:
         holds.append(Hold(meta.path, meta.size, reason, detail, meta.last_modified + grace))
@@ -190,7 +195,7 @@ def explain_holds(
         elif current_id in users.get(sst_id, ()):
             live.append(meta)
         elif sst_id in users:
-            held_by(meta, users[sst_id], "SST of a superseded manifest")
+            held_by(meta, users[sst_id], "SST of a superseded manifest", aged=True)
         elif meta.last_modified + grace > now:
             young(meta, "min_age", "young unreferenced SST (a compaction output?)")
         else:  # spared by the fence: a compaction published it while the pass decided

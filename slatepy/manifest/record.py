@@ -7,8 +7,6 @@ Encoding: msgpack (msgspec) inside a checksummed envelope with magic ``SLPM``.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 from slatepy.errors import CorruptionError
@@ -45,7 +43,8 @@ class SortedRun(msgspec.Struct, frozen=True):
     ssts: tuple[SstHandle, ...]
 
 
-SnapshotKind = Literal["snapshot", "checkpoint"]
+CHECKPOINT = "checkpoint"
+"""``Snapshot.kind`` of a checkpoint; readers' and writers' snapshots are ``"snapshot"``."""
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -65,7 +64,9 @@ class Snapshot(msgspec.Struct, frozen=True):
     id: str
     manifest_id: int
     expire_time_s: int
-    kind: SnapshotKind = "snapshot"
+    # A str, not a Literal: a kind added later must not make this version's decode fail;
+    # an unknown kind protects like a plain snapshot.
+    kind: str = "snapshot"
     name: str = ""
     wal_id: int = 0
     create_time_s: int = 0

@@ -235,3 +235,19 @@ def test_a_checkpoint_keeps_the_wal_up_to_its_own_wal_id_only() -> None:
     by_id[4] = Manifest(wal_id_last_compacted=9, snapshots=(checkpoint, reader))
     _, _, deleted = explain(listing, 4, by_id)
     assert deleted == {manifest_path(3), wal_path(1), wal_path(2)}
+
+
+def test_an_sst_held_by_a_short_snapshot_is_collectable_only_once_old_enough() -> None:
+    # Manifest 1 (its snapshot expires in 60 s) references an SST written 10 s ago: once the
+    # snapshot is gone the SST is unreferenced, and still needs gc_min_age of age.
+    current = Manifest(snapshots=(Snapshot("r", 1, int(NOW.timestamp()) + 60),))
+    by_id = {1: Manifest(l0=(handle("fresh"),)), 2: current}
+    listing = Listing(
+        [meta(manifest_path(1), 5 * HOUR), meta(manifest_path(2), 2 * HOUR)],
+        [],
+        [meta("compacted/fresh.sst", 10)],
+    )
+    holds, _, _ = explain(listing, 2, by_id)
+    assert holds[manifest_path(1)].collectable_at == at(60)
+    assert holds["compacted/fresh.sst"].reason == "snapshot"
+    assert holds["compacted/fresh.sst"].collectable_at == at(HOUR - 10)
