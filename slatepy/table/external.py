@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from slatepy.errors import NotFound
+from slatepy.errors import NotFound, SlatepyError
 from slatepy.store.base import ObjectMeta, ObjectStore, WrappingStore
 from slatepy.table.layout import compacted_id
 
@@ -58,8 +58,13 @@ class ExternalSsts(WrappingStore):
             return read(where.get(sst_id, self.inner))
         try:
             return read(self.inner)
-        except NotFound:
-            source = self._map().get(sst_id)
+        except NotFound as missing:
+            try:
+                source = self._map().get(sst_id)
+            except SlatepyError:
+                # Cannot tell (the store failed while we looked): the caller gets the miss
+                # it would have got without us, and the map is loaded on a later miss.
+                raise missing from None
             if source is None:
                 raise
         return read(source)
