@@ -130,6 +130,11 @@ def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
         report.summary(),
         f"live: {report.live_objects} objects, {human_bytes(report.live_bytes)} "
         "(the current manifest, its SSTs and the WAL not yet compacted)",
+        *(
+            f"shared: {count} SSTs, {human_bytes(size)} read from {url} (a clone's; its "
+            "checkpoint there keeps them, and this GC never deletes them)"
+            for url, count, size in report.shared
+        ),
         report.held_summary(),
     ]
     if verbose or report.dry_run:

@@ -60,6 +60,9 @@ class GcReport:
     live_objects: int = 0
     live_bytes: int = 0
     now: dt.datetime | None = None
+    shared: tuple[tuple[str, int, int], ...] = ()
+    """A clone's SSTs that live in other stores: ``(source url, SSTs, bytes)`` the current
+    manifest references there (RFC 0017). Not this store's to collect."""
 
     @property
     def bytes(self) -> int:
@@ -97,6 +100,17 @@ class GcReport:
         """One line: what was held back, by reason, and when it becomes collectable
         (:func:`slatepy.gc.describe.describe_held`)."""
         return describe_held(self.held(), now=self.now)
+
+
+def shared_ssts(manifest: Manifest) -> tuple[tuple[str, int, int], ...]:
+    """``(source url, SSTs, bytes)`` of the SSTs ``manifest`` references in other stores."""
+    handles = {h.id: h for h in (*manifest.l0, *(h for r in manifest.sorted_runs for h in r.ssts))}
+    found = []
+    for external in manifest.external_dbs:
+        sizes = [handles[i].object_size for i in external.sst_ids if i in handles]
+        if sizes:
+            found.append((external.url, len(sizes), sum(sizes)))
+    return tuple(found)
 
 
 class GarbageCollector:
@@ -192,6 +206,7 @@ class GarbageCollector:
             len(live),
             sum(m.size for m in live),
             now,
+            shared_ssts(current.manifest),
         )
         if not dry_run:
             for deletion in deletions:

@@ -28,6 +28,8 @@ def test_clone_prints_the_checkpoint_to_delete_with_the_clone(
     assert f"'clone:{dst}'" in capsys.readouterr().out
     assert main(["inspect", dst]) == 0
     assert f"shares 1 SSTs of {src}" in capsys.readouterr().out
+    assert main(["gc", dst]) == 0
+    assert "shared: 1 SSTs, " in capsys.readouterr().out
     with DbReader.open(dst, settings=OFF) as reader:
         assert reader.get(b"k") == b"v"
     assert main(["clone", src, dst]) == 1
