@@ -20,6 +20,7 @@ from slatepy.gc.describe import describe_hold, human_bytes
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
+from slatepy.store.url import open_store
 
 ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc", "checkpoint")
 """Commands that work on an existing database and must never create one."""
@@ -188,10 +189,14 @@ def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> 
     """``slatepy clone SRC DST [--checkpoint ID]`` (RFC 0017)."""
     made = clone_database(src, dst, checkpoint=checkpoint, settings=settings)
     print(f"cloned {src} to {dst}: manifest {made.manifest_id}, WAL to {made.wal_id}")
-    print(
-        f"{src} keeps checkpoint {made.id} for the clone (it never expires): after deleting "
-        f"the clone, run `slatepy checkpoint delete {src} {made.id}`"
-    )
+    stored = ManifestStore(open_store(dst, settings)).load()
+    holders = [] if stored is None else stored.manifest.external_dbs
+    for external in holders:
+        print(
+            f"{external.url} keeps checkpoint {external.checkpoint_id} for the clone (it never "
+            f"expires): after deleting the clone, run "
+            f"`slatepy checkpoint delete {external.url} {external.checkpoint_id}`"
+        )
 
 
 def torture(

@@ -18,8 +18,10 @@ at all, but the checkpoint stays until deleted.
 
 Deleting a clone: delete its objects, then the checkpoint in the source
 (``slatepy checkpoint delete SRC ID``; its name is ``clone:DST``), so the source's GC can
-collect what only the clone used. Deleting the checkpoint while the clone lives breaks the
-clone's reads of SSTs it has not rewritten yet.
+collect what only the clone used. A clone of a clone also holds a checkpoint of its own in
+each store its source shares SSTs from (so it outlives its source); its manifest's
+``external_dbs`` lists every ``(url, checkpoint)`` to delete. Deleting the checkpoint
+while the clone lives breaks the clone's reads of SSTs it has not rewritten yet.
 
 The source must be reachable by URL from every process that opens the clone: a
 ``memory://`` store cannot be (each open of ``memory://`` is a new store).
@@ -91,20 +93,28 @@ def clone(
     made = checkpoints.create_checkpoint(
         source, settings, name=f"clone:{target.url}", of=checkpoint
     )
+    held: list[tuple[ObjectStore, str]] = [(source, made.id)]
     try:
         base = ManifestStore(source).read(made.manifest_id)
         _copy_wal(source, target, base.wal_id_last_compacted, made.wal_id)
-        first = _clone_manifest(base, made, source.url)
+        inherited = _hold_inherited(base, f"clone:{target.url}", settings, held)
+        first = _clone_manifest(base, made, source.url, inherited)
         if own.put_after(0, first) is None:
             raise AlreadyExists(
                 f"clone: another process created a database at {target.url} meanwhile",
                 path="manifest/",
             )
     except BaseException:
-        try:
-            checkpoints.delete_checkpoint(source, settings, made.id)
-        except SlatepyError as exc:  # best effort: the checkpoint is named clone:DST
-            log.warning("clone failed; removing its checkpoint %s failed too: %s", made.id, exc)
+        for store, checkpoint_id in held:
+            try:
+                checkpoints.delete_checkpoint(store, settings, checkpoint_id)
+            except SlatepyError as exc:  # best effort: the checkpoint is named clone:DST
+                log.warning(
+                    "clone failed; removing its checkpoint %s in %s failed too: %s",
+                    checkpoint_id,
+                    store.url,
+                    exc,
+                )
         raise
     log.info(
         "cloned %s (checkpoint %s, manifest %d) to %s: %d shared SSTs",
@@ -157,16 +167,39 @@ def _copy_wal(source: ObjectStore, target: ObjectStore, first: int, last: int) -
             )
 
 
-def _clone_manifest(base: Manifest, made: checkpoints.Checkpoint, source_url: str) -> Manifest:
+def _hold_inherited(
+    base: Manifest, name: str, settings: Settings, held: list[tuple[ObjectStore, str]]
+) -> list[ExternalDb]:
+    """For a clone of a clone: the SSTs ``base`` shares with *its* sources stay where they
+    live, each held by a checkpoint of the clone's own there (a second checkpoint of the
+    view the source's checkpoint holds), so the new clone outlives its source. Appends each
+    checkpoint registered to ``held``."""
+    ids = _sst_ids(base)
+    inherited = []
+    for external in base.external_dbs:
+        shared = tuple(i for i in external.sst_ids if i in ids)
+        if not shared:
+            continue
+        origin = open_stack(open_store(external.url, settings), settings)
+        made = checkpoints.create_checkpoint(origin, settings, name=name, of=external.checkpoint_id)
+        held.append((origin, made.id))
+        inherited.append(ExternalDb(external.url, made.id, external.manifest_id, shared))
+    return inherited
+
+
+def _sst_ids(manifest: Manifest) -> set[str]:
+    return {h.id for h in (*manifest.l0, *(h for run in manifest.sorted_runs for h in run.ssts))}
+
+
+def _clone_manifest(
+    base: Manifest,
+    made: checkpoints.Checkpoint,
+    source_url: str,
+    inherited: list[ExternalDb],
+) -> Manifest:
     """The clone's first manifest: ``base`` with its SSTs external, no snapshots, no
     compactor lease (the source's compactor is not the clone's)."""
-    ids = {h.id for h in (*base.l0, *(h for run in base.sorted_runs for h in run.ssts))}
-    # SSTs the source itself shares with its own source stay where they live.
-    inherited = [
-        msgspec.structs.replace(e, sst_ids=tuple(i for i in e.sst_ids if i in ids))
-        for e in base.external_dbs
-    ]
-    inherited = [e for e in inherited if e.sst_ids]
+    ids = _sst_ids(base)
     elsewhere = {i for e in inherited for i in e.sst_ids}
     own = ExternalDb(source_url, made.id, made.manifest_id, tuple(sorted(ids - elsewhere)))
     return msgspec.structs.replace(

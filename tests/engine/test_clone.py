@@ -164,3 +164,34 @@ def _handles(store: ObjectStore) -> list[SstHandle]:
     assert stored is not None
     m = stored.manifest
     return [*m.l0, *(h for run in m.sorted_runs for h in run.ssts)]
+
+
+def test_a_clone_of_a_clone_outlives_the_clone_between(backend: Backend) -> None:
+    src = backend.store()
+    middle_url, last_url = elsewhere(backend), elsewhere(backend)
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        model = fill(db, b"src", range(40))
+        compact_and_collect(src, backend)
+    clone(backend.url, middle_url, settings=backend.settings)
+    middle = open_store(middle_url, backend.settings)
+    with Db.open(middle_url, settings=backend.settings) as copy:
+        model |= fill(copy, b"middle", range(5))  # in its WAL: the source's SSTs stay shared
+    clone(middle_url, last_url, settings=backend.settings)
+    last = open_store(last_url, backend.settings)
+    stored = ManifestStore(last).load()
+    assert stored is not None
+    assert [e.url for e in stored.manifest.external_dbs] == [backend.url, middle_url]
+    # Delete the clone in the middle, and its checkpoint in the source; the source's GC
+    # keeps what the last clone shares, under the last clone's own checkpoint there.
+    stored_middle = ManifestStore(middle).load()
+    assert stored_middle is not None
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        db.delete_checkpoint(stored_middle.manifest.external_dbs[0].checkpoint_id)
+        fill(db, b"moved-on", range(40))  # the source rewrites every SST it had
+        compact_and_collect(src, backend)
+    for meta in middle.list(""):
+        middle.delete(meta.path)
+    with DbReader.open(last_url, settings=backend.settings) as reader:
+        assert dict(reader.scan()) == model
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        assert [c.name for c in db.list_checkpoints()] == [f"clone:{last.url}"]
