@@ -54,6 +54,7 @@ def scan(
     limit: int,
     *,
     snapshot: bool = False,
+    checkpoint: str | None = None,
 ) -> None:
     """Print ``key<TAB>value`` lines from a reader.
 
@@ -61,8 +62,11 @@ def scan(
     period that protects a reader without a snapshot), and an inspection tool should neither
     write to the database it looks at nor need write access to it. ``snapshot`` registers a
     snapshot for the scan (removed after), for scans longer than ``gc_min_age``.
+    ``checkpoint`` scans that checkpoint's view (it protects itself; nothing is written).
     """
-    with DbReader.open(store, settings=settings, read_only=not snapshot) as reader:
+    with DbReader.open(
+        store, settings=settings, read_only=not snapshot, checkpoint=checkpoint
+    ) as reader:
         rows = reader.scan(start.encode(), None if end is None else end.encode())
         for count, (key, value) in enumerate(rows, 1):
             print(f"{show(key)}\t{show(value)}")

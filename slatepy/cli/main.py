@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="register a snapshot for the scan (needs write access); by default the scan is "
         "read-only, protected from GC by gc_min_age only, which outlasts any usual scan",
     )
+    scan.add_argument("--checkpoint", default=None, help="read this checkpoint (RFC 0017)")
     compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
     compact.add_argument("url")
     compact.add_argument(
@@ -196,7 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "scan":
             from slatepy.cli.commands import scan
 
-            scan(store, settings, args.start, args.end, args.limit, snapshot=args.snapshot)
+            scan(
+                store,
+                settings,
+                args.start,
+                args.end,
+                args.limit,
+                snapshot=args.snapshot,
+                checkpoint=args.checkpoint,
+            )
         elif args.command == "compact":
             from slatepy.cli.commands import compact
 

@@ -118,6 +118,10 @@ def test_gc_names_the_checkpoint_that_holds_objects(
     assert "checkpoint 'nightly'" in inspected
     with DbReader.open(url, settings=OFF, checkpoint=checkpoint_id) as reader:
         assert reader.get(b"k00") == b"old"
+    scanned = run(capsys, "scan", url, "--checkpoint", checkpoint_id, "--limit", "2")
+    assert scanned.splitlines()[:2] == ["k00\told", "k01\told"]
+    refreshed = run(capsys, "checkpoint", "refresh", url, checkpoint_id, "--lifetime", "600")
+    assert refreshed.startswith(checkpoint_id) and "expires 20" in refreshed
     run(capsys, "checkpoint", "delete", url, checkpoint_id)
     assert run(capsys, "checkpoint", "list", url) == "no checkpoints\n"
     out = run(capsys, "gc", url, "--min-age", "0")
