@@ -10,6 +10,7 @@ from slatepy.cli import verify as checks
 from slatepy.config import Settings
 from slatepy.engine.clone import with_external
 from slatepy.gc import GarbageCollector
+from slatepy.gc.describe import human_bytes
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -127,7 +128,10 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     )
     reasons = Counter(d.reason for d in report.deletions)
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
-    lines.append(f"GC {report.held_summary()}")
+    lines.append(
+        f"GC live: {report.live_objects} objects, {human_bytes(report.live_bytes)}; "
+        f"{report.held_summary()}"
+    )
     lines += run_summary(store, settings)
     return "\n".join(lines)
 

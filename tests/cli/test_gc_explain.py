@@ -114,7 +114,8 @@ def test_gc_names_the_checkpoint_that_holds_objects(
     assert f"by checkpoint {checkpoint_id} (nightly) (no expiry: delete it to release)" in held
     assert "gc_min_age" not in held
     inspected = run(capsys, "inspect", url)
-    assert "GC held back: " in inspected and f"by checkpoint {checkpoint_id}" in inspected
+    assert "GC live: " in inspected and "; held back: " in inspected
+    assert f"by checkpoint {checkpoint_id}" in inspected
     assert "checkpoint 'nightly'" in inspected
     with DbReader.open(url, settings=OFF, checkpoint=checkpoint_id) as reader:
         assert reader.get(b"k00") == b"old"
