@@ -2,6 +2,8 @@
 
 from slatepy.config import Settings
 from slatepy.engine import Db, DbReader, WriteBatch
+from slatepy.engine.checkpoint import Checkpoint
+from slatepy.engine.clone import clone
 from slatepy.errors import (
     AlreadyExists,
     ClosedError,
@@ -23,6 +25,7 @@ from slatepy.errors import (
 
 __all__ = [
     "AlreadyExists",
+    "Checkpoint",
     "ClosedError",
     "CompactionAbandoned",
     "CorruptionError",
@@ -42,4 +45,5 @@ __all__ = [
     "WriteBatch",
     "WriteStalled",
     "WritesLost",
+    "clone",
 ]

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import logging
 import sys
 
 from slatepy.compactor import BackgroundCompactor, Compactor
 from slatepy.compactor.lease import default_holder
 from slatepy.config import Settings
+from slatepy.engine import checkpoint as checkpoints
+from slatepy.engine.clone import clone as clone_database
+from slatepy.engine.clone import with_external
 from slatepy.engine.reader import DbReader
 from slatepy.errors import NotFound
 from slatepy.gc import GarbageCollector, GcReport
+from slatepy.gc.describe import describe_hold, human_bytes
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.stack import open_stack
+from slatepy.store.url import open_store
 
-ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc")
+ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc", "checkpoint")
 """Commands that work on an existing database and must never create one."""
 
 
@@ -46,6 +54,7 @@ def scan(
     limit: int,
     *,
     snapshot: bool = False,
+    checkpoint: str | None = None,
 ) -> None:
     """Print ``key<TAB>value`` lines from a reader.
 
@@ -53,8 +62,11 @@ def scan(
     period that protects a reader without a snapshot), and an inspection tool should neither
     write to the database it looks at nor need write access to it. ``snapshot`` registers a
     snapshot for the scan (removed after), for scans longer than ``gc_min_age``.
+    ``checkpoint`` scans that checkpoint's view (it protects itself; nothing is written).
     """
-    with DbReader.open(store, settings=settings, read_only=not snapshot) as reader:
+    with DbReader.open(
+        store, settings=settings, read_only=not snapshot, checkpoint=checkpoint
+    ) as reader:
         rows = reader.scan(start.encode(), None if end is None else end.encode())
         for count, (key, value) in enumerate(rows, 1):
             print(f"{show(key)}\t{show(value)}")
@@ -68,7 +80,7 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
     takes compaction back ``compactor_lease`` after it ends (RFC 0013)."""
     compactor = Compactor(
-        store,
+        with_external(store, settings),  # a clone's compaction reads its source's SSTs
         settings=settings,
         holder=default_holder("slatepy compact"),
         takeover="always" if force else "unless-live",
@@ -89,7 +101,7 @@ def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False
     and takes compaction back when the other one leaves work pending (RFC 0013)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     compactor = Compactor(
-        store,
+        with_external(store, settings),
         settings=settings,
         holder=default_holder("slatepy compactor"),
         takeover="always" if force else "unless-live",
@@ -114,17 +126,81 @@ def gc(
 
 
 def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
-    """A summary of a GC pass: counts and bytes per kind; each object only with ``verbose``
-    (a pass after a long run can delete thousands)."""
+    """A summary of a GC pass: counts and bytes per kind deleted, what is live, and what was
+    held back, by reason, with when it becomes collectable (RFC 0017). Each object (deleted
+    or held, with its reason and collectable time) only in a dry run or with ``verbose`` (a
+    pass after a long run can delete thousands)."""
     lines = [
         f"current manifest {report.current_manifest}, active manifests {report.active_manifests}",
         report.summary(),
+        f"live: {report.live_objects} objects, {human_bytes(report.live_bytes)} "
+        "(the current manifest, its SSTs and the WAL not yet compacted)",
+        *(
+            f"shared: {count} SSTs, {human_bytes(size)} read from {url} (a clone's; its "
+            "checkpoint there keeps them, and this GC never deletes them)"
+            for url, count, size in report.shared
+        ),
+        report.held_summary(),
     ]
-    if verbose:
-        lines += [f"  {d.path}  ({d.size} B, {d.reason})" for d in report.deletions]
-    elif report.deletions:
-        lines.append("  (-v lists the objects)")
+    if verbose or report.dry_run:
+        verb = "would delete" if report.dry_run else "deleted"
+        lines += [
+            f"  {d.path}  ({human_bytes(d.size)}, {verb}: {d.reason})" for d in report.deletions
+        ]
+        lines += ["  " + describe_hold(h, now=report.now) for h in report.holds]
+    elif report.deletions or report.holds:
+        lines.append("  (-v or --dry-run lists the objects)")
     return "\n".join(lines)
+
+
+def checkpoint(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> None:
+    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017)."""
+    stack = open_stack(store, settings)
+    if args.checkpoint_command == "create":
+        made = checkpoints.create_checkpoint(
+            stack, settings, lifetime=args.lifetime, name=args.name
+        )
+        print(made.id)
+        print(f"  {describe_checkpoint(made)}")
+    elif args.checkpoint_command == "list":
+        found = checkpoints.list_checkpoints(stack, settings)
+        if not found:
+            print("no checkpoints")
+        for made in found:
+            print(f"{made.id}  {describe_checkpoint(made)}")
+    elif args.checkpoint_command == "refresh":
+        made = checkpoints.refresh_checkpoint(stack, settings, args.id, args.lifetime)
+        print(f"{made.id}  {describe_checkpoint(made)}")
+    else:
+        checkpoints.delete_checkpoint(stack, settings, args.id)
+        print(f"deleted checkpoint {args.id}; GC may now collect what only it held")
+
+
+def describe_checkpoint(made: checkpoints.Checkpoint) -> str:
+    expiry = "never expires" if made.expire_time is None else f"expires {_utc(made.expire_time)}"
+    name = f"{made.name!r} " if made.name else ""
+    return (
+        f"{name}manifest {made.manifest_id}, WAL to {made.wal_id}, "
+        f"created {_utc(made.create_time)}, {expiry}"
+    )
+
+
+def _utc(at: dt.datetime) -> str:
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> None:
+    """``slatepy clone SRC DST [--checkpoint ID]`` (RFC 0017)."""
+    made = clone_database(src, dst, checkpoint=checkpoint, settings=settings)
+    print(f"cloned {src} to {dst}: manifest {made.manifest_id}, WAL to {made.wal_id}")
+    stored = ManifestStore(open_store(dst, settings)).load()
+    holders = [] if stored is None else stored.manifest.external_dbs
+    for external in holders:
+        print(
+            f"{external.url} keeps checkpoint {external.checkpoint_id} for the clone (it never "
+            f"expires): after deleting the clone, run "
+            f"`slatepy checkpoint delete {external.url} {external.checkpoint_id}`"
+        )
 
 
 def torture(

@@ -31,6 +31,7 @@ from slatepy.cli import verify
 from slatepy.compactor.executor import plan_inputs, write_outputs
 from slatepy.compactor.planner import CompactionPolicy, WalToL0
 from slatepy.config import Settings
+from slatepy.engine.clone import with_external
 from slatepy.engine.fencing import (
     Conflict,
     empty_sst,
@@ -88,7 +89,8 @@ def doctor(
         NotASlatepyDatabase: the location holds someone else's data.
     """
     settings = settings or Settings()
-    store = verify.uncached(open_stack(store, settings))
+    # A clone's shared SSTs live in its source: not damage (RFC 0017).
+    store = verify.uncached(open_stack(with_external(store, settings), settings))
     found = verify.survey(store)
     lines = [f"doctor: {store.url}", *verify.describe(found)]
     if not found.manifest_ids:

@@ -8,7 +8,9 @@ from collections import Counter
 
 from slatepy.cli import verify as checks
 from slatepy.config import Settings
+from slatepy.engine.clone import with_external
 from slatepy.gc import GarbageCollector
+from slatepy.gc.describe import human_bytes
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -70,7 +72,7 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     L0 SSTs are read from their footers: one ranged GET each when not cached.
     """
     settings = settings or Settings()
-    store = open_stack(store, settings)
+    store = open_stack(with_external(store, settings), settings)
     lines: list[str] = [f"database: {store.url}"]
     stored = ManifestStore(store).load()
     if stored is None:
@@ -91,12 +93,18 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
             if s.expire_time_s == 0
             else dt.datetime.fromtimestamp(s.expire_time_s, dt.UTC).isoformat()
         )
-        lines.append(f"    {s.id} manifest={s.manifest_id} expires={expiry}")
+        kind = f" checkpoint {s.name!r} wal_id={s.wal_id}" if s.kind == "checkpoint" else ""
+        lines.append(f"    {s.id}{kind} manifest={s.manifest_id} expires={expiry}")
     lines.append(f"L0: {len(m.l0)} SSTs")
     for n, h in enumerate(m.l0):
         lines.append(f"  {h.id} {handles_summary((h,))}")
         if n < limit:
             lines.append(f"    {sst_summary(tables, compacted_path(h.id), size=h.object_size)}")
+    for e in m.external_dbs:
+        lines.append(
+            f"  shares {len(e.sst_ids)} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
+            f"manifest {e.manifest_id})"
+        )
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
@@ -120,6 +128,10 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     )
     reasons = Counter(d.reason for d in report.deletions)
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
+    lines.append(
+        f"GC live: {report.live_objects} objects, {human_bytes(report.live_bytes)}; "
+        f"{report.held_summary()}"
+    )
     lines += run_summary(store, settings)
     return "\n".join(lines)
 
@@ -135,7 +147,7 @@ def verify(store: ObjectStore, *, settings: Settings | None = None) -> tuple[str
         NotASlatepyDatabase: the location holds someone else's data.
     """
     settings = settings or Settings()
-    found = checks.survey(checks.uncached(open_stack(store, settings)))
+    found = checks.survey(checks.uncached(open_stack(with_external(store, settings), settings)))
     lines = checks.describe(found)
     if not found.manifest_ids:
         lines.append("no manifest: this location holds no slatepy database")

@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="register a snapshot for the scan (needs write access); by default the scan is "
         "read-only, protected from GC by gc_min_age only, which outlasts any usual scan",
     )
+    scan.add_argument("--checkpoint", default=None, help="read this checkpoint (RFC 0017)")
     compact = sub.add_parser("compact", help="compact a database until nothing is left to do")
     compact.add_argument("url")
     compact.add_argument(
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
     gc.add_argument("-v", "--verbose", action="store_true", help="list every object")
+    _add_checkpoint_commands(sub)
     torture = sub.add_parser(
         "torture", help="soak: a random workload under injected faults, checked against a model"
     )
@@ -120,6 +122,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``slatepy checkpoint create|list|refresh|delete`` and ``slatepy clone`` (RFC 0017)."""
+    checkpoint = sub.add_parser("checkpoint", help="checkpoints: views GC keeps until deleted")
+    csub = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    create = csub.add_parser("create", help="checkpoint the durable state (prints its id)")
+    create.add_argument("url")
+    create.add_argument("--name", default=None, help="a label for humans")
+    refresh = csub.add_parser("refresh", help="set a checkpoint's expiry from now")
+    refresh.add_argument("url")
+    refresh.add_argument("id")
+    for command in (create, refresh):
+        command.add_argument(
+            "--lifetime", type=float, default=None, help="seconds until it expires (default: never)"
+        )
+    csub.add_parser("list", help="the live checkpoints").add_argument("url")
+    delete = csub.add_parser("delete", help="delete a checkpoint (GC may then collect)")
+    delete.add_argument("url")
+    delete.add_argument("id")
+    clone = sub.add_parser(
+        "clone", help="a new database at DST sharing SRC's SSTs (nothing is copied but the WAL)"
+    )
+    clone.add_argument("src")
+    clone.add_argument("dst")
+    clone.add_argument(
+        "--checkpoint", default=None, help="clone this checkpoint (default: the current state)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -136,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             created = create_table(settings)
             print(f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}")
+            return 0
+        if args.command == "clone":
+            from slatepy.cli.commands import clone
+
+            clone(args.src, args.dst, settings, checkpoint=args.checkpoint)
             return 0
         # Only the torture soak may create its location; the rest need a database there.
         store = open_store(args.url, settings, create=args.command == "torture")
@@ -162,7 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "scan":
             from slatepy.cli.commands import scan
 
-            scan(store, settings, args.start, args.end, args.limit, snapshot=args.snapshot)
+            scan(
+                store,
+                settings,
+                args.start,
+                args.end,
+                args.limit,
+                snapshot=args.snapshot,
+                checkpoint=args.checkpoint,
+            )
         elif args.command == "compact":
             from slatepy.cli.commands import compact
 
@@ -177,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return torture(store, settings, args.seconds, args.seed, args.fault_rate)
         elif args.command == "dynamodb":
             print(f"recovered {store.recover()} pending two-phase writes on {store.url}")
+        elif args.command == "checkpoint":
+            from slatepy.cli.commands import checkpoint
+
+            checkpoint(store, settings, args)
         elif args.command == "gc":
             from slatepy.cli.commands import gc
 

@@ -13,7 +13,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import Settings
+from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
+from slatepy.engine.checkpoint import Checkpoint
+from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.memtable import Memtable
 from slatepy.engine.startup import start_writer
@@ -161,7 +164,8 @@ class Db(Closing):
         target = url
         if not isinstance(url, ObjectStore):
             target = open_store(url, settings, create=create_if_missing)
-        store = open_stack(target, settings)
+        # A clone reads the SSTs it shares from its source's store (RFC 0017).
+        store = open_stack(with_external(target, settings), settings)
         manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
         if not create_if_missing and manifests.load() is None:
             raise NotFound(
@@ -356,6 +360,42 @@ class Db(Closing):
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)
                 self._wal.max_seq_by_id.pop(wal_id, None)
+
+    def create_checkpoint(
+        self, *, lifetime: float | None = None, name: str | None = None
+    ) -> Checkpoint:
+        """Flush the WAL, then register a checkpoint of the database (RFC 0017).
+
+        The checkpoint holds the newest manifest and the WAL prefix after it, so it contains
+        every write made before this call; GC keeps what it reaches until it is deleted or
+        expires. Read it with ``DbReader.open(url, checkpoint=cp.id)``; clone from it with
+        ``slatepy.clone``.
+
+        Args:
+            lifetime: Seconds until it expires (:meth:`refresh_checkpoint` extends it);
+                None: it never expires.
+            name: A label for humans.
+        """
+        self.flush()
+        return checkpoints.create_checkpoint(
+            self._store, self._settings, lifetime=lifetime, name=name
+        )
+
+    def list_checkpoints(self) -> list[Checkpoint]:
+        """The database's unexpired checkpoints, oldest first."""
+        self._check_open()
+        return checkpoints.list_checkpoints(self._store, self._settings)
+
+    def refresh_checkpoint(self, checkpoint_id: str, lifetime: float | None) -> Checkpoint:
+        """Make a checkpoint expire ``lifetime`` seconds from now (None: never)."""
+        self._check_open()
+        return checkpoints.refresh_checkpoint(self._store, self._settings, checkpoint_id, lifetime)
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        """Remove a checkpoint (``NotFound`` if there is none); GC may then collect what only
+        it held."""
+        self._check_open()
+        checkpoints.delete_checkpoint(self._store, self._settings, checkpoint_id)
 
     def flush(self) -> None:
         """Make every write made so far durable.

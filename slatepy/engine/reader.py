@@ -114,6 +114,7 @@ class DbReader(Closing):
         *,
         settings: Settings | None = None,
         read_only: bool = False,
+        checkpoint: str | None = None,
     ) -> DbReader:
         """Open a reader of the database at ``url`` (it must exist; nothing is created).
 
@@ -125,13 +126,23 @@ class DbReader(Closing):
                 collector only by ``gc_min_age`` (see the module docstring). Without it the
                 reader registers a snapshot (a manifest write on open, on refreshes and on
                 close), which protects its view for as long as it lives.
+            checkpoint: Read the checkpoint with this id (``Db.create_checkpoint``): a view
+                fixed at its manifest and WAL prefix that never polls and writes nothing
+                (the checkpoint protects it). ``read_only`` is implied.
 
         Raises:
-            NotFound: no database (or no bucket) at ``url``.
+            NotFound: no database (or no bucket) at ``url``; no such live checkpoint.
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
-        return cls(open_stack(url, settings), settings, read_only=read_only)
+        from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
+
+        store = open_stack(with_external(url, settings), settings)
+        if checkpoint is not None:
+            from slatepy.engine.checkpoint import CheckpointReader
+
+            return CheckpointReader(store, settings, checkpoint)
+        return cls(store, settings, read_only=read_only)
 
     @property
     def manifest_id(self) -> int:

@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 
 from slatepy.config import Settings
 from slatepy.errors import CorruptionError, NotFound
+from slatepy.gc.describe import describe_held
+from slatepy.gc.holds import Hold, HoldSummary, explain_holds, manifest_holds, summarize
 from slatepy.gc.rules import (
     Deletion,
     Listing,
     active_manifest_ids,
+    checkpoint_wal_limits,
     select_garbage,
     spare_published,
 )
@@ -36,12 +39,16 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GcReport:
-    """What one collection pass found (and deleted, unless it was a dry run).
+    """What one collection pass found: what it deleted (or would, in a dry run), what it
+    held back and why, and what is live.
 
     ``fence_manifest`` is the manifest the pass wrote before deleting compacted SSTs (None if
-    it deleted none); ``current_manifest`` is the one it chose the deletions from.
+    it deleted none); ``current_manifest`` is the one it chose the deletions from. ``holds``
+    are the objects the current manifest does not need but the rules keep (RFC 0017);
+    ``live_objects``/``live_bytes`` count what the current state needs (referenced by the
+    current manifest, WAL not yet compacted). ``now`` is the pass's clock reading.
     """
 
     current_manifest: int
@@ -49,10 +56,25 @@ class GcReport:
     deletions: list[Deletion] = field(default_factory=list)
     dry_run: bool = False
     fence_manifest: int | None = None
+    holds: tuple[Hold, ...] = ()
+    live_objects: int = 0
+    live_bytes: int = 0
+    now: dt.datetime | None = None
+    shared: tuple[tuple[str, int, int], ...] = ()
+    """A clone's SSTs that live in other stores: ``(source url, SSTs, bytes)`` the current
+    manifest references there (RFC 0017). Not this store's to collect."""
 
     @property
     def bytes(self) -> int:
         return sum(d.size for d in self.deletions)
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(h.size for h in self.holds)
+
+    def held(self) -> tuple[HoldSummary, ...]:
+        """The holds per reason (per snapshot or checkpoint), see :func:`summarize`."""
+        return summarize(self.holds)
 
     def by_kind(self) -> dict[str, tuple[int, int]]:
         """``{kind: (objects, bytes)}`` of the deletions, kinds in a fixed order
@@ -73,6 +95,22 @@ class GcReport:
         return f"{verb} {len(self.deletions)} objects, {self.bytes} bytes" + (
             f": {kinds}" if kinds else ""
         )
+
+    def held_summary(self) -> str:
+        """One line: what was held back, by reason, and when it becomes collectable
+        (:func:`slatepy.gc.describe.describe_held`)."""
+        return describe_held(self.held(), now=self.now)
+
+
+def shared_ssts(manifest: Manifest) -> tuple[tuple[str, int, int], ...]:
+    """``(source url, SSTs, bytes)`` of the SSTs ``manifest`` references in other stores."""
+    handles = {h.id: h for h in (*manifest.l0, *(h for r in manifest.sorted_runs for h in r.ssts))}
+    found = []
+    for external in manifest.external_dbs:
+        sizes = [handles[i].object_size for i in external.sst_ids if i in handles]
+        if sizes:
+            found.append((external.url, len(sizes), sum(sizes)))
+    return tuple(found)
 
 
 class GarbageCollector:
@@ -136,28 +174,52 @@ class GarbageCollector:
             current.id, current.manifest, numbered, now=now, min_age=self.min_age
         )
         active = {i: self._read_active(i, current.id) for i in sorted(active_ids)}
+        limits = checkpoint_wal_limits(
+            current.id, current.manifest, numbered, now=now, min_age=self.min_age
+        )
         deletions = select_garbage(
-            listing,
-            current.id,
-            active,
-            now=now,
-            min_age=self.min_age,
+            listing, current.id, active, now=now, min_age=self.min_age, wal_limits=limits
         )
         fence: int | None = None
         if not dry_run and any(d.kind == "compacted" for d in deletions):
             fence, deletions = self._fence(current.id, deletions)
-        report = GcReport(current.id, sorted(active), deletions, dry_run, fence)
+        holders = manifest_holds(
+            current.id, current.manifest, numbered, now=now, min_age=self.min_age
+        )
+        holds, live = explain_holds(
+            listing,
+            current.id,
+            active,
+            holders,
+            deletions,
+            now=now,
+            min_age=self.min_age,
+            wal_limits=limits,
+        )
+        report = GcReport(
+            current.id,
+            sorted(active),
+            deletions,
+            dry_run,
+            fence,
+            tuple(holds),
+            len(live),
+            sum(m.size for m in live),
+            now,
+            shared_ssts(current.manifest),
+        )
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
             log.info(
-                "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s)",
+                "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s); %s",
                 self.store.url,
                 report.summary(),
                 time.monotonic() - started,
                 current.id,
                 len(active),
                 "" if fence is None else f", fence manifest {fence}",
+                report.held_summary(),
             )
         return report
 

@@ -93,12 +93,16 @@ def select_garbage(
     *,
     now: datetime,
     min_age: float,
+    wal_limits: Mapping[int, int] | None = None,
 ) -> list[Deletion]:
     """The objects of ``listing`` no active manifest can reach.
 
     Args:
         active: Every active manifest by id (see :func:`active_manifest_ids`).
         now: Taken *before* the current manifest was read (see RFC 0003).
+        wal_limits: :func:`checkpoint_wal_limits`: the last WAL SST each manifest that only
+            checkpoints hold can read; the others read every WAL SST from their
+            ``wal_id_last_compacted`` on.
     """
     garbage: list[Deletion] = []
 
@@ -114,6 +118,7 @@ def select_garbage(
             garbage.append(Deletion(meta.path, meta.size, "inactive manifest", "manifest"))
 
     wal_floor = min(m.wal_id_last_compacted for m in active.values())
+    limits = wal_limits or {}
     for meta in listing.wal:
         wal_id = parse_id(meta.path, WAL_SUFFIX)
         if wal_id is None:
@@ -121,16 +126,62 @@ def select_garbage(
         elif wal_id < wal_floor:
             reason = f"WAL below {wal_floor} (compacted)"
             garbage.append(Deletion(meta.path, meta.size, reason, "wal"))
+        elif not wal_readers(wal_id, active, limits):
+            reason = "compacted WAL after every checkpoint's (only checkpoints hold older views)"
+            garbage.append(Deletion(meta.path, meta.size, reason, "wal"))
 
     referenced = referenced_ssts(active.values())
     for meta in listing.compacted:
-        sst_id = _compacted_id(meta.path)
+        sst_id = compacted_id(meta.path)
         if sst_id is None:
             stray(meta)
         elif sst_id not in referenced and _age(meta, now) >= min_age:
             reason = "compacted SST no manifest uses"
             garbage.append(Deletion(meta.path, meta.size, reason, "compacted"))
     return garbage
+
+
+def checkpoint_wal_limits(
+    current_id: int,
+    current: Manifest,
+    manifests: Sequence[tuple[int, ObjectMeta]],
+    *,
+    now: datetime,
+    min_age: float,
+) -> dict[int, int]:
+    """For each manifest that only checkpoints keep active, the last WAL SST it needs.
+
+    A checkpoint covers the WAL from its manifest's ``wal_id_last_compacted`` up to its
+    ``wal_id`` and no further (RFC 0017): what a checkpoint reader or a clone reads. A
+    manifest that is also current, snapshotted by a reader (which polls the WAL on) or still
+    in its ``min_age`` grace period (a process may be reading it and the WAL after it) has no
+    limit. Without this, a checkpoint kept for a month would keep a month of WAL.
+
+    Args:
+        manifests: ``(id, meta)`` of the listed manifests, ascending by id.
+    """
+    now_s = now.timestamp()
+    live = [s for s in current.snapshots if not s.expired(now_s)]
+    unlimited = {current_id} | {s.manifest_id for s in live if s.kind != "checkpoint"}
+    for (manifest_id, _), (_, successor) in itertools.pairwise(manifests):
+        if _age(successor, now) < min_age:
+            unlimited.add(manifest_id)
+    limits: dict[int, int] = {}
+    for s in live:
+        if s.kind == "checkpoint" and s.manifest_id not in unlimited:
+            limits[s.manifest_id] = max(limits.get(s.manifest_id, 0), s.wal_id)
+    return limits
+
+
+def wal_readers(
+    wal_id: int, active: Mapping[int, Manifest], limits: Mapping[int, int]
+) -> list[int]:
+    """Ids of the active manifests that may read WAL SST ``wal_id``: those whose
+    ``wal_id_last_compacted`` is at most it (the SST there carries the epoch), up to their
+    limit (:func:`checkpoint_wal_limits`) if they have one."""
+    return [
+        i for i, m in active.items() if m.wal_id_last_compacted <= wal_id <= limits.get(i, wal_id)
+    ]
 
 
 def referenced_ssts(manifests: Iterable[Manifest]) -> set[str]:
@@ -151,10 +202,11 @@ def spare_published(deletions: Sequence[Deletion], newer: Iterable[Manifest]) ->
             while the collector was deciding.
     """
     published = referenced_ssts(newer)
-    return [d for d in deletions if d.kind != "compacted" or _compacted_id(d.path) not in published]
+    return [d for d in deletions if d.kind != "compacted" or compacted_id(d.path) not in published]
 
 
-def _compacted_id(path: str) -> str | None:
+def compacted_id(path: str) -> str | None:
+    """The SST id of ``compacted/{id}.sst`` (None for any other name)."""
     name = path.rsplit("/", 1)[-1]
     return name[: -len(".sst")] if name.endswith(".sst") else None
 

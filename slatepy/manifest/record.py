@@ -43,18 +43,51 @@ class SortedRun(msgspec.Struct, frozen=True):
     ssts: tuple[SstHandle, ...]
 
 
+CHECKPOINT = "checkpoint"
+"""``Snapshot.kind`` of a checkpoint; readers' and writers' snapshots are ``"snapshot"``."""
+
+
 class Snapshot(msgspec.Struct, frozen=True):
     """A reference that keeps the manifest ``manifest_id`` (and what it reaches) alive.
 
     ``expire_time_s`` is UTC epoch seconds; 0 means the snapshot never expires.
+
+    A *checkpoint* (``kind="checkpoint"``, RFC 0017) is a snapshot a user created and names:
+    it holds the manifest and the WAL SSTs after its ``wal_id_last_compacted`` up to
+    ``wal_id`` (the WAL prefix the checkpoint covers), until deleted or expired. Reader and
+    writer snapshots leave the fields added with it at their defaults. They were added after
+    format version 1 shipped, with defaults: older manifests decode as plain snapshots, and
+    an older slatepy rewriting a manifest keeps a checkpoint as an anonymous snapshot (it
+    still protects its manifest from GC), so no version bump.
     """
 
     id: str
     manifest_id: int
     expire_time_s: int
+    # A str, not a Literal: a kind added later must not make this version's decode fail;
+    # an unknown kind protects like a plain snapshot.
+    kind: str = "snapshot"
+    name: str = ""
+    wal_id: int = 0
+    create_time_s: int = 0
 
     def expired(self, now_s: float) -> bool:
         return self.expire_time_s != 0 and self.expire_time_s < now_s
+
+
+class ExternalDb(msgspec.Struct, frozen=True):
+    """SSTs a clone reads from another database's store (RFC 0017).
+
+    A clone's manifest references compacted SSTs of its source without copying them:
+    ``sst_ids`` live under ``compacted/`` at ``url``, held there by the source's checkpoint
+    ``checkpoint_id`` (of the source's manifest ``manifest_id``). Reads of those ids go to
+    ``url``; the clone writes, compacts into and collects only its own store.
+    """
+
+    url: str
+    checkpoint_id: str
+    manifest_id: int
+    sst_ids: tuple[str, ...]
 
 
 class CompactorLease(msgspec.Struct, frozen=True):
@@ -111,6 +144,9 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     # The global seq of the latest ingestion (odd; 0: none yet). Writers assign even seqs
     # (RFC 0016), so an ingestion sits strictly between the writes before and after it.
     last_ingest_seq: int = 0
+    # Optional, added after format version 1 (RFC 0017): the SSTs of a clone that live in
+    # its source's store. Older slatepy cannot read a clone (it looks for them locally).
+    external_dbs: tuple[ExternalDb, ...] = ()
 
     def encode(self) -> bytes:
         return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))

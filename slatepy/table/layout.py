@@ -16,3 +16,11 @@ COMPACTED_DIR = "compacted"
 def compacted_path(sst_id: str) -> str:
     """Where the compacted SST ``sst_id`` lives."""
     return f"{COMPACTED_DIR}/{sst_id}.sst"
+
+
+def compacted_id(path: str) -> str | None:
+    """The SST id of ``compacted/{id}.sst``; None for any other path."""
+    prefix, suffix = COMPACTED_DIR + "/", ".sst"
+    if path.startswith(prefix) and path.endswith(suffix) and "/" not in path[len(prefix) :]:
+        return path[len(prefix) : -len(suffix)]
+    return None

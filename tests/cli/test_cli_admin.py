@@ -92,13 +92,21 @@ def test_gc_prints_a_summary_by_kind_and_lists_objects_only_with_verbose(
     assert main(["gc", url, "--dry-run"]) == 0
     out = capsys.readouterr().out
     # WAL SSTs 1..5 sit below wal_id_last_compacted=6; the manifests before the compaction's
-    # are superseded. Counts and bytes per kind, no object names.
+    # are superseded. Counts and bytes per kind; a dry run lists each object (RFC 0017).
     assert "would delete" in out and ": wal 5 (" in out and "manifest " in out
-    assert "wal/0000" not in out and "(-v lists the objects)" in out
-    assert main(["gc", url, "-v"]) == 0
+    assert "wal/00000000000000000001.sst" in out
+    assert main(["gc", url]) == 0
     out = capsys.readouterr().out
     assert "deleted" in out and ": wal 5 (" in out
-    assert "wal/00000000000000000001.sst" in out  # -v lists each object
+    assert "wal/0000" not in out and "(-v or --dry-run lists the objects)" in out
+    monkeypatch.delenv("SLATEPY_GC_MIN_AGE")  # a compactor abandons work with gc_min_age 0
+    _database_with_garbage(url)  # six more WAL SSTs to collect (a fence, five writes)
+    monkeypatch.setenv("SLATEPY_GC_MIN_AGE", "0")
+    capsys.readouterr()
+    assert main(["gc", url, "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "deleted" in out and ": wal 6 (" in out
+    assert "wal/00000000000000000007.sst" in out  # -v lists each object
 
 
 def test_torture_prints_progress_while_it_runs() -> None:

@@ -1,0 +1,85 @@
+"""Reading compacted SSTs that live in another store: a clone's shared SSTs (RFC 0017).
+
+A clone's manifest references SSTs of its source database without copying them. Everything
+that reads SSTs (the table reader of a writer or reader, the compactor, ``inspect``) reads
+through the store it was given, so the routing lives in the store: :class:`ExternalSsts`
+sends a read of ``compacted/{id}.sst`` for an external ``id`` to the store that holds it and
+everything else (all writes, deletes and listings) to the clone's own store. So nothing the
+clone does can write or delete under the source's location.
+
+Which ids are external is learnt lazily: ``locate`` is called once, on the first read of a
+compacted SST the own store does not have, so a database that is not a clone pays nothing.
+External SSTs never exist in the own store (ids are fresh uuids), and a clone's set of
+external SSTs is fixed when it is made, so the map, once loaded, never goes stale.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from slatepy.errors import NotFound, SlatepyError
+from slatepy.store.base import ObjectMeta, ObjectStore, WrappingStore
+from slatepy.table.layout import compacted_id
+
+T = TypeVar("T")
+
+Locate = Callable[[], Mapping[str, ObjectStore]]
+"""Returns ``{sst id: the store holding compacted/{id}.sst}`` for the external SSTs."""
+
+
+class ExternalSsts(WrappingStore):
+    """``inner``, with reads of external compacted SSTs sent where they live."""
+
+    def __init__(self, inner: ObjectStore, locate: Locate) -> None:
+        super().__init__(inner)
+        self._locate = locate
+        self._where: Mapping[str, ObjectStore] | None = None
+        self._lock = threading.Lock()
+
+    def source_of(self, path: str) -> ObjectStore | None:
+        """The other store ``path`` is read from, if it is an external SST (loads the map)."""
+        sst_id = compacted_id(path)
+        return None if sst_id is None else self._map().get(sst_id)
+
+    def _map(self) -> Mapping[str, ObjectStore]:
+        with self._lock:
+            if self._where is None:
+                self._where = dict(self._locate())
+            return self._where
+
+    def _read(self, path: str, read: Callable[[ObjectStore], T]) -> T:
+        sst_id = compacted_id(path)
+        if sst_id is None:
+            return read(self.inner)
+        where = self._where
+        if where is not None:
+            return read(where.get(sst_id, self.inner))
+        try:
+            return read(self.inner)
+        except NotFound as missing:
+            try:
+                source = self._map().get(sst_id)
+            except SlatepyError:
+                # Cannot tell (the store failed while we looked): the caller gets the miss
+                # it would have got without us, and the map is loaded on a later miss.
+                raise missing from None
+            if source is None:
+                raise
+        return read(source)
+
+    def get(self, path: str) -> bytes:
+        return self._read(path, lambda store: store.get(path))
+
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        return self._read(path, lambda store: store.get_range(path, start, end))
+
+    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return self._read(path, lambda store: store.get_ranges(path, ranges))
+
+    def get_suffix(self, path: str, length: int) -> bytes:
+        return self._read(path, lambda store: store.get_suffix(path, length))
+
+    def head(self, path: str) -> ObjectMeta:
+        return self._read(path, lambda store: store.head(path))
