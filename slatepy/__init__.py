@@ -2,6 +2,7 @@
 
 from slatepy.config import Settings
 from slatepy.engine import Db, DbReader, WriteBatch
+from slatepy.engine.wal_reader import WalHistoryGone, WalReader, WalRecord
 from slatepy.errors import (
     AlreadyExists,
     ClosedError,
@@ -39,6 +40,9 @@ __all__ = [
     "SlatepyError",
     "StoreError",
     "StoreUnavailable",
+    "WalHistoryGone",
+    "WalReader",
+    "WalRecord",
     "WriteBatch",
     "WriteStalled",
     "WritesLost",
