@@ -19,8 +19,8 @@ What the feed holds (RFC 0018, "Change data capture"):
   at every SST boundary (``wal_id`` changes), which is what a replica needs; it is not an
   audit log of every call. A batch one of whose keys was overwritten in the same SST shows
   up without that key.
-* **Writes through the WAL only.** Ingested SSTs (``Db.ingest``, RFC 0016; odd seqs) bypass
-  the WAL and are not in the feed.
+* **Writes through the WAL only.** Bulk loads (RFC 0016: ``publish_ingest``; odd seqs)
+  bypass the WAL and are not in the feed.
 * **History is bounded by GC.** WAL SSTs below the manifest's ``wal_id_last_compacted`` are
   deleted by the garbage collector once no active manifest needs them (at least
   ``gc_min_age``, an hour by default, after compaction). Asking for writes older than what
@@ -126,6 +126,24 @@ class WalReader(Closing):
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
+
+    def last_seq(self) -> int:
+        """The seq of the newest write in the WAL's contiguous run now (0: none).
+
+        To start a replica: note ``last_seq()``, copy the database (a ``DbReader`` scan),
+        then apply ``iter(last_seq + 1, follow=True)``: every write the copy missed is
+        after that seq, and the ones it also holds are applied again in order (an in-order
+        replay of puts and deletes converges on the same state).
+        """
+        ids = self._wal.ids()
+        if not ids:
+            return 0
+        tables = TableReader(self.store, cache_bytes=1 << 20)
+        for wal_id in range(contiguous_end(ids, ids[0]) - 1, ids[0] - 1, -1):
+            props = tables.top(self._wal.path(wal_id)).props
+            if props.entry_count:
+                return props.max_seq
+        return 0
 
     def iter(
         self,

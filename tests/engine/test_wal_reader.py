@@ -120,6 +120,24 @@ def test_from_seq_in_the_middle_and_resuming_after_the_last_record() -> None:
             list(reader.iter(follow=True, poll_interval=0))
 
 
+def test_a_replica_from_a_copy_and_the_feed_after_last_seq_converges() -> None:
+    store = open_store("memory://")
+    with Db.open(store, settings=FAST) as db:
+        write_all(db, workload(12))
+        with WalReader(store, settings=FAST) as feed:
+            assert feed.last_seq() == list(feed.iter())[-1].seq
+            start = feed.last_seq() + 1
+            write_all(db, workload(6, tag=b"during the copy "))  # in the copy and the feed
+            replica = dict(db.scan())
+            write_all(db, workload(9, tag=b"after "))
+            for record in feed.iter(start):
+                if record.value is None:
+                    replica.pop(record.key, None)
+                else:
+                    replica[record.key] = record.value
+        assert replica == dict(db.scan())
+
+
 def test_fencing_ssts_of_many_writers_are_skipped() -> None:
     store = open_store("memory://")
     writes: list[Write] = []
