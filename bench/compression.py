@@ -14,6 +14,8 @@ CPU cost of encoding and compressing, not the disk's fsync latency; compactor of
 * **get**: ``--gets`` random point gets on a freshly opened ``DbReader`` (cold caches: every
   block read is decompressed once), then the same gets again (warm: cached, decoded).
 * **scan**: a full scan on another freshly opened reader (every block decompressed).
+* **durable puts**: ``--durable`` single puts, each awaited (one WAL SST of one entry each),
+  on a ``memory://`` store: the per-WAL-SST cost of compression with no I/O latency to hide it.
 
 The codecs take turns for ``--repeat`` rounds and each throughput is the best of its rounds:
 the machine this was written on is shared, and the best run is the least disturbed one.
@@ -79,7 +81,7 @@ def sizes(url: str, settings: Settings) -> dict[str, int]:
     return {"sorted_run_bytes": run_bytes, "wal_bytes": wal_bytes}
 
 
-def measure(codec: str, keys: int, gets: int, root: Path) -> dict[str, Any]:
+def measure(codec: str, keys: int, gets: int, durable: int, root: Path) -> dict[str, Any]:
     url = f"file://{root / codec}"
     settings = Settings(compression=codec, compactor="off", file_sync="off")  # type: ignore[arg-type]
     order = list(range(keys))
@@ -123,6 +125,12 @@ def measure(codec: str, keys: int, gets: int, root: Path) -> dict[str, Any]:
         rows = sum(1 for _ in reader.scan())
         result["scan_rows_per_s"] = round(rows / (time.perf_counter() - started))
         assert rows == keys, rows
+    store = open_store("memory://")
+    with Db.open(store, settings=settings) as db:
+        started = time.perf_counter()
+        for i in range(durable):
+            db.put(key(i), values[order[i % keys]])
+        result["durable_puts_per_s"] = round(durable / (time.perf_counter() - started))
     return result
 
 
@@ -132,8 +140,8 @@ def table(results: list[dict[str, Any]], keys: int) -> str:
         f"# bench.compression: {keys:,} keys (16 B keys, 100 B values), file store, file_sync=off",
         "",
         "| codec | sorted run MB | ratio | WAL MB | write keys/s | compact keys/s "
-        "| cold gets/s | warm gets/s | scan rows/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cold gets/s | warm gets/s | scan rows/s | durable puts/s (memory) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         ratio = base["sorted_run_bytes"] / r["sorted_run_bytes"]
@@ -141,7 +149,8 @@ def table(results: list[dict[str, Any]], keys: int) -> str:
             f"| {r['codec']} | {r['sorted_run_bytes'] / 1e6:.1f} | {ratio:.2f}x "
             f"| {r['wal_bytes'] / 1e6:.1f} | {r['write_keys_per_s']:,} "
             f"| {r['compact_keys_per_s']:,} | {r['cold_gets_per_s']:,} "
-            f"| {r['warm_gets_per_s']:,} | {r['scan_rows_per_s']:,} |"
+            f"| {r['warm_gets_per_s']:,} | {r['scan_rows_per_s']:,} "
+            f"| {r['durable_puts_per_s']:,} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -150,6 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=200_000)
     parser.add_argument("--gets", type=int, default=20_000)
+    parser.add_argument("--durable", type=int, default=2_000, help="awaited single puts")
     parser.add_argument("--codecs", nargs="+", default=list(CODECS), choices=CODECS)
     parser.add_argument(
         "--repeat", type=int, default=3, help="rounds over the codecs; the best of each is kept"
@@ -160,7 +170,7 @@ def main() -> None:
     for round_ in range(args.repeat):
         for codec in args.codecs:
             with tempfile.TemporaryDirectory(prefix="slatepy-compression-") as tmp:
-                run = measure(codec, args.keys, args.gets, Path(tmp))
+                run = measure(codec, args.keys, args.gets, args.durable, Path(tmp))
             print(f"round {round_ + 1}: {json.dumps(run)}", flush=True)
             kept = best.setdefault(codec, run)
             for name, number in run.items():
