@@ -11,7 +11,8 @@ decompressor sees it (and a damaged codec byte cannot send raw bytes to a decomp
 The block inside keeps its own checksum, verified once it is decompressed: an end-to-end
 check that also catches a decompressor bug. A block that does not shrink to
 :data:`KEEP_RATIO` of its size or less is stored raw (codec 0), so incompressible data costs
-only the 9 bytes of the frame per block, and no read decompresses a block for a small saving.
+only the 9 bytes of the frame per block, and no read decompresses a block for a small saving
+(blocks under :data:`MIN_COMPRESS_BYTES` are not even tried).
 
 Everything here is a pure function of bytes. Compressors and decompressors are kept per
 thread (the C objects are not safe for concurrent use and cost microseconds to create).
@@ -39,6 +40,9 @@ CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 _CODEC_BYTES = {codec: bytes([codec]) for codec in CODEC_NAMES}
 FRAME_OVERHEAD = 1 + CHECKSUM_SIZE
 """Bytes a version 4 block frame adds to the block it holds."""
+MIN_COMPRESS_BYTES = 256
+"""Blocks smaller than this are stored raw without trying (a WAL SST of one durable put):
+they seldom shrink by an eighth, and a few bytes saved do not pay for the attempt."""
 KEEP_RATIO = 7 / 8
 """A compressed block is kept only when it is at most this fraction of the raw one: a saving
 under 12.5% does not pay for decompressing the block on every read of it."""
@@ -93,7 +97,7 @@ class BlockCompressor:
 
     def frame(self, block: bytes) -> list[bytes]:
         """The stored form of ``block``, as parts to append in order."""
-        packed = self._compress(block)
+        packed = self._compress(block) if len(block) >= MIN_COMPRESS_BYTES else block
         if len(packed) <= len(block) * KEEP_RATIO:
             data, codec = packed, _CODEC_BYTES[self.codec]
         else:

@@ -22,6 +22,7 @@ from slatepy.format.compression import (
     COMPRESSIONS,
     LZ4,
     LZ4_LEVELS,
+    MIN_COMPRESS_BYTES,
     RAW,
     ZSTD,
     ZSTD_LEVELS,
@@ -234,3 +235,12 @@ def test_random_frames_never_decode_silently() -> None:
         stored = os.urandom(rng.randrange(0, 64))
         with pytest.raises(CorruptionError):
             unframe_block(stored)
+
+
+@pytest.mark.parametrize("compression", CODECS)
+def test_a_tiny_block_is_stored_raw_without_trying(compression: Compression) -> None:
+    """One durable put's WAL SST: a block under MIN_COMPRESS_BYTES is not compressed, however
+    repetitive; a larger one of the same bytes is."""
+    small = build([(b"k", 2, b"a" * (MIN_COMPRESS_BYTES - 60))], compression)
+    large = build([(b"k", 2, b"a" * MIN_COMPRESS_BYTES)], compression)
+    assert block_codecs(small) == [RAW] and block_codecs(large) != [RAW]
