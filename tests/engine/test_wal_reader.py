@@ -18,6 +18,7 @@ from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import InvalidArgument, NotFound
 from slatepy.gc.collector import GarbageCollector
 from slatepy.store import ObjectStore, open_store
+from tests.conftest import Backend
 
 FAST = Settings(compactor="off", flush_interval=60, reader_poll_interval=0.02)
 
@@ -292,3 +293,12 @@ def test_cli_wal_tail_prints_one_line_per_write(
     assert main(["wal", "tail", url, "--from-seq", "soon"]) == 1
     assert "InvalidArgument" in capsys.readouterr().err
     assert main(["wal", "tail", f"file://{tmp_path}/nothing"]) == 1
+
+
+def test_the_feed_on_every_backend(backend: Backend) -> None:
+    writes = workload(8)
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        write_all(db, writes)
+    with WalReader(backend.target(), settings=backend.settings) as feed:
+        assert as_writes(list(feed.iter())) == writes
+        assert feed.last_seq() == list(feed.iter())[-1].seq

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from slatepy import Db, Settings
+from slatepy import Db, DbReader, Settings
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, IndexedBlock
@@ -16,6 +16,7 @@ from slatepy.manifest.store import ManifestStore
 from slatepy.store import MetricsStore, ObjectStore, open_store
 from slatepy.table.layout import compacted_path
 from slatepy.table.reader import TableReader
+from tests.conftest import Backend
 
 PATH = "compacted/c.sst"
 CODECS: list[Compression] = ["zstd", "lz4"]
@@ -205,3 +206,25 @@ def test_flipping_any_byte_is_caught_by_the_reader_too(compression: Compression)
         except CorruptionError:
             continue
         pytest.fail(f"flipping byte {position} went undetected (same data: {got == expected})")
+
+
+def test_compressed_databases_on_every_backend(backend: Backend) -> None:
+    """Through each store's stack (the disk cache of remote stores holds stored, compressed
+    bytes): a writer, a compaction and readers under another setting."""
+    fields = {name: getattr(backend.settings, name) for name in backend.settings.__struct_fields__}
+    zstd = Settings.from_dict({**fields, "compression": "zstd", "block_size": 512})
+    plain = Settings.from_dict({**fields, "compression": "none"})
+    model = {b"k%04d" % i: value(i, 0) for i in range(200)}
+    with Db.open(backend.target(), settings=zstd) as db:
+        for key, data in model.items():
+            db.put(key, data, await_durable=False)
+        db.flush()
+    compact_all(backend.store(), zstd)
+    with Db.open(backend.target(), settings=zstd) as db:
+        db.put(b"k0000", b"newest")
+    model[b"k0000"] = b"newest"
+    with DbReader.open(backend.target(), settings=plain) as reader:
+        assert dict(reader.scan()) == model
+        assert reader.get(b"k0100") == model[b"k0100"]
+    with Db.open(backend.target(), settings=plain) as db:
+        assert dict(db.scan()) == model
