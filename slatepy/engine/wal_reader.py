@@ -38,7 +38,7 @@ from typing import Literal
 from slatepy.config import Settings
 from slatepy.engine.closing import Closing
 from slatepy.engine.startup import decode_wal_sst
-from slatepy.errors import InvalidArgument, NotFound, SlatepyError
+from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore
@@ -55,7 +55,8 @@ MAX_POLL_INTERVAL = 60.0
 
 StartAt = int | Literal["oldest", "end"]
 """Where a feed starts: records with ``seq >= n``; ``"oldest"``: the oldest write the WAL
-still holds (never :class:`WalHistoryGone`); ``"end"``: only writes committed from now on."""
+still holds (so no :class:`WalHistoryGone` at the start); ``"end"``: only writes committed
+from now on."""
 
 _by_seq = itemgetter(1)
 
@@ -167,6 +168,8 @@ class WalReader(Closing):
                 before the first record), or a follower fell behind the garbage collector.
             CorruptionError: a WAL SST is damaged (naming it).
             InvalidArgument: a bad ``from_seq`` or ``poll_interval``.
+            ClosedError: the reader was closed before the iteration started (closing it
+                later ends the iteration quietly).
         """
         for batch in self.iter_ssts(from_seq, follow=follow, poll_interval=poll_interval):
             yield from batch
@@ -186,6 +189,8 @@ class WalReader(Closing):
             raise InvalidArgument(f"poll_interval must be in (0, {MAX_POLL_INTERVAL}] seconds")
         if not (from_seq in ("oldest", "end") or (type(from_seq) is int and from_seq >= 0)):
             raise InvalidArgument(f"from_seq must be a seq >= 0, 'oldest' or 'end': {from_seq!r}")
+        if self._closed.is_set():
+            raise ClosedError("the WAL reader is closed; open another one")
         next_id, min_seq = self._start(from_seq)
         while not self._closed.is_set():
             ids = self._wal.ids(after=next_id - 1)

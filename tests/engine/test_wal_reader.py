@@ -15,7 +15,7 @@ import pytest
 from slatepy import Db, Settings, WalHistoryGone, WalReader, WalRecord, WriteBatch, aio
 from slatepy.cli.main import main
 from slatepy.compactor import CompactionPolicy, Compactor
-from slatepy.errors import InvalidArgument, NotFound
+from slatepy.errors import ClosedError, InvalidArgument, NotFound
 from slatepy.gc.collector import GarbageCollector
 from slatepy.store import ObjectStore, open_store
 from tests.conftest import Backend
@@ -232,9 +232,13 @@ def test_a_reader_overtaken_by_gc_gets_the_typed_error() -> None:
             list(ssts)
 
 
-def test_no_database_is_not_found() -> None:
+def test_no_database_is_not_found_and_a_closed_reader_refuses() -> None:
     with pytest.raises(NotFound):
         WalReader(open_store("memory://"))
+    reader = WalReader(database(workload(2)), settings=FAST)
+    reader.close()
+    with pytest.raises(ClosedError):
+        list(reader.iter())
 
 
 def test_the_async_form_reads_and_follows() -> None:
