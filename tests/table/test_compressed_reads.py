@@ -4,9 +4,12 @@ whose SSTs mix codecs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slatepy import Db, DbReader, Settings
+from slatepy.cli.main import main
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, IndexedBlock
@@ -228,3 +231,17 @@ def test_compressed_databases_on_every_backend(backend: Backend) -> None:
         assert reader.get(b"k0100") == model[b"k0100"]
     with Db.open(backend.target(), settings=plain) as db:
         assert dict(db.scan()) == model
+
+
+def test_inspect_shows_each_ssts_compression(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=db_settings("lz4")) as db:
+        for i in range(100):
+            db.put(b"k%04d" % i, value(i, 0), await_durable=False)
+    assert main(["inspect", url]) == 0
+    out = capsys.readouterr().out
+    (line,) = (line for line in out.splitlines() if " lz4=" in line)
+    before, after = map(int, line.split(" lz4=")[1].split()[0].split("->"))
+    assert after < before
