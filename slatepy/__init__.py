@@ -4,6 +4,7 @@ from slatepy.config import Settings
 from slatepy.engine import Db, DbReader, WriteBatch
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import clone
+from slatepy.engine.wal_reader import WalHistoryGone, WalReader, WalRecord
 from slatepy.errors import (
     AlreadyExists,
     ClosedError,
@@ -42,6 +43,9 @@ __all__ = [
     "SlatepyError",
     "StoreError",
     "StoreUnavailable",
+    "WalHistoryGone",
+    "WalReader",
+    "WalRecord",
     "WriteBatch",
     "WriteStalled",
     "WritesLost",

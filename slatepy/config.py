@@ -113,6 +113,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         azure_use_emulator: Talk to a local Azurite with its well-known account;
             ``AZURE_STORAGE_USE_EMULATOR`` when unset.
         gcs_endpoint: Google Cloud Storage endpoint URL (an emulator); Google's when unset.
+        compression: Per-block compression of the SSTs this process writes (WAL SSTs by a
+            writer, compacted SSTs by a compactor): ``"none"`` (default), ``"lz4"`` (fast)
+            or ``"zstd"`` (smaller). A block that does not shrink is stored raw; SSTs of any
+            setting stay readable under any other (RFC 0018).
+        compression_level: The codec's level; 0 (default) is the codec's own default.
+            zstd: -7..22 (negative levels are faster); lz4: 1..12 selects its
+            high-compression mode (slower writes, reads as fast).
     """
 
     flush_interval: float = 0.1
@@ -159,6 +166,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     azure_endpoint: str | None = None
     azure_use_emulator: bool | None = None
     gcs_endpoint: str | None = None
+    compression: Literal["none", "zstd", "lz4"] = "none"
+    compression_level: int = 0
 
     def __post_init__(self) -> None:
         # The constructor does not check types (only decoding does): a misspelt Literal
@@ -201,6 +210,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
             ),
             (self.disk_cache_bytes >= 16 << 20, "disk_cache_bytes must be >= 16 MiB"),
+            (
+                _LEVELS[self.compression][0]
+                <= self.compression_level
+                <= _LEVELS[self.compression][1],
+                f"compression_level must be in {_LEVELS[self.compression]} for "
+                f"compression={self.compression!r} (0 is the codec's default)",
+            ),
         ]
         checks.append(
             (
@@ -259,6 +275,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         data.update(overrides)
         return cls.from_dict(data)
 
+
+_LEVELS = {"none": (0, 0), "zstd": (-7, 22), "lz4": (0, 12)}
+"""Accepted ``compression_level`` range per codec (``slatepy.format.compression`` has the
+same; settings sit above the format layer and do not import it)."""
 
 NOT_SETTINGS = ("SLATEPY_TEST_", "SLATEPY_PERSIST_VALIDATE")
 """``SLATEPY_*`` variables that are not settings (the test suite's own, and persist's

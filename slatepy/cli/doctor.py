@@ -267,6 +267,8 @@ def _repair(
                 drop_tombstones=False,
                 block_size=settings.block_size,
                 bloom_bits_per_key=settings.bloom_bits_per_key,
+                compression=settings.compression,
+                compression_level=settings.compression_level,
             )
         )
 

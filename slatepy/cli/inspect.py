@@ -28,10 +28,13 @@ def sst_summary(tables: TableReader, path: str, *, size: int | None = None) -> s
     meta = tables.meta(path, size=size)
     props = meta.props
     keys = f"{props.first_key!r}..{props.last_key!r}" if props.entry_count else "(empty)"
+    packed = ""
+    if props.compression != "none":  # RFC 0018: blocks' bytes before and after compression
+        packed = f" {props.compression}={props.uncompressed_size}->{props.data_size}"
     return (
         f"epoch={props.writer_epoch} entries={props.entry_count} "
         f"tombstones={props.tombstone_count} seq={props.min_seq}..{props.max_seq} "
-        f"bytes={meta.object_size} keys={keys}"
+        f"bytes={meta.object_size}{packed} keys={keys}"
     )
 
 

@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     torture.add_argument("--seconds", type=float, default=60.0)
     torture.add_argument("--seed", type=int, default=0)
     torture.add_argument("--fault-rate", type=float, default=0.1, help="per request, 0..1")
+    wal = sub.add_parser("wal", help="the write-ahead log: change data capture")
+    wal_sub = wal.add_subparsers(dest="wal_command", required=True)
+    tail = wal_sub.add_parser(
+        "tail", help="print committed writes in commit order, one line each (read-only)"
+    )
+    tail.add_argument("url")
+    tail.add_argument(
+        "--from-seq",
+        default="oldest",
+        help="first seq to print, or 'oldest' (default: the oldest the WAL holds) or 'end'",
+    )
+    tail.add_argument("--follow", action="store_true", help="keep printing new writes")
     dynamodb = sub.add_parser("dynamodb", help="the two-phase CAS table (cas=dynamodb)")
     dyn = dynamodb.add_subparsers(dest="dynamodb_command", required=True)
     dyn.add_parser("create-table", help="create SLATEPY_DYNAMODB_TABLE (pk/sk, on demand)")
@@ -218,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.commands import torture
 
             return torture(store, settings, args.seconds, args.seed, args.fault_rate)
+        elif args.command == "wal":
+            from slatepy.cli.wal import tail
+
+            tail(store, settings, args.from_seq, follow=args.follow)
         elif args.command == "dynamodb":
             print(f"recovered {store.recover()} pending two-phase writes on {store.url}")
         elif args.command == "checkpoint":

@@ -159,6 +159,8 @@ class Compactor:
             drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
+            compression=self.settings.compression,
+            compression_level=self.settings.compression_level,
         )
 
         def publish(latest: Manifest, _: int) -> Manifest:

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from slatepy.compactor.planner import CompactionPolicy, Plan, WalToL0
 from slatepy.format.block import Entry
+from slatepy.format.compression import Compression
 from slatepy.format.sst import EncodedSst, SstBuilder
 from slatepy.manifest.record import Manifest, SstHandle
 from slatepy.store.base import ObjectStore
@@ -88,6 +89,8 @@ def write_outputs(
     drop_tombstones: bool,
     block_size: int,
     bloom_bits_per_key: int,
+    compression: Compression = "none",
+    compression_level: int = 0,
 ) -> list[SstHandle]:
     """Write the merged stream as SSTs in key order, cut at ``policy.target_sst_bytes``.
 
@@ -109,7 +112,13 @@ def write_outputs(
             if value is None and drop_tombstones:
                 continue
             if output is None:
-                output = _Output(tables.store, block_size, bloom_bits_per_key)
+                output = _Output(
+                    tables.store,
+                    block_size,
+                    bloom_bits_per_key,
+                    compression=compression,
+                    compression_level=compression_level,
+                )
             output.builder.add(key, seq, value)
             if output.builder.estimated_size >= policy.target_sst_bytes:
                 handles.append(output.finish())
@@ -132,10 +141,22 @@ class _Output:
     database only when the manifest update naming it succeeds.
     """
 
-    def __init__(self, store: ObjectStore, block_size: int, bloom_bits_per_key: int) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        block_size: int,
+        bloom_bits_per_key: int,
+        *,
+        compression: Compression = "none",
+        compression_level: int = 0,
+    ) -> None:
         self.id = uuid.uuid4().hex
         self.builder = SstBuilder(
-            writer_epoch=0, block_size=block_size, bloom_bits_per_key=bloom_bits_per_key
+            writer_epoch=0,
+            block_size=block_size,
+            bloom_bits_per_key=bloom_bits_per_key,
+            compression=compression,
+            compression_level=compression_level,
         )
         self._writer = store.open_writer(compacted_path(self.id))
 

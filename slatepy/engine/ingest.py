@@ -107,6 +107,8 @@ def write_ingest_ssts(
                 writer_epoch=0,
                 block_size=settings.block_size,
                 bloom_bits_per_key=settings.bloom_bits_per_key,
+                compression=settings.compression,
+                compression_level=settings.compression_level,
             )
         builder.add(key, 0, value)
         if builder.estimated_size >= target_sst_bytes:

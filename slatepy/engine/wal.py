@@ -165,6 +165,8 @@ class WalWriter:
                 writer_epoch=self._epoch,
                 block_size=self._settings.block_size,
                 bloom_bits_per_key=0,
+                compression=self._settings.compression,
+                compression_level=self._settings.compression_level,
             )
             for key in sorted(buffer):
                 seq, value = buffer[key]

@@ -4,7 +4,9 @@ Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 
     data block*    see slatepy.format.block (version 3: indexed blocks, with an offsets
                    array; versions 1 and 2: legacy blocks; otherwise versions 2 and 3 are
-                   the same)
+                   the same). Version 4 (RFC 0018): each version 3 block inside a frame
+                   saying whether it is compressed (slatepy.format.compression); offsets
+                   and lengths in the index are those of the stored frames.
     partition*     one per run of consecutive data blocks (cut once its block entries reach
                    about ``block_size`` bytes):
                      count u32 | count x (offset u64 | length u32 | key_len u16 | first_key) |
@@ -21,8 +23,9 @@ Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 A point lookup needs the top index (small: one entry per partition, so a reader keeps it in
 memory for every SST it reads) and ONE partition, whatever the size of the SST; the old
 version 1 (RFC 0002: one flat index and one filter for the whole SST) made every lookup after
-a cache miss decode the index and filter of the whole SST. Readers accept versions 1, 2
-and 3; writers write 3. Everything here is a pure function of bytes; I/O lives in the engine.
+a cache miss decode the index and filter of the whole SST. Readers accept versions 1 to 4;
+writers write 3, or 4 when asked to compress. Everything here is a pure function of bytes; I/O
+lives in the engine.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from slatepy.format.block import (
 )
 from slatepy.format.bloom import BloomFilter, build_filter
 from slatepy.format.checksum import append_checksum, checksum
+from slatepy.format.compression import BlockCompressor, Compression, unframe_block
 from slatepy.format.sst_index import (
+    COMPRESSED_BLOCKS_VERSION,
     COUNT,
     FOOTER,
     FOOTER_CHECKSUM,
@@ -67,9 +72,11 @@ from slatepy.format.sst_index import (
     decode_footer,
     decode_partition,
     decode_top,
+    encode_props,
 )
 
 __all__ = [
+    "COMPRESSED_BLOCKS_VERSION",
     "FOOTER",
     "FOOTER_CHECKSUM",
     "FOOTER_SIZE",
@@ -140,7 +147,8 @@ class EncodedSst:
 
 
 class SstBuilder:
-    """Builds a version 3 SST from entries added in strictly increasing key order.
+    """Builds a version 3 SST (version 4 when compressing) from entries added in strictly
+    increasing key order.
 
     Memory: the encoded data blocks, the encoded partitions, and the keys of the open
     partition (for its filter) only; a partition's filter is built when it closes.
@@ -153,6 +161,11 @@ class SstBuilder:
             only ever read whole, and the filter cost a third of the write path's CPU).
         format_version: 3 (the default), or 2 for legacy blocks (tests and benchmarks of
             databases written before indexed blocks).
+        compression: ``"zstd"`` or ``"lz4"`` write version 4: each block compressed where
+            that saves space (``block_size`` is the size before compression). ``"none"``
+            (the default) writes ``format_version``.
+        compression_level: The codec's level (0: its default; see
+            :func:`slatepy.format.compression.check_level`).
     """
 
     def __init__(
@@ -162,14 +175,24 @@ class SstBuilder:
         block_size: int = 4096,
         bloom_bits_per_key: int = 10,
         format_version: int = SST_FORMAT_VERSION,
+        compression: Compression = "none",
+        compression_level: int = 0,
     ):
         if format_version not in (2, SST_FORMAT_VERSION):
             raise InvalidArgument(f"cannot write SST format version {format_version}")
+        self._compressor: BlockCompressor | None = None
+        if compression != "none":
+            if format_version != SST_FORMAT_VERSION:
+                raise InvalidArgument("compressed SSTs have version 3 blocks; leave format_version")
+            self._compressor = BlockCompressor(compression, compression_level)
+            format_version = COMPRESSED_BLOCKS_VERSION
+        self._compression = compression
         self._version = format_version
         self._epoch = writer_epoch
         self._block_size = block_size
         self._bits_per_key = bloom_bits_per_key
         self._block = BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
+        self._raw_size = 0  # bytes of the data blocks before compression
         # The SST's bytes so far, in one buffer that finish() hands out without a copy: a
         # compaction output of target_sst_bytes then costs its size once, not twice.
         self._data = bytearray()
@@ -307,16 +330,25 @@ class SstBuilder:
             self._add_block(self._block.finish())
 
     def _add_block(self, data: bytes) -> None:
-        """Append a finished block whose first key is ``_block_first``."""
+        """Append a finished block whose first key is ``_block_first`` (framed, and
+        compressed if that saves space, when the builder compresses)."""
         first = self._block_first
         assert first is not None
-        entry = HANDLE.pack(self._offset, len(data), len(first)) + first
+        self._raw_size += len(data)
+        stored = len(data)
+        if self._compressor is None:
+            self._data += data
+        else:
+            parts = self._compressor.frame(data)
+            stored = sum(map(len, parts))
+            for part in parts:
+                self._data += part
+        entry = HANDLE.pack(self._offset, stored, len(first)) + first
         self._p_entries.append(entry)
         self._p_size += len(entry)
         self._p_offsets.append(self._offset)
         self._p_first_keys.append(first)
-        self._data += data
-        self._offset += len(data)
+        self._offset += stored
         self._block_first = None
         if self._p_size >= self._block_size:
             self._close_partition()
@@ -369,6 +401,8 @@ class SstBuilder:
             writer_epoch=self._epoch,
             block_count=self._blocks,
             data_size=data_end,
+            compression=self._compression,
+            uncompressed_size=self._raw_size if self._compressor is not None else 0,
         )
         offsets = [data_end + rel for rel in self._t_offsets]
         keys = self._t_first_keys
@@ -379,7 +413,7 @@ class SstBuilder:
             top_parts.append(TOP_ENTRY.pack(offset, length, data_offset, first_block, len(key)))
             top_parts.append(key)
         top = b"".join(top_parts)
-        meta = top + msgspec.msgpack.encode(props)
+        meta = top + encode_props(props)
         footer = FOOTER.pack(
             SST_MAGIC,
             self._version,
@@ -411,7 +445,7 @@ class SstBuilder:
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
-    """Decode a whole SST held in memory (version 1, 2 or 3): its meta and an iterator over all
+    """Decode a whole SST held in memory (versions 1 to 4): its meta and an iterator over all
     entries.
 
     Every checksum is verified: footer, top level and every partition here, each block's as
@@ -428,12 +462,14 @@ def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
     )
     meta = SstMeta(top, partitions)
     indexed = top.indexed_blocks
+    framed = top.compressed_blocks
 
     def entries() -> Iterator[Entry]:
         for part in partitions:
             offsets = part.offsets
             for j, first_key in enumerate(part.first_keys):
-                block = decode_block(view[offsets[j] : offsets[j + 1]], indexed=indexed)
+                stored = view[offsets[j] : offsets[j + 1]]
+                block = decode_block(unframe_block(stored) if framed else stored, indexed=indexed)
                 if block.keys[0] != first_key:
                     raise CorruptionError("SST: block's first key disagrees with the index")
                 yield from block.entries()

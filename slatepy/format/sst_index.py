@@ -17,14 +17,18 @@ import msgspec
 from slatepy.errors import CorruptionError
 from slatepy.format.bloom import BloomFilter
 from slatepy.format.checksum import CHECKSUM_SIZE, checksum, verify_checksummed
+from slatepy.format.compression import CODEC_IDS
 
 SST_MAGIC = b"SLATESST"
 SST_FORMAT_VERSION = 3
-"""The version writers write (3: version 2 with indexed data blocks, see
+"""The version writers write without compression (3: version 2 with indexed data blocks, see
 :mod:`slatepy.format.block`)."""
-SUPPORTED_VERSIONS = (1, 2, 3)
+COMPRESSED_BLOCKS_VERSION = 4
+"""The version writers write with compression: version 3 with every data block in a frame
+that says whether (and how) it is compressed (:mod:`slatepy.format.compression`)."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4)
 """The versions readers accept (1: RFC 0002, databases written before RFC 0009; 2: RFC 0009
-before indexed blocks)."""
+before indexed blocks; 4: RFC 0018, compressed blocks)."""
 INDEXED_BLOCKS_VERSION = 3
 """The first version whose data blocks end with an offsets array."""
 FOOTER = struct.Struct("<8sHHQIIIQ")
@@ -47,7 +51,13 @@ class SstProperties(msgspec.Struct, frozen=True, array_like=True):
     ``writer_epoch`` is the epoch of the writer that produced the SST; it is how a writer
     that loses a WAL slot learns whether it was fenced (the seed keeps it in object
     metadata; we keep it in the object so every store can carry it). Encoded as a msgpack
-    array in field order; new fields are only ever appended, with defaults.
+    array in field order; new fields are only ever appended, with defaults, and
+    :func:`encode_props` leaves trailing fields at their defaults out (so the SSTs of
+    versions 1-3 keep their exact bytes).
+
+    ``compression`` is the codec the writer used (version 4; each block's frame says whether
+    that block is compressed or stored raw) and ``uncompressed_size`` the bytes of its data
+    blocks before compression (0 when not recorded: versions 1-3, where it is ``data_size``).
     """
 
     entry_count: int
@@ -59,6 +69,20 @@ class SstProperties(msgspec.Struct, frozen=True, array_like=True):
     writer_epoch: int
     block_count: int
     data_size: int
+    compression: str = "none"
+    uncompressed_size: int = 0
+
+
+_V3_PROPS_FIELDS = 9
+"""The properties' fields before RFC 0018 added ``compression`` and ``uncompressed_size``."""
+
+
+def encode_props(props: SstProperties) -> bytes:
+    """``props`` as msgpack, without trailing fields at their defaults (msgspec's
+    ``omit_defaults`` does not apply to array-like structs)."""
+    if props.compression == "none" and props.uncompressed_size == 0:
+        return msgspec.msgpack.encode(msgspec.structs.astuple(props)[:_V3_PROPS_FIELDS])
+    return msgspec.msgpack.encode(props)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +167,11 @@ class SstTop(msgspec.Struct, frozen=True):
     def indexed_blocks(self) -> bool:
         """True when the data blocks have offsets arrays (version 3 on)."""
         return self.version >= INDEXED_BLOCKS_VERSION
+
+    @property
+    def compressed_blocks(self) -> bool:
+        """True when every data block is in a compression frame (version 4 on)."""
+        return self.version >= COMPRESSED_BLOCKS_VERSION
 
     @property
     def data_end(self) -> int:
@@ -259,6 +288,13 @@ def decode_top(footer: Footer, section: bytes | memoryview) -> SstTop:
         raise CorruptionError(f"SST: bad properties: {exc}") from exc
     if props.data_size != footer.meta_offset:
         raise CorruptionError("SST: properties and footer disagree on the data size")
+    if (footer.version >= COMPRESSED_BLOCKS_VERSION) != (props.compression != "none") or (
+        props.compression not in CODEC_IDS
+    ):
+        raise CorruptionError(
+            f"SST: version {footer.version} with compression {props.compression!r} in its "
+            "properties"
+        )
     if footer.version == 1:
         return _v1_top(footer, raw, props)
     return _v2_top(footer, raw[:top_len], props)

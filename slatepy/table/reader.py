@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, IndexedBlock, decode_block, open_block
+from slatepy.format.compression import unframe_block
 from slatepy.format.sst import (
     FOOTER_SIZE,
     Partition,
@@ -377,8 +378,9 @@ class TableReader:
         """Block ``j`` of ``part``, read for point lookups: raw and verified (version 3),
         else decoded."""
         index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
+        framed = top.compressed_blocks
         if top.indexed_blocks:
-            return _open_block(path, index, first_key, data, offset=offset)
+            return _open_block(path, index, first_key, data, offset=offset, framed=framed)
         return _decode_block(path, index, first_key, data, indexed=False, offset=offset)
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
@@ -750,6 +752,7 @@ class _ChunkLoader:
                 memoryview(chunk.data)[start:end],
                 indexed=self._top.indexed_blocks,
                 offset=chunk.offsets[k],
+                framed=self._top.compressed_blocks,
             )
             if chunk.fill:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
@@ -816,9 +819,12 @@ def _decode_block(
     *,
     indexed: bool,
     offset: int,
+    framed: bool = False,
 ) -> Block:
+    """Verify and decode a block as stored (``framed``: in a version 4 compression frame,
+    checked and decompressed first, so only decoded blocks ever reach a cache)."""
     try:
-        block = decode_block(data, indexed=indexed)
+        block = decode_block(unframe_block(data) if framed else data, indexed=indexed)
     except CorruptionError as exc:
         raise _block_error(path, index, offset, exc) from exc
     if block.keys[0] != first_key:
@@ -827,10 +833,16 @@ def _decode_block(
 
 
 def _open_block(
-    path: str, index: int, first_key: bytes, data: bytes | memoryview, *, offset: int
+    path: str,
+    index: int,
+    first_key: bytes,
+    data: bytes | memoryview,
+    *,
+    offset: int,
+    framed: bool = False,
 ) -> IndexedBlock:
     try:
-        block = open_block(data)
+        block = open_block(unframe_block(data) if framed else data)
         found = block.first_key
     except CorruptionError as exc:
         raise _block_error(path, index, offset, exc) from exc

@@ -1,0 +1,37 @@
+"""``slatepy wal tail``: a database's committed writes, one line each (change data capture)."""
+
+from __future__ import annotations
+
+from slatepy.config import Settings
+from slatepy.engine.wal_reader import StartAt, WalReader, WalRecord
+from slatepy.errors import InvalidArgument
+from slatepy.store.base import ObjectStore
+
+
+def parse_start(text: str) -> StartAt:
+    """``--from-seq``: a seq, ``oldest`` or ``end``."""
+    if text in ("oldest", "end"):
+        return text  # type: ignore[return-value]
+    try:
+        seq = int(text)
+    except ValueError:
+        raise InvalidArgument(f"--from-seq takes a seq, 'oldest' or 'end', not {text!r}") from None
+    if seq < 0:
+        raise InvalidArgument("--from-seq must be >= 0")
+    return seq
+
+
+def describe(record: WalRecord) -> str:
+    """One record as a line: seq, WAL SST, operation, and key and value as Python bytes
+    literals (unambiguous for any bytes: no line breaks, no terminal escapes)."""
+    if record.value is None:
+        return f"seq={record.seq} wal={record.wal_id} delete key={record.key!r}"
+    return f"seq={record.seq} wal={record.wal_id} put key={record.key!r} value={record.value!r}"
+
+
+def tail(store: ObjectStore, settings: Settings, from_seq: str, *, follow: bool) -> None:
+    """Print the writes from ``from_seq`` on; with ``follow``, until interrupted."""
+    start = parse_start(from_seq)
+    with WalReader(store, settings=settings) as reader:
+        for record in reader.iter(start, follow=follow):
+            print(describe(record), flush=follow)
