@@ -8,8 +8,11 @@ that prefix and a new snapshot of that very manifest (start over on a lost CAS: 
 again inside the update, so the listing is never older than the manifest it goes with);
 5-6. read compacted SSTs on demand and load the WAL prefix into a memtable.
 
-Then a poller thread, every ``reader_poll_interval``: applies the next WAL SSTs in id order
-and stops at the first gap (the seed's "wait for the gap to fill"); when the compacted state
+Then a poller thread, every ``reader_poll_interval`` while it finds something and backing
+off to ``reader_max_poll_interval`` while idle (RFC 0021): GETs the next WAL SST by id and
+applies the SSTs in id order, stopping at the first missing one (the seed's "wait for the
+gap to fill"; a listing now and then, or on :meth:`DbReader.refresh`, finds SSTs beyond a
+gap and reports one that never fills); GETs the next manifest by id; when the compacted state
 changed, or a third of ``reader_snapshot_ttl`` has passed, registers a new snapshot of the
 newest manifest in the same update that removes the old one, adopts it and drops memtable
 entries it now covers. ``close`` removes the snapshot; a reader that dies stops protecting
