@@ -18,6 +18,7 @@ import math
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -69,7 +70,12 @@ class ManifestStore:
     """Reads and writes the manifest sequence of one database."""
 
     def __init__(
-        self, store: ObjectStore, *, attempts: int = 64, probe_window: float = 0.0
+        self,
+        store: ObjectStore,
+        *,
+        attempts: int = 64,
+        probe_window: float = 0.0,
+        cache_bytes: int = 0,
     ) -> None:
         """Args:
         store: Where the manifests are.
@@ -86,6 +92,7 @@ class ManifestStore:
         self._known: int | None = None
         self._confirmed_at = -math.inf  # monotonic time ``_known`` was last known newest
         self._cached: StoredManifest | None = None
+        self._older = _ManifestCache(cache_bytes)
 
     def path(self, manifest_id: int) -> str:
         return self.objects.path(manifest_id)
@@ -137,12 +144,16 @@ class ManifestStore:
         cached = self._cached
         if cached is not None and cached.id == manifest_id:
             return cached.manifest
+        older = self._older.get(manifest_id)
+        if older is not None:
+            return older
         data = self.objects.read(manifest_id)
         try:
             manifest = Manifest.decode(data)
         except CorruptionError as exc:
             raise self._damaged(manifest_id, data, exc) from exc
         self._cached = StoredManifest(manifest_id, manifest)
+        self._older.add(manifest_id, manifest, len(data))
         return manifest
 
     def _damaged(self, manifest_id: int, data: bytes, exc: CorruptionError) -> SlatepyError:
@@ -238,3 +249,28 @@ class ManifestStore:
             f"manifest update lost the compare-and-swap {self._attempts} times; "
             "too many processes are updating this database's manifest at once"
         )
+
+
+class _ManifestCache:
+    """Decoded manifests by id, least recently used first out, bounded by encoded bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[int, tuple[Manifest, int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, manifest_id: int) -> Manifest | None:
+        entry = self._entries.get(manifest_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(manifest_id)
+        return entry[0]
+
+    def add(self, manifest_id: int, manifest: Manifest, size: int) -> None:
+        if size > self._capacity or manifest_id in self._entries:
+            return
+        self._entries[manifest_id] = (manifest, size)
+        self._bytes += size
+        while self._bytes > self._capacity:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted

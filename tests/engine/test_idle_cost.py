@@ -9,6 +9,7 @@ nothing while idle, and snap back to the base interval as soon as something is w
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -108,11 +109,11 @@ def test_an_idle_reader_backs_off_to_two_gets_per_ceiling_and_never_lists() -> N
     kinds = {kind for _, kind, _ in requests}
     assert kinds == {"get"}, f"an idle poll only GETs the next WAL SST and manifest: {kinds}"
     polls = sorted({round(t, 3) for t, _, path in requests if path.startswith("wal/")})
-    gaps = [b - a for a, b in zip(polls, polls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(polls)]
     # Each poll waits about twice as long as the one before, up to the ceiling.
     assert len(polls) <= 10, f"{len(polls)} polls in 1.5 s: no back-off ({gaps})"
     assert gaps[-1] >= 0.25, gaps
-    assert all(b >= a * 1.4 for a, b in zip(gaps[:3], gaps[1:4], strict=False)), gaps
+    assert all(b >= a * 1.4 for a, b in itertools.pairwise(gaps[:4])), gaps
     # Without the back-off the same 1.5 s would have cost 2 LISTs every 20 ms: 150 of them.
     assert len(requests) <= 2 * len(polls) + 2
 
@@ -249,3 +250,18 @@ def test_manifest_poll_lists_once_the_probe_window_passed() -> None:
     store.delete(poller.path(6))
     stored = never_trusting.poll()
     assert stored is not None and stored.id == 7
+
+
+def test_a_collector_reads_each_active_manifest_once_across_passes() -> None:
+    """Every pass reads all manifests superseded within gc_min_age; they never change, so
+    a long-lived collector (the in-process one) reads each one once."""
+    from slatepy.gc import GarbageCollector
+
+    recording = Recording(open_store("memory://"))
+    manifests_with(recording, 30)
+    collector = GarbageCollector(recording, settings=Settings())
+    collector.collect()
+    start = time.monotonic()
+    collector.collect()
+    again = [p for _, kind, p in recording.since(start, "get") if p.startswith("manifest/")]
+    assert again == [], again
