@@ -74,18 +74,32 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         compactor: ``"in-process"`` (default) runs the compactor and garbage collector in a
             thread of the writer; ``"off"`` leaves both to ``slatepy compactor URL`` (or
             ``slatepy compact``/``slatepy gc``) running elsewhere.
-        compaction_interval: Seconds between compaction passes of the in-process compactor.
+        compaction_interval: Seconds between compaction passes of the compactor while it finds
+            work (and at most a pass's length after the writer writes again).
+        compaction_max_interval: Ceiling of the compactor's interval while it finds nothing to
+            do: each idle pass doubles the interval up to it (a pass that finds nothing costs
+            two requests); capped at half of ``compactor_lease`` so a standby never mistakes
+            an idle holder for a gone one.
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
             work untouched before a superseded (standby) compactor takes the epoch back: how
             the writer's in-process compactor resumes after ``slatepy compact`` ended
             (RFC 0013). The holder renews at least every third of it during a long
             compaction; ``slatepy compact`` without ``--force`` refuses while another
             compactor acted within it.
-        reader_poll_interval: Seconds between a reader's polls for new WAL SSTs and manifests.
+        reader_poll_interval: Seconds between a reader's polls for new WAL SSTs and manifests
+            while they find something: an active reader sees a durable write within this
+            plus one GET.
+        reader_max_poll_interval: Ceiling of a reader's poll interval while idle: each poll
+            that finds nothing doubles the interval up to it, the first that finds something
+            brings it back to ``reader_poll_interval``. An idle reader costs about two GETs
+            per ceiling (no LIST); the first write after an idle spell is seen within it.
         reader_snapshot_ttl: Seconds a reader's snapshot lives unless refreshed; a reader
             refreshes it after a third of that, so a reader that dies stops protecting its
             SSTs from GC within this time.
-        gc_interval: Seconds between garbage-collection passes in the compactor process.
+        gc_interval: Seconds between garbage-collection passes in the compactor process
+            after a pass that deleted something.
+        gc_max_interval: Ceiling of the interval between passes while they delete nothing
+            (each such pass doubles it; a pass lists the whole database).
         gc_min_age: Seconds an unreferenced compacted SST or temporary object must exist, and
             a superseded manifest must stay superseded, before GC deletes it. Must exceed the
             longest compaction (a compactor abandons work older than half of it) and the
@@ -148,10 +162,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     dynamodb_region: str | None = None
     compactor: Literal["in-process", "off"] = "in-process"
     compaction_interval: float = 1.0
+    compaction_max_interval: float = 15.0
     compactor_lease: float = 30.0
     reader_poll_interval: float = 0.1
+    reader_max_poll_interval: float = 5.0
     reader_snapshot_ttl: float = 60.0
     gc_interval: float = 60.0
+    gc_max_interval: float = 600.0
     gc_min_age: float = 3600.0
     file_sync: Literal["fsync", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
@@ -199,6 +216,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 "pending work and renew well within its lease)",
             ),
             (self.reader_poll_interval > 0, "reader_poll_interval must be > 0"),
+            (self.reader_max_poll_interval > 0, "reader_max_poll_interval must be > 0"),
+            (self.compaction_max_interval > 0, "compaction_max_interval must be > 0"),
+            (self.gc_max_interval > 0, "gc_max_interval must be > 0"),
             (self.reader_snapshot_ttl >= 1, "reader_snapshot_ttl must be >= 1 second"),
             (self.gc_interval > 0, "gc_interval must be > 0"),
             (self.gc_min_age >= 0, "gc_min_age must be >= 0"),

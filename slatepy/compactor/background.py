@@ -1,5 +1,10 @@
 """The compactor process's loop: compaction every interval, garbage collection every other.
 
+Both back off while idle (``slatepy.store.polling``): a compaction pass that finds nothing to
+do doubles the interval up to ``compaction_max_interval`` (a writer's next write brings it
+back at once), a GC pass that deletes nothing doubles the GC interval up to
+``gc_max_interval``. An idle writer so costs a few requests a minute, not two LISTs a second.
+
 It runs as a thread inside the writer (``Settings(compactor="in-process")``) or alone
 (``slatepy compactor URL``); the seed puts GC in the compactor process, and so do we.
 
@@ -21,6 +26,7 @@ from slatepy.compactor.compactor import Compactor
 from slatepy.errors import FencedError, SlatepyError
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.record import Manifest
+from slatepy.store.polling import IdleBackoff
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,11 @@ class BackgroundCompactor:
         self.compactor = compactor
         self.gc = gc
         self._on_publish = on_publish
+        settings = compactor.settings
+        self.backoff = IdleBackoff(
+            settings.compaction_interval,
+            min(settings.compaction_max_interval, settings.compactor_lease / 2),
+        )
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._woken_at = 0.0
@@ -66,21 +77,23 @@ class BackgroundCompactor:
 
     def _run(self) -> None:
         settings = self.compactor.settings
-        next_gc = time.monotonic() + settings.gc_interval
+        gc_backoff = IdleBackoff(settings.gc_interval, settings.gc_max_interval)
+        next_gc = time.monotonic() + gc_backoff.current
         while True:
-            self._wake.wait(settings.compaction_interval)
+            self._wake.wait(min(self.backoff.current, max(0.0, next_gc - time.monotonic())))
             self._wake.clear()
             if self._stop.is_set():
                 return
+            worked = False
             try:
                 if self.fenced and self.compactor.standby_check():
                     self.fenced = False
                     self.taken_back += 1
                 if not self.fenced:
-                    self._compact()
+                    worked = self._compact() > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
-                    next_gc = time.monotonic() + settings.gc_interval
-                    self.gc.collect()
+                    deleted = bool(self.gc.collect().deletions)
+                    next_gc = time.monotonic() + gc_backoff.polled(changed=deleted)
             except FencedError as exc:
                 if not self.fenced:
                     self.fenced = True
@@ -98,16 +111,21 @@ class BackgroundCompactor:
                 if self._stop.is_set():
                     return  # cancelled by close()
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
+                worked = True  # retry at the base interval, not after an idle back-off
+            # A standby keeps to the base interval: it must see the holder's lease lapse.
+            self.backoff.polled(changed=worked or self.fenced)
             self.passes += 1
 
-    def _compact(self) -> None:
+    def _compact(self) -> int:
+        """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran."""
         # Hand each published manifest to the writer at once: it prunes its memtable then,
         # which keeps the writer under max_unflushed_bytes while writes go on.
-        for _ in range(MAX_ROUNDS_PER_PASS):
+        for done in range(MAX_ROUNDS_PER_PASS):
             if self._stop.is_set() or self.compactor.run_once() is None:
-                break
+                return done
             if self._on_publish:
                 self._on_publish(self.compactor.last_published.manifest)
+        return MAX_ROUNDS_PER_PASS
 
     def wake(self, *, min_interval: float = 0.0) -> None:
         """Run the next pass now rather than at the end of the interval (the writer calls
@@ -116,6 +134,12 @@ class BackgroundCompactor:
         now = time.monotonic()
         if now - self._woken_at >= min_interval:
             self._woken_at = now
+            self._wake.set()
+
+    def note_activity(self) -> None:
+        """The writer wrote: if passes were backing off (nothing to do), go back to the base
+        interval, starting now. Cheap enough to call on every write."""
+        if self.backoff.idle and self.backoff.activity():
             self._wake.set()
 
     def run_forever(self) -> None:

@@ -96,7 +96,11 @@ class Compactor:
             store, self.settings.request_attempts, give_up_after=self.settings.store_timeout
         )
         self.tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
-        self.manifests = ManifestStore(store, attempts=self.settings.manifest_update_attempts)
+        self.manifests = ManifestStore(
+            store,
+            attempts=self.settings.manifest_update_attempts,
+            probe_window=self.settings.gc_min_age / 2,
+        )
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
         self.holder = holder or default_holder("compactor")
         self._watch: Watch | None = None
@@ -136,7 +140,7 @@ class Compactor:
                 :meth:`standby_check`).
             CompactionAbandoned: cancelled, or too slow to publish safely.
         """
-        stored = self.manifests.load()
+        stored = self.manifests.poll()
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
         todo, wal_sizes = self._plan(manifest)
@@ -199,9 +203,12 @@ class Compactor:
         return todo
 
     def _plan(self, manifest: Manifest) -> tuple[Plan | None, dict[int, int]]:
-        """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it (one
-        LIST)."""
-        listed = self._wal.entries(after=manifest.wal_id_last_compacted)
+        """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it: one HEAD
+        of the next WAL SST, and a LIST only if it exists (an idle database costs no LIST)."""
+        if self._wal.exists(manifest.wal_id_last_compacted + 1):
+            listed = self._wal.entries(after=manifest.wal_id_last_compacted)
+        else:
+            listed = []
         end = contiguous_end([i for i, _ in listed], manifest.wal_id_last_compacted + 1)
         tail = end - 1 if end > manifest.wal_id_last_compacted + 1 else None
         # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
@@ -250,13 +257,13 @@ class Compactor:
 
         Takes the epoch back when work stayed pending and the holder did nothing for its
         lease (:func:`slatepy.compactor.lease.watch`), with a claim that re-checks, inside
-        its compare-and-swap, that the holder still did nothing. Costs one manifest LIST
-        (and GET if it changed) and one WAL LIST; writes only to take over.
+        its compare-and-swap, that the holder still did nothing. Costs a manifest GET (see
+        ``ManifestStore.poll``) and a WAL HEAD; writes only to take over.
 
         Args:
             now: Monotonic seconds (tests pass their own); ``time.monotonic()`` if None.
         """
-        stored = self.manifests.load()
+        stored = self.manifests.poll()
         assert stored is not None
         manifest = stored.manifest
         if manifest.compactor_epoch == self.epoch:

@@ -229,11 +229,15 @@ class Db(Closing):
 
     def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
         unflushed = self._memtable.size_bytes
-        if unflushed >= self._settings.max_unflushed_bytes // 2 and self._compactor is not None:
-            # Half the budget used: compact now rather than at the next interval, so writes
-            # seldom reach the bound and wait (the compactor wakes at most once per
-            # flush_interval, when WAL SSTs it can compact may exist).
-            self._compactor.wake(min_interval=self._settings.flush_interval)
+        compactor = self._compactor
+        if compactor is not None:
+            if compactor.backoff.idle:  # writes again after an idle spell: compact soon
+                compactor.note_activity()
+            if unflushed >= self._settings.max_unflushed_bytes // 2:
+                # Half the budget used: compact now rather than at the next interval, so
+                # writes seldom reach the bound and wait (the compactor wakes at most once
+                # per flush_interval, when WAL SSTs it can compact may exist).
+                compactor.wake(min_interval=self._settings.flush_interval)
         if unflushed >= self._settings.max_unflushed_bytes:
             self._wait_for_compaction()
         with self._lock:

@@ -8,8 +8,11 @@ that prefix and a new snapshot of that very manifest (start over on a lost CAS: 
 again inside the update, so the listing is never older than the manifest it goes with);
 5-6. read compacted SSTs on demand and load the WAL prefix into a memtable.
 
-Then a poller thread, every ``reader_poll_interval``: applies the next WAL SSTs in id order
-and stops at the first gap (the seed's "wait for the gap to fill"); when the compacted state
+Then a poller thread, every ``reader_poll_interval`` while it finds something and backing
+off to ``reader_max_poll_interval`` while idle (RFC 0021): GETs the next WAL SST by id and
+applies the SSTs in id order, stopping at the first missing one (the seed's "wait for the
+gap to fill"; a listing now and then, or on :meth:`DbReader.refresh`, finds SSTs beyond a
+gap and reports one that never fills); GETs the next manifest by id; when the compacted state
 changed, or a third of ``reader_snapshot_ttl`` has passed, registers a new snapshot of the
 newest manifest in the same update that removes the old one, adopts it and drops memtable
 entries it now covers. ``close`` removes the snapshot; a reader that dies stops protecting
@@ -59,6 +62,7 @@ from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.polling import IdleBackoff
 from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.reader import TableReader
@@ -75,7 +79,16 @@ class DbReader(Closing):
         self._store = store
         self._settings = settings
         self._read_only = read_only
-        self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
+        self._manifests = ManifestStore(
+            store,
+            attempts=settings.manifest_update_attempts,
+            probe_window=settings.gc_min_age / 2,
+        )
+        self._backoff = IdleBackoff(
+            settings.reader_poll_interval, settings.reader_max_poll_interval
+        )
+        self._gap_list_interval = max(3 * settings.reader_gap_timeout, self._backoff.ceiling)
+        self._listed_at = time.monotonic()
         self._wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
         self._tables = TableReader(
             store,
@@ -227,40 +240,72 @@ class DbReader(Closing):
         return scan_merged(self._tables, entries, view, start, end)
 
     def refresh(self) -> None:
-        """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one."""
+        """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one.
+
+        Unlike the background poll it lists the manifests, and the WAL when the next SST is
+        missing, so a gap (and a lost SST, once ``reader_gap_timeout`` has passed) is seen at
+        once, and so is a newer manifest whose predecessors a collector run with a shorter
+        ``gc_min_age`` than ours has already deleted."""
         self._check_open()
+        self._poll(thorough=True)
+
+    def _poll(self, *, thorough: bool) -> bool:
+        """One poll; returns whether it found anything new (a WAL SST or a manifest)."""
         with self._poll_lock:
             # The compacted state first: it moves the WAL position past what was compacted
             # (and maybe collected), so the WAL read next starts where it must.
-            if self._snapshot_due() or self._compaction_published():
-                self._adopt(self._register()[0])
-            if not self._apply_new_wal():
+            # A renewal of our own snapshot is no news: it must not end an idle back-off.
+            changed = self._compaction_published(thorough=thorough)
+            if changed or self._snapshot_due():
+                self._adopt(self._register(self._wal_tail)[0])
+            applied = self._apply_new_wal(thorough=thorough)
+            if applied is None:
                 # Collected under us (our snapshot lapsed): a fresh snapshot covers it.
                 self._adopt(self._register()[0])
-                if not self._apply_new_wal():
+                applied = self._apply_new_wal(thorough=True)
+                if applied is None:
                     raise NotFound("WAL SSTs vanish faster than this reader can catch up")
+            return changed or applied > 0
 
-    def _apply_new_wal(self) -> bool:
-        """Apply the contiguous WAL after the tail; False if an SST was already collected."""
+    def _apply_new_wal(self, *, thorough: bool) -> int | None:
+        """Apply the contiguous WAL after the tail; return how many SSTs were applied, or
+        None if a listed SST was collected before it could be read.
+
+        The next SST is probed with a GET, so a poll that finds nothing costs one GET rather
+        than a LIST. SSTs beyond a gap (a write still in flight, or one that was lost) can only
+        be found by listing: done when the probe misses and ``thorough``, while a gap is
+        being watched, or every ``gap_list_interval`` otherwise."""
+        applied = 0
+        while (data := self._wal.probe(self._wal_tail + 1)) is not None:
+            self._apply_sst(self._wal_tail + 1, data)
+            applied += 1
+        now = time.monotonic()
+        if not (thorough or self._gap_seen or now - self._listed_at >= self._gap_list_interval):
+            return applied
+        self._listed_at = now
         expected = self._wal_tail + 1
         for wal_id in self._wal.ids(after=self._wal_tail):
             if wal_id != expected:
                 self._check_gap(range(expected, wal_id))
-                return True  # a gap: a parallel write still in flight; wait for it
+                return applied  # a gap: a parallel write still in flight; wait for it
             try:
                 data = self._wal.read(wal_id)
             except NotFound:
-                return False
-            # Decode (and so checksum) the whole SST before applying any of it: a damaged
-            # block must not leave the blocks before it (part of a batch) applied.
-            meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
-            with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-                self._memtable.apply(entries)
-                self._wal_max_seq[wal_id] = meta.props.max_seq
-                self._wal_tail = wal_id
+                return None
+            self._apply_sst(wal_id, data)
+            applied += 1
             expected += 1
         self._gap_seen = None
-        return True
+        return applied
+
+    def _apply_sst(self, wal_id: int, data: bytes) -> None:
+        # Decode (and so checksum) the whole SST before applying any of it: a damaged block
+        # must not leave the blocks before it (part of a batch) applied.
+        meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
+        with self._lock:  # one SST at a time, so a batch is seen whole or not at all
+            self._memtable.apply(entries)
+            self._wal_max_seq[wal_id] = meta.props.max_seq
+            self._wal_tail = wal_id
 
     def _check_gap(self, gap: range) -> None:
         """Wait for a WAL gap a writer may still be filling; report one that nobody can.
@@ -300,12 +345,12 @@ class DbReader(Closing):
             return False  # no snapshot to renew; published compactions are adopted anyway
         return time.monotonic() - self._registered_at > self._settings.reader_snapshot_ttl / 3
 
-    def _compaction_published(self) -> bool:
-        latest = self._manifests.latest_id()
-        if latest is None or latest == self._checked_manifest_id:
+    def _compaction_published(self, *, thorough: bool) -> bool:
+        stored = self._manifests.load() if thorough else self._manifests.poll()
+        if stored is None or stored.id == self._checked_manifest_id:
             return False
-        self._checked_manifest_id = latest
-        m = self._manifests.read(latest)
+        self._checked_manifest_id = stored.id
+        m = stored.manifest
         v = self._view
         return (m.wal_id_last_compacted, m.l0, m.sorted_runs) != (
             v.wal_id_last_compacted,
@@ -313,23 +358,29 @@ class DbReader(Closing):
             v.sorted_runs,
         )
 
-    def _register(self) -> tuple[StoredManifest, int]:
+    def _register(self, applied: int | None = None) -> tuple[StoredManifest, int]:
         """Steps 1-4: a snapshot of the newest manifest; returns it and the WAL prefix end.
 
-        The update also removes every snapshot of ours whose registration had an unknown
-        outcome: if such a write landed, it removed our previous snapshot, so until a
-        registration is confirmed the next refresh registers again. A read-only reader
-        only reads the newest manifest and lists the WAL after it (steps 1-2).
+        ``applied`` is the WAL tail a running reader has applied: a contiguous prefix it has
+        read, so a renewal reports it as seen instead of listing the WAL again (the poll that
+        follows finds anything newer). The update also removes every snapshot of ours whose
+        registration had an unknown outcome: if such a write landed, it removed our previous
+        snapshot, so until a registration is confirmed the next refresh registers again. A
+        read-only reader only reads the newest manifest and lists the WAL after it (steps
+        1-2).
         """
         if self._read_only:
-            return self._observe()
+            return self._observe(applied)
         new_id, old_ids = uuid.uuid4().hex, {self._snapshot_id, *self._unconfirmed}
         tail = 0
 
         def add_snapshot(m: Manifest, next_id: int) -> Manifest:
             nonlocal tail
-            found = self._wal.contiguous_tail(m.wal_id_last_compacted)
-            tail = m.wal_id_last_compacted if found is None else found
+            if applied is not None:
+                tail = max(applied, m.wal_id_last_compacted)
+            else:
+                found = self._wal.contiguous_tail(m.wal_id_last_compacted)
+                tail = m.wal_id_last_compacted if found is None else found
             now = time.time()
             expiry = int(now + self._settings.reader_snapshot_ttl) + 1
             m = m.without_expired_snapshots(now)
@@ -349,16 +400,20 @@ class DbReader(Closing):
         self._registered_at = time.monotonic()
         return stored, tail
 
-    def _observe(self) -> tuple[StoredManifest, int]:
+    def _observe(self, applied: int | None = None) -> tuple[StoredManifest, int]:
         """The newest manifest and the end of the contiguous WAL after it, writing nothing.
 
         Listed after the manifest was read, so the listing is never older than the manifest
-        it goes with (as in ``_register``).
+        it goes with (as in ``_register``); a running reader passes its ``applied`` tail
+        instead of listing.
         """
-        stored = self._manifests.load()
+        stored = self._manifests.poll()
         if stored is None:
             raise NotFound(f"no slatepy database at {self._store.url}", path="manifest/")
         first = stored.manifest.wal_id_last_compacted
+        if applied is not None:
+            self._registered_at = time.monotonic()
+            return stored, max(applied, first)
         found = self._wal.contiguous_tail(first)
         self._registered_at = time.monotonic()
         return stored, first if found is None else found
@@ -378,9 +433,10 @@ class DbReader(Closing):
             self._wal_tail = max(self._wal_tail, cutoff)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._settings.reader_poll_interval):
+        while not self._stop.wait(self._backoff.current):
             try:
-                self.refresh()
+                self._check_open()
+                self._backoff.polled(changed=self._poll(thorough=False))
                 self.error = None
             except ClosedError:
                 return

@@ -32,6 +32,11 @@ from slatepy.table.layout import COMPACTED_DIR, WAL_DIR
 
 log = logging.getLogger(__name__)
 
+MANIFEST_CACHE_BYTES = 16 * 1024 * 1024
+"""Decoded active manifests a collector keeps between passes: every pass reads each manifest
+superseded within ``gc_min_age`` (hundreds, with readers renewing snapshots), and they never
+change, so a long-lived collector reads each once."""
+
 Clock = Callable[[], dt.datetime]
 
 
@@ -139,7 +144,9 @@ class GarbageCollector:
         )
         self.min_age = settings.gc_min_age if min_age is None else min_age
         self._clock = clock
-        self._manifests = ManifestStore(self.store, attempts=settings.manifest_update_attempts)
+        self._manifests = ManifestStore(
+            self.store, attempts=settings.manifest_update_attempts, cache_bytes=MANIFEST_CACHE_BYTES
+        )
 
     def collect(self, *, dry_run: bool = False) -> GcReport:
         """Run one pass; a real pass logs one INFO line with what it deleted, by kind.

@@ -3,13 +3,22 @@
 An update is list → read latest → apply a pure function → create ``next`` if absent. Losing
 the create means another process wrote ``next`` first; the loop starts over from the new
 latest manifest and re-applies the function, so concurrent updates never overwrite each other.
+
+Pollers (readers, compactors) that only want to know whether a newer manifest exists use
+:meth:`ManifestStore.poll` instead of a listing: one GET of the next id, which on S3 costs a
+twelfth of a LIST. A missing next id proves the known one is still the newest only if it
+cannot have been created and then collected since the last look, so probes are trusted for
+at most half of ``gc_min_age`` after the last listing or probe (``probe_window``); updates
+always list (RFC 0021).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +40,8 @@ MANIFEST_SUFFIX = ".manifest"
 
 FOREIGN_CHECK_LIMIT = 16
 """Other manifests whose first bytes are read to tell damage from foreign data."""
+POLL_PROBES = 4
+"""New manifests :meth:`ManifestStore.poll` fetches one by one before it lists instead."""
 OURS = "ours"
 FOREIGN = "foreign"
 
@@ -58,21 +69,68 @@ class StoredManifest:
 class ManifestStore:
     """Reads and writes the manifest sequence of one database."""
 
-    def __init__(self, store: ObjectStore, *, attempts: int = 64) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        attempts: int = 64,
+        probe_window: float = 0.0,
+        cache_bytes: int = 0,
+    ) -> None:
+        """Args:
+        store: Where the manifests are.
+        attempts: Compare-and-swap attempts of an update before it gives up.
+        probe_window: Seconds a missing next manifest, found by :meth:`poll`, is trusted
+            to mean "nothing newer" after the last confirmation: at most half of
+            ``gc_min_age`` (a collector deletes a superseded manifest only after that
+            long, so a next manifest that appeared after the last look is still there).
+            0 makes every poll list.
+        """
         self.objects = NumberedObjects(store, MANIFEST_DIR, MANIFEST_SUFFIX)
         self._attempts = attempts
+        self._probe_window = probe_window
         self._known: int | None = None
+        self._confirmed_at = -math.inf  # monotonic time ``_known`` was last known newest
         self._cached: StoredManifest | None = None
+        self._older = _ManifestCache(cache_bytes)
 
     def path(self, manifest_id: int) -> str:
         return self.objects.path(manifest_id)
 
     def latest_id(self) -> int | None:
         """Id of the newest manifest (lists only past the newest id seen so far)."""
+        started = time.monotonic()
         newer = self.objects.latest(after=self._known)
         if newer is not None:
             self._known = newer
+        if self._known is not None:
+            self._confirmed_at = started
         return self._known
+
+    def poll(self) -> StoredManifest | None:
+        """The newest manifest, as cheaply as can be trusted: GETs of the ids after the newest
+        known, so a poll that finds nothing new costs one request and one that finds a new
+        manifest two. It lists instead when no manifest is known yet, after
+        ``POLL_PROBES`` new ones in a row (a busy database), or once ``probe_window`` has
+        passed since the last confirmation (see the module docstring)."""
+        known, started = self._known, time.monotonic()
+        if known is None or started - self._confirmed_at > self._probe_window:
+            return self.load()
+        for _ in range(POLL_PROBES):
+            data = self.objects.probe(known + 1)
+            if data is None:
+                self._confirmed_at = started
+                try:
+                    return StoredManifest(known, self.read(known))  # usually cached: no GET
+                except NotFound:
+                    return self.load()
+            known += 1
+            try:
+                self._cached = StoredManifest(known, Manifest.decode(data))
+            except CorruptionError as exc:
+                raise self._damaged(known, data, exc) from exc
+            self._known = known
+        return self.load()  # lists only past the newest found
 
     def read(self, manifest_id: int) -> Manifest:
         """Read and verify manifest ``manifest_id``.
@@ -86,12 +144,16 @@ class ManifestStore:
         cached = self._cached
         if cached is not None and cached.id == manifest_id:
             return cached.manifest
+        older = self._older.get(manifest_id)
+        if older is not None:
+            return older
         data = self.objects.read(manifest_id)
         try:
             manifest = Manifest.decode(data)
         except CorruptionError as exc:
             raise self._damaged(manifest_id, data, exc) from exc
         self._cached = StoredManifest(manifest_id, manifest)
+        self._older.add(manifest_id, manifest, len(data))
         return manifest
 
     def _damaged(self, manifest_id: int, data: bytes, exc: CorruptionError) -> SlatepyError:
@@ -149,9 +211,10 @@ class ManifestStore:
         :meth:`update`. Returns None when another process took that id first.
         """
         new = msgspec.structs.replace(manifest, update_id=uuid.uuid4().hex)
+        started = time.monotonic()
         if self.objects.create(latest_id + 1, new.encode()) is not None:
             return None
-        self._known = latest_id + 1
+        self._known, self._confirmed_at = latest_id + 1, started
         self._cached = StoredManifest(latest_id + 1, new)
         return self._cached
 
@@ -174,9 +237,10 @@ class ManifestStore:
                     return StoredManifest(0, base)
                 return current
             new = msgspec.structs.replace(new, update_id=uuid.uuid4().hex)
+            started = time.monotonic()
             existing = self.objects.create(next_id, new.encode())
             if existing is None:
-                self._known = next_id
+                self._known, self._confirmed_at = next_id, started
                 self._cached = StoredManifest(next_id, new)
                 return self._cached
             # Lost the race: back off a little so racing updaters spread out.
@@ -185,3 +249,28 @@ class ManifestStore:
             f"manifest update lost the compare-and-swap {self._attempts} times; "
             "too many processes are updating this database's manifest at once"
         )
+
+
+class _ManifestCache:
+    """Decoded manifests by id, least recently used first out, bounded by encoded bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[int, tuple[Manifest, int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, manifest_id: int) -> Manifest | None:
+        entry = self._entries.get(manifest_id)
+        if entry is None:
+            return None
+        self._entries.move_to_end(manifest_id)
+        return entry[0]
+
+    def add(self, manifest_id: int, manifest: Manifest, size: int) -> None:
+        if size > self._capacity or manifest_id in self._entries:
+            return
+        self._entries[manifest_id] = (manifest, size)
+        self._bytes += size
+        while self._bytes > self._capacity:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted
