@@ -212,7 +212,7 @@ class CheckpointReader(DbReader):
         self.checkpoint = get_checkpoint(store, settings, checkpoint_id)
         super().__init__(store, settings, read_only=True)
 
-    def _register(self) -> tuple[StoredManifest, int]:
+    def _register(self, applied: int | None = None) -> tuple[StoredManifest, int]:
         checkpoint = self.checkpoint
         try:
             manifest = self._manifests.read(checkpoint.manifest_id)
@@ -227,6 +227,9 @@ class CheckpointReader(DbReader):
     def refresh(self) -> None:
         """Nothing to do: a checkpoint's view never changes."""
         self._check_open()
+
+    def _poll(self, *, thorough: bool) -> bool:
+        return False  # the background poll has nothing to look for either
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
         """``read`` of the fixed view; a missing SST is damage while the checkpoint lives, and
