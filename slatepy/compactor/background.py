@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from slatepy.compactor.compactor import Compactor
 from slatepy.errors import FencedError, SlatepyError
-from slatepy.gc import GarbageCollector
+from slatepy.gc import GarbageCollector, GcReport
 from slatepy.manifest.record import Manifest
 from slatepy.store.polling import IdleBackoff
 
@@ -92,8 +92,7 @@ class BackgroundCompactor:
                 if not self.fenced:
                     worked = self._compact() > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
-                    deleted = bool(self.gc.collect().deletions)
-                    next_gc = time.monotonic() + gc_backoff.polled(changed=deleted)
+                    next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
             except FencedError as exc:
                 if not self.fenced:
                     self.fenced = True
@@ -164,3 +163,15 @@ class BackgroundCompactor:
                 self.compactor.release()
             except SlatepyError as exc:
                 log.info("compactor lease not released (it lapses on its own): %s", exc)
+
+
+def _gc_wait(report: GcReport, backoff: IdleBackoff) -> float:
+    """Seconds to the next GC pass: the back-off's interval (doubling while passes delete
+    nothing), but no later than when the first object held back only by time becomes
+    collectable (and no sooner than ``gc_interval``), so space comes back when it can."""
+    wait = backoff.polled(changed=bool(report.deletions))
+    due = [h.collectable_at for h in report.holds if h.collectable_at is not None]
+    if due and report.now is not None:
+        soonest = (min(due) - report.now).total_seconds()
+        wait = min(wait, max(backoff.base, soonest))
+    return wait

@@ -265,3 +265,27 @@ def test_a_collector_reads_each_active_manifest_once_across_passes() -> None:
     collector.collect()
     again = [p for _, kind, p in recording.since(start, "get") if p.startswith("manifest/")]
     assert again == [], again
+
+
+def test_gc_waits_for_the_first_held_object_to_become_collectable_not_a_whole_back_off() -> None:
+    import datetime as dt
+
+    from slatepy.compactor.background import _gc_wait
+    from slatepy.gc import GcReport
+    from slatepy.gc.holds import Hold
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def report(*in_seconds: float, deleted: bool = False) -> GcReport:
+        holds = tuple(
+            Hold("wal/x", 1, "min_age", "WAL", now + dt.timedelta(seconds=s)) for s in in_seconds
+        )
+        deletions = [object()] if deleted else []
+        return GcReport(1, [1], deletions, holds=holds, now=now)  # type: ignore[arg-type]
+
+    backoff = IdleBackoff(60.0, 600.0)
+    assert _gc_wait(report(), backoff) == 120.0  # nothing deleted, nothing waiting: back off
+    assert _gc_wait(report(300.0, 900.0), backoff) == 240.0  # the back-off comes first
+    assert _gc_wait(report(100.0), backoff) == 100.0  # then the first held object
+    assert _gc_wait(report(5.0), backoff) == 60.0  # never more often than gc_interval
+    assert _gc_wait(report(5.0, deleted=True), backoff) == 60.0
