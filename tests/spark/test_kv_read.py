@@ -14,7 +14,15 @@ import pytest
 pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
@@ -132,7 +140,16 @@ def test_bad_options_fail_the_read_naming_the_option(
 
 
 def schema(ddl: str) -> StructType:
-    return StructType.fromDDL(ddl)
+    """``StructType.fromDDL`` without a Spark session (it needs one; these tests do not)."""
+    types = {
+        "long": LongType(),
+        "string": StringType(),
+        "double": DoubleType(),
+        "binary": BinaryType(),
+        "timestamp": TimestampType(),
+    }
+    fields = [column.split() for column in ddl.split(",")]
+    return StructType([StructField(name, types[kind]) for name, kind in fields])
 
 
 def test_planning_refuses_bad_options_before_reading(database: tuple[str, Any]) -> None:
