@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -15,8 +16,10 @@ from typing import TYPE_CHECKING, TypeVar
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.closing import Closing
-from slatepy.engine.memtable import Memtable
+from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.startup import start_writer
+from slatepy.engine.surface import ReadSurface, WriteSurface, as_url, newer_version
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -66,7 +69,7 @@ def _flush_open_databases() -> None:
         db._flush_at_exit()
 
 
-class Db(Closing):
+class Db(Closing, ReadSurface, WriteSurface):
     """An embedded key-value database whose state lives in an object store.
 
     There is one writer per database: opening a ``Db`` fences every older writer of the same
@@ -126,7 +129,7 @@ class Db(Closing):
     @classmethod
     def open(
         cls,
-        url: str | ObjectStore,
+        url: str | os.PathLike[str] | ObjectStore,
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
@@ -142,7 +145,8 @@ class Db(Closing):
         Args:
             url: ``memory://`` (a new store private to this call), ``file:///abs/path``,
                 ``s3://bucket/prefix``, ``gs://…``, ``az://…``, or an ``ObjectStore``
-                instance (pass the same instance to readers to share a ``memory://`` store).
+                instance (pass the same instance to readers to share a ``memory://`` store),
+                or a local directory as a ``pathlib.Path``.
             settings: Tunables; defaults to ``Settings()``.
             create_if_missing: With False, a location holding no database raises
                 ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
@@ -158,6 +162,7 @@ class Db(Closing):
         """
         started = time.monotonic()
         settings = settings or Settings()
+        url = as_url(url)
         target = url
         if not isinstance(url, ObjectStore):
             target = open_store(url, settings, create=create_if_missing)
@@ -244,8 +249,12 @@ class Db(Closing):
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
-    def get(self, key: bytes) -> bytes | None:
-        """The value of ``key``, or None if it is absent or deleted."""
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key``, or ``default`` if it is absent or deleted."""
+        value = self._get(key)
+        return default if value is None else value
+
+    def _get(self, key: bytes) -> bytes | None:
         key = check_key(key)
         self._check_open()
         self._refresh_stale_view()
@@ -297,11 +306,21 @@ class Db(Closing):
         except NotFound as exc:
             raise missing_sst(exc) from exc
 
-    def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).
+    def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all),
+        descending with ``reverse``, at most ``limit`` of them.
 
         The result is a consistent view taken when ``scan`` is called.
         """
+        if reverse or limit is not None:
+            return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         self._refresh_stale_view()
         with self._lock:
@@ -309,6 +328,30 @@ class Db(Closing):
             entries = self._memtable.range(start, end)
             view = self._view
         return scan_merged(self._tables, entries, view, start, end)
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View:
+        self._refresh_stale_view()
+        with self._lock:
+            self._check_open()
+            entries = self._memtable.range(start, end)
+            view = self._view
+        return View(self._tables, view, entries, start, end)
+
+    def _version(self, key: bytes) -> Version | None:
+        key = check_key(key)
+        self._check_open()
+        self._refresh_stale_view()
+        version = self._memtable.get(key)
+        view = self._view  # after the memtable: see get()
+        if version is not None and version[0] > view.last_ingest_seq:
+            return version
+        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+        self._check_open()
+        return newer_version(version, found)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch={self.epoch}"
+        return f"Db({self.url!r}, {state})"
 
     def refresh(self) -> None:
         """Pick up compactions published since open (and release compacted memtable data)."""

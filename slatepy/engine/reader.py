@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -44,7 +45,10 @@ from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
+from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Version
 from slatepy.engine.startup import decode_wal_sst, replay
+from slatepy.engine.surface import ReadSurface, as_url, newer_version
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -68,7 +72,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class DbReader(Closing):
+class DbReader(Closing, ReadSurface):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
     def __init__(self, store: MetricsStore, settings: Settings, *, read_only: bool = False) -> None:
@@ -110,7 +114,7 @@ class DbReader(Closing):
     @classmethod
     def open(
         cls,
-        url: str | ObjectStore,
+        url: str | os.PathLike[str] | ObjectStore,
         *,
         settings: Settings | None = None,
         read_only: bool = False,
@@ -131,7 +135,7 @@ class DbReader(Closing):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
-        return cls(open_stack(url, settings), settings, read_only=read_only)
+        return cls(open_stack(as_url(url), settings), settings, read_only=read_only)
 
     @property
     def manifest_id(self) -> int:
@@ -161,16 +165,38 @@ class DbReader(Closing):
     def metrics(self) -> StoreMetrics:
         return self._store.metrics
 
-    def get(self, key: bytes) -> bytes | None:
-        """The value of ``key`` as of the reader's latest refresh, or None."""
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` as of the reader's latest refresh, or ``default``."""
         key = check_key(key)
         self._check_open()
         version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
         if version is not None and version[0] > self._view.last_ingest_seq:
-            return version[1]
-        # No version, or one older than an ingestion, which may hold a newer one.
+            value = version[1]
+        else:
+            # No version, or one older than an ingestion, which may hold a newer one.
+            found = self._read(lambda view: get_compacted(self._tables, view, key))
+            value = newer_value(version, found)
+        return default if value is None else value
+
+    def _version(self, key: bytes) -> Version | None:
+        key = check_key(key)
+        self._check_open()
+        version = self._memtable.get(key)
+        if version is not None and version[0] > self._view.last_ingest_seq:
+            return version
         found = self._read(lambda view: get_compacted(self._tables, view, key))
-        return newer_value(version, found)
+        return newer_version(version, found)
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View:
+        with self._lock:
+            self._check_open()
+            entries = self._memtable.range(start, end)
+            view = self._view
+        return View(self._tables, view, entries, start, end)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"manifest_id={self._manifest_id}"
+        return f"DbReader({self._store.url!r}, epoch={self._view.writer_epoch}, {state})"
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent), from one consistent
@@ -206,8 +232,18 @@ class DbReader(Closing):
         except NotFound as exc:
             raise missing_sst(exc) from exc
 
-    def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` with ``start <= key < end`` in key order, from one consistent view."""
+    def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` with ``start <= key < end`` in key order (descending with
+        ``reverse``, at most ``limit``), from one consistent view."""
+        if reverse or limit is not None:
+            return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         with self._lock:
             self._check_open()
