@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice, repeat
 from operator import itemgetter
@@ -38,7 +38,7 @@ from slatepy.table.reader import Columns, TableReader
 MEMTABLE_CHUNK = 4096
 """Memtable entries per column chunk (a memtable source's "block")."""
 DEFAULT_BATCH_SIZE = 1024
-BatchFormat = Literal["rows", "arrow"]
+BatchFormat = Literal["rows", "columns", "arrow"]
 LiveColumns = tuple[list[bytes], list[bytes]]
 """``(keys, values)`` of live rows, in scan order."""
 
@@ -294,15 +294,16 @@ class View:
 
 def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) -> Iterator[Any]:
     """Re-cut live chunks into batches of ``batch_size`` rows (the last may be shorter):
-    lists of ``(key, value)``, or pyarrow ``RecordBatch``es of ``key`` and ``value``."""
+    lists of ``(key, value)`` (``"rows"``), ``(keys, values)`` lists (``"columns"``: no
+    per-row object at all), or pyarrow ``RecordBatch``es of binary ``key`` and ``value``."""
+    emit: Callable[[list[bytes], list[bytes]], Any]
     if fmt == "arrow":
-        pa = _pyarrow()
-        schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+        emit = _arrow_emitter()
+    elif fmt == "columns":
 
         def emit(keys: list[bytes], values: list[bytes]) -> Any:
-            return pa.RecordBatch.from_arrays(
-                [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=schema
-            )
+            return keys, values
+
     else:
 
         def emit(keys: list[bytes], values: list[bytes]) -> Any:
@@ -312,7 +313,7 @@ def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) ->
     pend_v: list[bytes] = []
     for keys, values in chunks:
         if not pend_k and len(keys) == batch_size:
-            yield emit(keys, values)
+            yield emit(list(keys), list(values))
             continue
         pend_k += keys
         pend_v += values
@@ -323,12 +324,26 @@ def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) ->
         yield emit(pend_k, pend_v)
 
 
+def _arrow_emitter() -> Callable[[list[bytes], list[bytes]], Any]:
+    """Builds each ``RecordBatch`` from the two lists (pyarrow converts them in C; measured
+    faster than joining the bytes and building offsets by hand)."""
+    pa = _pyarrow()
+    schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+
+    def emit(keys: list[bytes], values: list[bytes]) -> Any:
+        return pa.RecordBatch.from_arrays(
+            [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=schema
+        )
+
+    return emit
+
+
 def _pyarrow() -> Any:
     try:
         import pyarrow
     except ImportError as exc:
         raise InvalidArgument(
-            'format="arrow" needs pyarrow: pip install pyarrow (or use format="rows")'
+            'format="arrow" needs pyarrow: pip install pyarrow (or use format="columns")'
         ) from exc
     return pyarrow
 
@@ -414,8 +429,8 @@ def rows_or_batches(
     fmt: object,
 ) -> Iterator[Any]:
     """Validated ``scan_batches``: batches of the view's live rows of ``[start, end)``."""
-    if fmt not in ("rows", "arrow"):
-        raise InvalidArgument(f'format must be "rows" or "arrow", got {fmt!r}')
+    if fmt not in ("rows", "columns", "arrow"):
+        raise InvalidArgument(f'format must be "rows", "columns" or "arrow", got {fmt!r}')
     size = check_batch_size(batch_size)
     if fmt == "arrow":
         _pyarrow()  # fail at the call, not at the first next()

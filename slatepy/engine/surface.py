@@ -127,7 +127,8 @@ class ReadSurface:
         shorter), so bulk reads cost a Python call per batch rather than per row.
 
         Args:
-            format: ``"rows"``: lists of ``(key, value)``; ``"arrow"``: pyarrow
+            format: ``"rows"``: lists of ``(key, value)``; ``"columns"``: ``(keys,
+                values)``, two lists (the fastest: no object per row); ``"arrow"``: pyarrow
                 ``RecordBatch``es with binary columns ``key`` and ``value``.
 
         Raises:

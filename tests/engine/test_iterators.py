@@ -85,6 +85,10 @@ def test_arrow_batches(backend: Backend) -> None:
         assert list(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True)) == (
             expected(model, b"", None)
         )
+        columns = list(db.scan_batches(batch_size=33, format="columns", reverse=True))
+        assert all(len(k) == len(v) == 33 for k, v in columns[:-1])
+        rows = [r for k, v in columns for r in zip(k, v, strict=True)]
+        assert rows == expected(model, b"", None, True)
 
 
 def test_an_iterator_keeps_its_view_across_writes_and_seeks() -> None:
