@@ -18,6 +18,7 @@ from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.closing import Closing
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
+from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url, newer_version
 from slatepy.engine.view import (
@@ -32,6 +33,7 @@ from slatepy.engine.wal import WalWriter
 from slatepy.errors import (
     ClosedError,
     InvalidArgument,
+    ManifestConflictError,
     NotFound,
     SlatepyError,
     WritesLost,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 STALL_POLL_SECONDS = 0.05
+SNAPSHOT_ATTEMPTS = 5
 SEQ_STEP = 2
 """Writers assign even seqs only; ingestions take the odd ones between (RFC 0016)."""
 
@@ -348,6 +351,41 @@ class Db(Closing, ReadSurface, WriteSurface):
         found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         self._check_open()
         return newer_version(version, found)
+
+    def snapshot(self) -> Snapshot:
+        """A consistent read view that later writes, compaction and GC leave unchanged until
+        it is released (``close()`` or ``with``); see :mod:`slatepy.engine.snapshot`.
+
+        Costs a manifest update (it pins the view in the store) and a copy of the
+        memtable's index (a dict copy).
+
+        Raises:
+            ClosedError: the database is closed.
+            ManifestConflictError: compactions kept publishing while the view was pinned.
+        """
+        self._check_open()
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
+            self._apply_manifest(stored.manifest)
+            with self._lock:
+                same = self._view is stored.manifest and not self._closed
+                if same:
+                    memtable, seq = self._memtable.frozen_copy(), self._seq
+            if same:
+                return Snapshot(
+                    url=self.url,
+                    tables=self._tables,
+                    manifest=stored.manifest,
+                    memtable=memtable,
+                    seq=seq,
+                    pin=pin,
+                )
+            pin.release()  # a newer view was adopted in between: pin that one
+            self._check_open()
+        raise ManifestConflictError(
+            f"compactions published faster than a snapshot could pin one ({SNAPSHOT_ATTEMPTS} "
+            "tries); try again"
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"epoch={self.epoch}"

@@ -47,6 +47,8 @@ from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Version
+from slatepy.engine.snapshot import Snapshot as ReadSnapshot
+from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.surface import ReadSurface, as_url, newer_version
 from slatepy.engine.view import (
@@ -193,6 +195,37 @@ class DbReader(Closing, ReadSurface):
             entries = self._memtable.range(start, end)
             view = self._view
         return View(self._tables, view, entries, start, end)
+
+    def snapshot(self) -> ReadSnapshot:
+        """A consistent read view of what this reader sees now, unchanged by its later
+        refreshes until released (``close()`` or ``with``).
+
+        It pins the reader's current manifest with a snapshot record of its own (a manifest
+        update); a read-only reader writes nothing, so its snapshot is protected from GC
+        only by ``gc_min_age``, like the reader itself.
+        """
+        with self._poll_lock:  # no refresh adopts another view meanwhile
+            self._check_open()
+            pin = None
+            if not self._read_only:
+                pin, _ = pin_manifest(
+                    self._manifests,
+                    self._settings.reader_snapshot_ttl,
+                    manifest_id=self._manifest_id,
+                )
+            with self._lock:
+                memtable, view = self._memtable.frozen_copy(), self._view
+                seq = max(
+                    [view.max_compacted_seq(), view.last_ingest_seq, *self._wal_max_seq.values()]
+                )
+        return ReadSnapshot(
+            url=self._store.url,
+            tables=self._tables,
+            manifest=view,
+            memtable=memtable,
+            seq=seq,
+            pin=pin,
+        )
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"manifest_id={self._manifest_id}"
