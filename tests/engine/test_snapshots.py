@@ -83,13 +83,15 @@ def test_reader_snapshot_is_fixed_while_the_reader_moves_on(backend: Backend) ->
     target = backend.target()
     with Db.open(target, settings=backend.settings) as db:
         db[b"k"] = b"1"
-        with DbReader.open(target, settings=backend.settings) as reader:
-            with reader.snapshot() as snap:
-                db[b"k"] = b"2"
-                db[b"other"] = b"x"
-                reader.refresh()
-                assert reader[b"k"] == b"2"
-                assert snap[b"k"] == b"1" and b"other" not in snap
-                assert list(snap.scan()) == [(b"k", b"1")]
-                ids = {s.id for s in ManifestStore(backend.store()).load().manifest.snapshots}
-                assert snap.snapshot_id in ids
+        with (
+            DbReader.open(target, settings=backend.settings) as reader,
+            reader.snapshot() as snap,
+        ):
+            db[b"k"] = b"2"
+            db[b"other"] = b"x"
+            reader.refresh()
+            assert reader[b"k"] == b"2"
+            assert snap[b"k"] == b"1" and b"other" not in snap
+            assert list(snap.scan()) == [(b"k", b"1")]
+            ids = {s.id for s in ManifestStore(backend.store()).load().manifest.snapshots}
+            assert snap.snapshot_id in ids
