@@ -17,6 +17,7 @@ from slatepy.errors import (
     SlatepyError,
     StoreError,
     StoreUnavailable,
+    TransactionConflict,
     WritesLost,
     WriteStalled,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "SlatepyError",
     "StoreError",
     "StoreUnavailable",
+    "TransactionConflict",
     "WriteBatch",
     "WriteStalled",
     "WritesLost",

@@ -21,6 +21,7 @@ from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url, newer_version
+from slatepy.engine.txn import ConflictTracker, Isolation, Transaction, check_isolation
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -108,6 +109,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             next_id=start.fence_id + 1,
             settings=settings,
         )
+        self._txns = ConflictTracker()  # newest write seqs while transactions are open
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
             # The one upward import: the writer composes a compactor when asked to
@@ -231,7 +233,15 @@ class Db(Closing, ReadSurface, WriteSurface):
         if len(batch):
             self._apply(batch.ops, await_durable)
 
-    def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
+    def _apply(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        await_durable: bool,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``ops`` as one atomic batch; ``check`` (a transaction's validation) runs
+        under the writer's lock just before, so no write lands between it and the batch."""
         unflushed = self._memtable.size_bytes
         if unflushed >= self._settings.max_unflushed_bytes // 2 and self._compactor is not None:
             # Half the budget used: compact now rather than at the next interval, so writes
@@ -243,8 +253,12 @@ class Db(Closing, ReadSurface, WriteSurface):
         with self._lock:
             self._check_open()
             self._wal.check()
+            if check is not None:
+                check()
             self._seq += SEQ_STEP
             seq = self._seq
+            if self._txns.active:
+                self._txns.record(ops, seq)
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             # One WAL generation holds the whole batch, so it lands in one SST (atomic).
             generation = self._wal.append(entries, awaited=await_durable)
@@ -385,6 +399,26 @@ class Db(Closing, ReadSurface, WriteSurface):
         raise ManifestConflictError(
             f"compactions published faster than a snapshot could pin one ({SNAPSHOT_ATTEMPTS} "
             "tries); try again"
+        )
+
+    def begin(self, isolation: Isolation = "snapshot") -> Transaction:
+        """Start an optimistic transaction (see :mod:`slatepy.engine.txn`).
+
+        Args:
+            isolation: ``"snapshot"``: commit fails if a key it writes was written by
+                someone else since it began; ``"serializable"``: also if a key it read, or
+                any key in a range it scanned, was.
+
+        Raises:
+            InvalidArgument: an unknown isolation level.
+            ClosedError: the database is closed.
+        """
+        isolation = check_isolation(isolation)
+        with self._lock:
+            self._check_open()
+            start, token = self._seq, self._txns.begin(self._seq)
+        return Transaction(
+            self, self._txns, self._lock, isolation=isolation, start_seq=start, token=token
         )
 
     def __repr__(self) -> str:
