@@ -11,8 +11,8 @@ from slatepy.compactor.planner import CompactionPolicy
 from slatepy.store.base import ObjectStore
 
 Op = tuple[bytes, bytes | None]
-TO_RUN = CompactionPolicy(l0_trigger=1, target_sst_bytes=16 * 1024)
-TO_L0 = CompactionPolicy(l0_trigger=1000, target_sst_bytes=16 * 1024)
+TO_RUN = CompactionPolicy(l0_trigger=1, target_sst_bytes=4096)
+TO_L0 = CompactionPolicy(l0_trigger=1000, target_sst_bytes=4096)
 
 
 def apply(db: Db, ops: Sequence[Op], model: dict[bytes, bytes]) -> None:
@@ -42,19 +42,20 @@ def layered(
     phases: Sequence[Sequence[Op]],
     model: dict[bytes, bytes],
 ) -> None:
-    """Phase 0 ends in a sorted run, phase 1 in L0, later phases stay in the memtable."""
+    """Phase 0 ends in a sorted run, phases 1 and 2 in L0 (overlapping SSTs), later phases
+    stay in the memtable."""
     for i, ops in enumerate(phases):
         apply(db, ops, model)
         if i == 0:
             compact(store, settings, TO_RUN, db)
-        elif i == 1:
+        elif i in (1, 2):
             compact(store, settings, TO_L0, db)
 
 
 def random_phases(seed: int, n: int, keys: int) -> list[list[Op]]:
     rng = random.Random(seed)
     phases: list[list[Op]] = []
-    for _ in range(3):
+    for _ in range(4):
         ops: list[Op] = []
         for i in range(n):
             key = b"k%05d" % rng.randrange(keys)

@@ -30,7 +30,8 @@ def open_layered(backend: Backend, seed: int = 7) -> tuple[Db, dict[bytes, bytes
     model: dict[bytes, bytes] = {}
     layered(db, store, settings, random_phases(seed, 600, 900), model)
     view = db._view
-    assert view.sorted_runs and view.l0 and len(db._memtable)
+    assert view.sorted_runs and len(view.l0) > 1 and len(db._memtable)
+    assert max(len(run.ssts) for run in view.sorted_runs) > 1  # reverse crosses SSTs of a run
     return db, model
 
 
@@ -117,7 +118,7 @@ def test_an_iterator_keeps_its_view_across_writes_and_seeks() -> None:
             max_size=40,
         ),
         min_size=1,
-        max_size=4,
+        max_size=5,
     ),
     lo=st.binary(max_size=3),
     hi=st.one_of(st.none(), st.binary(min_size=1, max_size=3)),
