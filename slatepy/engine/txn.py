@@ -171,7 +171,10 @@ class Transaction:
         if self._isolation == "serializable":
             self._reads.add(key)
         version = self._db._version(key)
-        if version is not None and version[0] > self._start:
+        # The tracker too: compaction may have dropped a newer tombstone from the versions.
+        if (version is not None and version[0] > self._start) or self._tracker.written_after(
+            key, self._start
+        ):
             raise self._conflict(f"key {key!r} was written after the transaction began")
         if version is None or version[1] is None:
             return default

@@ -12,7 +12,9 @@ import pytest
 
 from slatepy import ClosedError, Db, InvalidArgument, Settings, TransactionConflict
 from slatepy.engine.txn import ConflictTracker
+from slatepy.store import open_store
 from tests.conftest import Backend
+from tests.engine.layered import TO_RUN, compact
 
 OFF = Settings(compactor="off", flush_interval=0.01)
 
@@ -205,3 +207,16 @@ def test_a_transaction_older_than_the_horizon_conflicts() -> None:
             db.put(b"k%d" % i, b"v", await_durable=False)
         with pytest.raises(TransactionConflict, match="too many keys"):
             txn.commit()
+
+
+def test_a_delete_compacted_away_after_the_snapshot_still_conflicts() -> None:
+    store = open_store("memory://")
+    with Db.open(store, settings=OFF) as db:
+        db[b"k"] = b"1"
+        compact(store, OFF, TO_RUN, db)
+        txn = db.begin()
+        del db[b"k"]
+        compact(store, OFF, TO_RUN, db)  # the bottom run drops the tombstone
+        assert db._version(b"k") is None  # no version left to show the delete
+        with pytest.raises(TransactionConflict):
+            txn.get(b"k")
