@@ -3,12 +3,15 @@ was until released, pinned in the manifest the way readers pin theirs."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from slatepy import ClosedError, Db, DbReader, NotFound
+from slatepy import ClosedError, Db, DbReader, NotFound, Settings
 from slatepy.engine.view import compacted_ids
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.store import ManifestStore
+from slatepy.store import open_store
 from slatepy.table.layout import compacted_path
 from tests.conftest import Backend
 from tests.engine.layered import TO_RUN, compact
@@ -95,3 +98,39 @@ def test_reader_snapshot_is_fixed_while_the_reader_moves_on(backend: Backend) ->
             assert list(snap.scan()) == [(b"k", b"1")]
             ids = {s.id for s in ManifestStore(backend.store()).load().manifest.snapshots}
             assert snap.snapshot_id in ids
+
+
+def test_reads_renew_the_pin_before_it_expires() -> None:
+    store = open_store("memory://")
+    with Db.open(store, settings=Settings(compactor="off", reader_snapshot_ttl=30)) as db:
+        db[b"k"] = b"v"
+        with db.snapshot() as snap:
+            manifests = ManifestStore(store)
+
+            def expiry() -> int:
+                (record,) = [
+                    s for s in manifests.load().manifest.snapshots if s.id == snap.snapshot_id
+                ]
+                return record.expire_time_s
+
+            first = expiry()
+            assert snap[b"k"] == b"v"
+            assert expiry() == first  # young: no manifest write per read
+            assert snap._pin is not None
+            snap._pin.renewed_at -= 11  # over a third of the ttl ago
+            time.sleep(1.1)  # expiries are whole seconds
+            assert snap[b"k"] == b"v"
+            assert expiry() > first
+
+
+def test_a_read_only_readers_snapshot_writes_nothing() -> None:
+    store = open_store("memory://")
+    with Db.open(store, settings=Settings(compactor="off")) as db:
+        db[b"k"] = b"1"
+        with DbReader.open(store, read_only=True) as reader:
+            before = ManifestStore(store).latest_id()
+            with reader.snapshot() as snap:
+                db[b"k"] = b"2"
+                reader.refresh()
+                assert snap.snapshot_id == "" and snap[b"k"] == b"1" and reader[b"k"] == b"2"
+            assert ManifestStore(store).latest_id() == before
