@@ -21,7 +21,10 @@ from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db as SyncDb
 from slatepy.engine.iterator import DEFAULT_BATCH_SIZE, BatchFormat
 from slatepy.engine.reader import DbReader as SyncDbReader
+from slatepy.engine.snapshot import Snapshot as SyncSnapshot
 from slatepy.engine.surface import KeyValue
+from slatepy.engine.txn import Isolation
+from slatepy.engine.txn import Transaction as SyncTransaction
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import StoreMetrics
 
@@ -29,14 +32,9 @@ _END = object()
 
 
 class _AsyncReads:
-    """The reads both handles offer, over ``self.sync``."""
+    """The reads every handle offers (writer, reader, snapshot), over ``self.sync``."""
 
-    sync: SyncDb | SyncDbReader
-
-    @property
-    def metrics(self) -> StoreMetrics:
-        """Object-store requests made so far (no I/O: not awaitable)."""
-        return self.sync.metrics
+    sync: SyncDb | SyncDbReader | SyncSnapshot
 
     async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key``, or ``default`` if it is absent or deleted."""
@@ -152,6 +150,20 @@ class Db(_AsyncReads):
         """This writer's epoch."""
         return self.sync.epoch
 
+    @property
+    def metrics(self) -> StoreMetrics:
+        """Object-store requests made so far (no I/O: not awaitable)."""
+        return self.sync.metrics
+
+    async def snapshot(self) -> Snapshot:
+        """A consistent, unchanging read view (see :meth:`slatepy.engine.db.Db.snapshot`)."""
+        return Snapshot(await asyncio.to_thread(self.sync.snapshot))
+
+    def begin(self, isolation: Isolation = "snapshot") -> Transaction:
+        """Start an optimistic transaction (no I/O: not awaitable); ``async with`` it to
+        commit on a clean exit and roll back on an exception."""
+        return Transaction(self.sync.begin(isolation))
+
     async def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
         """Set ``key`` to ``value``; with ``await_durable``, return once it is in the WAL."""
         await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable)
@@ -198,6 +210,15 @@ class DbReader(_AsyncReads):
             await asyncio.to_thread(SyncDbReader.open, url, settings=settings, read_only=read_only)
         )
 
+    @property
+    def metrics(self) -> StoreMetrics:
+        """Object-store requests made so far (no I/O: not awaitable)."""
+        return self.sync.metrics
+
+    async def snapshot(self) -> Snapshot:
+        """A read view fixed at what the reader sees now (see the sync ``snapshot``)."""
+        return Snapshot(await asyncio.to_thread(self.sync.snapshot))
+
     async def refresh(self) -> None:
         """Poll now: apply new WAL SSTs and adopt a newer compacted state."""
         await asyncio.to_thread(self.sync.refresh)
@@ -206,4 +227,73 @@ class DbReader(_AsyncReads):
         return f"aio.{self.sync!r}"
 
 
-__all__ = ["Db", "DbReader", "KeyValue", "WriteBatch"]
+class Snapshot(_AsyncReads):
+    """Async wrapper around :class:`slatepy.engine.snapshot.Snapshot`; release it with
+    ``await snap.close()`` or ``async with``."""
+
+    sync: SyncSnapshot
+
+    def __init__(self, snapshot: SyncSnapshot) -> None:
+        self.sync = snapshot
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the newest write the snapshot sees."""
+        return self.sync.seq
+
+
+class Transaction:
+    """Async wrapper around :class:`slatepy.engine.txn.Transaction` (await one call at a
+    time: a transaction is used by one task)."""
+
+    def __init__(self, txn: SyncTransaction) -> None:
+        self.sync = txn
+
+    async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` as the transaction sees it; see the sync ``get``."""
+        return await asyncio.to_thread(self.sync.get, key, default)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Buffer ``key = value`` (no I/O: not awaitable)."""
+        self.sync.put(key, value)
+
+    def delete(self, key: bytes) -> None:
+        """Buffer the deletion of ``key`` (no I/O: not awaitable)."""
+        self.sync.delete(key)
+
+    async def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> list[tuple[bytes, bytes]]:
+        """The transaction's view of ``[start, end)`` as one list; see the sync ``scan``."""
+        return await asyncio.to_thread(
+            lambda: list(self.sync.scan(start, end, reverse=reverse, limit=limit))
+        )
+
+    async def commit(self) -> None:
+        """Apply the writes atomically and durably, or raise ``TransactionConflict``."""
+        await asyncio.to_thread(self.sync.commit)
+
+    async def rollback(self) -> None:
+        """Discard the writes."""
+        await asyncio.to_thread(self.sync.rollback)
+
+    async def __aenter__(self) -> Self:
+        """``async with`` the transaction: committed on a clean exit, else rolled back."""
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Commit, or roll back when the block raised."""
+        await asyncio.to_thread(self.sync.__exit__, exc_type, exc, tb)
+
+
+__all__ = ["Db", "DbReader", "KeyValue", "Snapshot", "Transaction", "WriteBatch"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slatepy import Db, DbReader, InvalidArgument, Settings, aio
+from slatepy import Db, DbReader, InvalidArgument, Settings, TransactionConflict, aio
 from slatepy.store import open_store
 
 OFF = Settings(compactor="off", flush_interval=0.02)
@@ -76,8 +76,30 @@ def test_aio_writer_and_reader() -> None:
     asyncio.run(scenario())
 
 
+def test_aio_snapshot_and_transaction() -> None:
+    async def scenario() -> None:
+        async with await aio.Db.open("memory://", settings=OFF) as db:
+            await db.put(b"a", b"1")
+            async with await db.snapshot() as snap:
+                await db.put(b"a", b"2")
+                assert await snap.get(b"a") == b"1" and snap.seq > 0
+                assert await snap.scan() == [(b"a", b"1")]
+            async with db.begin("serializable") as txn:
+                txn.put(b"b", (await txn.get(b"a")) or b"")
+                assert await txn.scan() == [(b"a", b"2"), (b"b", b"2")]
+            assert await db.get(b"b") == b"2"
+            loser, winner = db.begin(), db.begin()
+            for txn in (loser, winner):
+                txn.put(b"a", b"x")
+            await winner.commit()
+            with pytest.raises(TransactionConflict):
+                await loser.commit()
+
+    asyncio.run(scenario())
+
+
 def test_every_aio_method_has_a_docstring() -> None:
-    for cls in (aio.Db, aio.DbReader):
+    for cls in (aio.Db, aio.DbReader, aio.Snapshot, aio.Transaction):
         for name in dir(cls):
             if name.startswith("_") and name not in ("__aenter__", "__aexit__"):
                 continue
