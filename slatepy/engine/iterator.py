@@ -20,7 +20,6 @@ decides which resolved versions a reader sees (not tombstones). Every read in th
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -376,7 +375,6 @@ class DbIterator:
         self._start = start
         self._end = end
         self._reverse = reverse
-        self._lock = threading.Lock()
         self._rows: Iterator[tuple[bytes, bytes]] = view.rows(start, end, reverse)
 
     @property

@@ -156,6 +156,12 @@ class ReadSurface:
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None  # type: ignore[arg-type]
 
+    def __iter__(self) -> Iterator[bytes]:
+        """The live keys in order, from one view (as iterating a dict or ``rocksdict``;
+        without this, ``__getitem__`` would make Python try integer indexes)."""
+        for keys, _ in self.scan_batches(format="columns"):
+            yield from keys
+
 
 class WriteBatchContext(WriteBatch):
     """A :class:`WriteBatch` that ``with`` writes on a clean exit (nothing on an exception)."""

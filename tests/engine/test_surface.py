@@ -27,6 +27,8 @@ def test_mapping_protocol_and_defaults() -> None:
         del db[b"a"]
         assert b"a" not in db
         del db[b"never"]  # a blind delete, like plyvel's and rocksdict's
+        db[b"x"], db[b"y"] = b"1", b"2"
+        assert list(db) == [b"x", b"y"]
         with pytest.raises(InvalidArgument):
             db["str"] = b"x"  # type: ignore[index]
 
