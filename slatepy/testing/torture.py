@@ -32,7 +32,7 @@ from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db
 from slatepy.engine.reader import DbReader
 from slatepy.engine.snapshot import Snapshot
-from slatepy.errors import CorruptionError, FencedError, SlatepyError
+from slatepy.errors import CorruptionError, FencedError, SlatepyError, TransactionConflict
 from slatepy.gc import GarbageCollector
 from slatepy.store.base import ObjectStore
 from slatepy.testing.faults import FaultyStore, uniform
@@ -308,6 +308,45 @@ class Torture:
             raise Violation(f"seek({probe!r}) gave {sought}, expected {want}")
         self._check_view(dict(rows), "writer iterate")
 
+    def op_transaction(self) -> None:
+        """A read-modify-write transaction; sometimes a plain write to its key lands between
+        its read and its commit, which must then fail with ``TransactionConflict`` and apply
+        nothing (one thread: no other conflict is possible)."""
+        db = self.writer()
+        key = self.rng.choice(KEYS)
+        try:
+            txn = db.begin(self.rng.choice(["snapshot", "serializable"]))
+            current = txn.get(key)
+        except TransactionConflict as exc:
+            raise Violation(f"a transaction's read conflicted with nothing: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["transaction"] += 1
+            return
+        self.model.check(key, current, "transaction")
+        value = self._value(key)
+        txn.put(key, value)
+        raced = self.rng.random() < 0.3
+        if raced:
+            self._write([(key, self._value(key))], durable=True)
+            if self.db is not db:  # the racing write failed and the writer was dropped
+                return
+        try:
+            txn.commit()
+        except TransactionConflict:
+            if not raced:
+                raise Violation(f"a transaction on {key!r} conflicted with nothing") from None
+            return
+        except SlatepyError:
+            self.report.failed["transaction"] += 1
+            self.model.written(key, value)  # a failed durable write: its fate is unknown
+            self.crash()
+            return
+        if raced:
+            raise Violation(f"a transaction on {key!r} committed over a newer write")
+        self._acknowledge_pending()
+        self.model.acknowledged(key, value)
+        self.report.acknowledged_writes += 1
+
     def op_snapshot(self) -> None:
         """Take a snapshot and remember what it showed; release an old one now and then."""
         if self.snapshots and (len(self.snapshots) > 3 or self.rng.random() < 0.3):
@@ -392,6 +431,7 @@ class Torture:
         ("crash", 2),
         ("reopen", 2),
         ("iterate", 3),
+        ("transaction", 4),
         ("snapshot", 2),
         ("snapshot_read", 3),
     )

@@ -86,6 +86,10 @@ class TortureMachine(RuleBasedStateMachine):
         self.torture.op_iterate()
 
     @rule()
+    def transaction(self) -> None:
+        self.torture.op_transaction()
+
+    @rule()
     def snapshot(self) -> None:
         self.torture.op_snapshot()
 
