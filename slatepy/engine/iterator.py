@@ -9,13 +9,16 @@ versions of each key are all present and can be resolved together. A window that
 source contributes to (the common case: a compacted database, or sources with disjoint
 key ranges) passes through untouched; otherwise its rows are sorted by ``(key, seq, source)``
 in C and the newest version of each key kept with a dict. Per-row Python work is only the
-tombstone filter (:func:`live_columns`), which is why :meth:`View.batches` beats a
-row-at-a-time scan (RFC 0020).
+tombstone filter (:func:`live_columns`), which is why :func:`batches` (``scan_batches``) can
+beat a row-at-a-time scan (RFC 0020).
 
 Visibility lives in two functions, and only there: :func:`resolve_window` decides which
-version of a key a window yields (the newest; a tombstone too), and :func:`live_columns`
-decides which resolved versions a reader sees (not tombstones). Every read in this module
-(iterators, reverse scans, batches, snapshots, transactions) goes through both.
+version of a key a window of *several* sources yields (the newest; a tombstone too), and
+:func:`live_columns` decides, for *every* resolved row, what a reader sees (not tombstones).
+A window that only one source contributes to skips :func:`resolve_window` (each source holds
+one version per key) and goes straight to :func:`live_columns`, so a per-row rule (an expiry,
+a lone merge operand) belongs there. Every read in this module (iterators, reverse scans,
+batches, snapshots, transactions) goes through both.
 """
 
 from __future__ import annotations

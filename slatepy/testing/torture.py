@@ -4,7 +4,8 @@ Used by ``slatepy torture URL`` (a soak against any store) and by the CI reliabi
 (bounded, several seeds). One thread drives a writer (``Db``), a snapshot reader
 (``DbReader``), a compactor and the garbage collector through puts, deletes, atomic batches,
 flushes, reads, iterators, snapshots, transactions, compactions, GC passes, crashes (the
-writer dropped without a flush) and clean reopens, with the store injecting the four outcomes of :mod:`slatepy.testing.faults`.
+writer dropped without a flush) and clean reopens, with the store injecting the four
+outcomes of :mod:`slatepy.testing.faults`.
 
 The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
 fate is unknown (written but not acknowledged). Invariants checked:
