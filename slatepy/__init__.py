@@ -20,6 +20,7 @@ from slatepy.errors import (
     SlatepyError,
     StoreError,
     StoreUnavailable,
+    TransactionConflict,
     WritesLost,
     WriteStalled,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "SlatepyError",
     "StoreError",
     "StoreUnavailable",
+    "TransactionConflict",
     "WalHistoryGone",
     "WalReader",
     "WalRecord",

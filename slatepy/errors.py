@@ -84,6 +84,12 @@ class WritesLost(SlatepyError):
         self.count = count
 
 
+class TransactionConflict(SlatepyError):
+    """An optimistic transaction lost a race: a key it wrote (or, serializable, read or
+    scanned) was changed by another commit after its snapshot. Nothing it wrote was
+    applied; run the transaction again from ``begin()``."""
+
+
 class ManifestConflictError(SlatepyError):
     """A manifest update kept losing the compare-and-swap race and gave up."""
 

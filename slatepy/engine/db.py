@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -18,8 +19,12 @@ from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
-from slatepy.engine.memtable import Memtable
+from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Memtable, Version
+from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
+from slatepy.engine.surface import ReadSurface, WriteSurface, as_url, newer_version
+from slatepy.engine.txn import ConflictTracker, Isolation, Transaction, check_isolation
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -32,6 +37,7 @@ from slatepy.engine.wal import WalWriter
 from slatepy.errors import (
     ClosedError,
     InvalidArgument,
+    ManifestConflictError,
     NotFound,
     SlatepyError,
     WritesLost,
@@ -55,6 +61,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 STALL_POLL_SECONDS = 0.05
+SNAPSHOT_ATTEMPTS = 5
 SEQ_STEP = 2
 """Writers assign even seqs only; ingestions take the odd ones between (RFC 0016)."""
 
@@ -69,7 +76,7 @@ def _flush_open_databases() -> None:
         db._flush_at_exit()
 
 
-class Db(Closing):
+class Db(Closing, ReadSurface, WriteSurface):
     """An embedded key-value database whose state lives in an object store.
 
     There is one writer per database: opening a ``Db`` fences every older writer of the same
@@ -105,6 +112,7 @@ class Db(Closing):
             next_id=start.fence_id + 1,
             settings=settings,
         )
+        self._txns = ConflictTracker()  # newest write seqs while transactions are open
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
             # The one upward import: the writer composes a compactor when asked to
@@ -129,7 +137,7 @@ class Db(Closing):
     @classmethod
     def open(
         cls,
-        url: str | ObjectStore,
+        url: str | os.PathLike[str] | ObjectStore,
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
@@ -145,7 +153,8 @@ class Db(Closing):
         Args:
             url: ``memory://`` (a new store private to this call), ``file:///abs/path``,
                 ``s3://bucket/prefix``, ``gs://…``, ``az://…``, or an ``ObjectStore``
-                instance (pass the same instance to readers to share a ``memory://`` store).
+                instance (pass the same instance to readers to share a ``memory://`` store),
+                or a local directory as a ``pathlib.Path``.
             settings: Tunables; defaults to ``Settings()``.
             create_if_missing: With False, a location holding no database raises
                 ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
@@ -161,6 +170,7 @@ class Db(Closing):
         """
         started = time.monotonic()
         settings = settings or Settings()
+        url = as_url(url)
         target = url
         if not isinstance(url, ObjectStore):
             target = open_store(url, settings, create=create_if_missing)
@@ -227,7 +237,15 @@ class Db(Closing):
         if len(batch):
             self._apply(batch.ops, await_durable)
 
-    def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
+    def _apply(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        await_durable: bool,
+        *,
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Write ``ops`` as one atomic batch; ``check`` (a transaction's validation) runs
+        under the writer's lock just before, so no write lands between it and the batch."""
         unflushed = self._memtable.size_bytes
         compactor = self._compactor
         if compactor is not None:
@@ -243,8 +261,12 @@ class Db(Closing):
         with self._lock:
             self._check_open()
             self._wal.check()
+            if check is not None:
+                check()
             self._seq += SEQ_STEP
             seq = self._seq
+            if self._txns.active:
+                self._txns.record(ops, seq)
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             # One WAL generation holds the whole batch, so it lands in one SST (atomic).
             generation = self._wal.append(entries, awaited=await_durable)
@@ -252,8 +274,12 @@ class Db(Closing):
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
-    def get(self, key: bytes) -> bytes | None:
-        """The value of ``key``, or None if it is absent or deleted."""
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key``, or ``default`` if it is absent or deleted."""
+        value = self._get(key)
+        return default if value is None else value
+
+    def _get(self, key: bytes) -> bytes | None:
         key = check_key(key)
         self._check_open()
         self._refresh_stale_view()
@@ -305,11 +331,21 @@ class Db(Closing):
         except NotFound as exc:
             raise missing_sst(exc) from exc
 
-    def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all).
+    def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all),
+        descending with ``reverse``, at most ``limit`` of them.
 
         The result is a consistent view taken when ``scan`` is called.
         """
+        if reverse or limit is not None:
+            return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         self._refresh_stale_view()
         with self._lock:
@@ -317,6 +353,85 @@ class Db(Closing):
             entries = self._memtable.range(start, end)
             view = self._view
         return scan_merged(self._tables, entries, view, start, end)
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View:
+        self._refresh_stale_view()
+        with self._lock:
+            self._check_open()
+            entries = self._memtable.range(start, end)
+            view = self._view
+        return View(self._tables, view, entries, start, end)
+
+    def _version(self, key: bytes) -> Version | None:
+        key = check_key(key)
+        self._check_open()
+        self._refresh_stale_view()
+        version = self._memtable.get(key)
+        view = self._view  # after the memtable: see get()
+        if version is not None and version[0] > view.last_ingest_seq:
+            return version
+        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+        self._check_open()
+        return newer_version(version, found)
+
+    def snapshot(self) -> Snapshot:
+        """A consistent read view that later writes, compaction and GC leave unchanged until
+        it is released (``close()`` or ``with``); see :mod:`slatepy.engine.snapshot`.
+
+        Costs a manifest update (it pins the view in the store) and a copy of the
+        memtable's index (a dict copy).
+
+        Raises:
+            ClosedError: the database is closed.
+            ManifestConflictError: compactions kept publishing while the view was pinned.
+        """
+        self._check_open()
+        for _ in range(SNAPSHOT_ATTEMPTS):
+            pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
+            self._apply_manifest(stored.manifest)
+            with self._lock:
+                same = self._view is stored.manifest and not self._closed
+                if same:
+                    memtable, seq = self._memtable.frozen_copy(), self._seq
+            if same:
+                return Snapshot(
+                    url=self.url,
+                    tables=self._tables,
+                    manifest=stored.manifest,
+                    memtable=memtable,
+                    seq=seq,
+                    pin=pin,
+                )
+            pin.release()  # a newer view was adopted in between: pin that one
+            self._check_open()
+        raise ManifestConflictError(
+            f"compactions published faster than a snapshot could pin one ({SNAPSHOT_ATTEMPTS} "
+            "tries); try again"
+        )
+
+    def begin(self, isolation: Isolation = "snapshot") -> Transaction:
+        """Start an optimistic transaction (see :mod:`slatepy.engine.txn`).
+
+        Args:
+            isolation: ``"snapshot"``: commit fails if a key it writes was written by
+                someone else since it began; ``"serializable"``: also if a key it read, or
+                any key in a range it scanned, was.
+
+        Raises:
+            InvalidArgument: an unknown isolation level.
+            ClosedError: the database is closed.
+        """
+        isolation = check_isolation(isolation)
+        with self._lock:
+            self._check_open()
+            start, token = self._seq, self._txns.begin(self._seq)
+        return Transaction(
+            self, self._txns, self._lock, isolation=isolation, start_seq=start, token=token
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch={self.epoch}"
+        return f"Db({self.url!r}, {state})"
 
     def refresh(self) -> None:
         """Pick up compactions published since open (and release compacted memtable data)."""

@@ -123,3 +123,15 @@ class Memtable:
         hi = len(keys) if end is None else bisect_left(keys, end, lo)
         data = self._data
         return [(k, *data[k]) for k in keys[lo:hi]]
+
+    def frozen_copy(self) -> Memtable:
+        """A copy holding the same versions that later writes and prunes leave unchanged
+        (a snapshot's memtable, RFC 0020). Shallow: keys and values are immutable bytes, so
+        copying the dict and the key lists is enough (a C-speed copy, no per-entry Python).
+        Call it where writers are excluded (the writer's lock)."""
+        copy = Memtable()
+        copy._data = dict(self._data)
+        copy._sorted = list(self._sorted)
+        copy._new_keys = list(self._new_keys)
+        copy.size_bytes = self.size_bytes
+        return copy

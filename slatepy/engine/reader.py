@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -47,7 +48,12 @@ from slatepy.config import Settings
 from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
+from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Version
+from slatepy.engine.snapshot import Snapshot as ReadSnapshot
+from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
+from slatepy.engine.surface import ReadSurface, as_url, newer_version
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
@@ -72,7 +78,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class DbReader(Closing):
+class DbReader(Closing, ReadSurface):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
     def __init__(self, store: MetricsStore, settings: Settings, *, read_only: bool = False) -> None:
@@ -123,7 +129,7 @@ class DbReader(Closing):
     @classmethod
     def open(
         cls,
-        url: str | ObjectStore,
+        url: str | os.PathLike[str] | ObjectStore,
         *,
         settings: Settings | None = None,
         read_only: bool = False,
@@ -150,7 +156,7 @@ class DbReader(Closing):
         settings = settings or Settings()
         from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
 
-        store = open_stack(with_external(url, settings), settings)
+        store = open_stack(with_external(as_url(url), settings), settings)
         if checkpoint is not None:
             from slatepy.engine.checkpoint import CheckpointReader
 
@@ -185,16 +191,69 @@ class DbReader(Closing):
     def metrics(self) -> StoreMetrics:
         return self._store.metrics
 
-    def get(self, key: bytes) -> bytes | None:
-        """The value of ``key`` as of the reader's latest refresh, or None."""
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of ``key`` as of the reader's latest refresh, or ``default``."""
         key = check_key(key)
         self._check_open()
         version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
         if version is not None and version[0] > self._view.last_ingest_seq:
-            return version[1]
-        # No version, or one older than an ingestion, which may hold a newer one.
+            value = version[1]
+        else:
+            # No version, or one older than an ingestion, which may hold a newer one.
+            found = self._read(lambda view: get_compacted(self._tables, view, key))
+            value = newer_value(version, found)
+        return default if value is None else value
+
+    def _version(self, key: bytes) -> Version | None:
+        key = check_key(key)
+        self._check_open()
+        version = self._memtable.get(key)
+        if version is not None and version[0] > self._view.last_ingest_seq:
+            return version
         found = self._read(lambda view: get_compacted(self._tables, view, key))
-        return newer_value(version, found)
+        return newer_version(version, found)
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View:
+        with self._lock:
+            self._check_open()
+            entries = self._memtable.range(start, end)
+            view = self._view
+        return View(self._tables, view, entries, start, end)
+
+    def snapshot(self) -> ReadSnapshot:
+        """A consistent read view of what this reader sees now, unchanged by its later
+        refreshes until released (``close()`` or ``with``).
+
+        It pins the reader's current manifest with a snapshot record of its own (a manifest
+        update); a read-only reader writes nothing, so its snapshot is protected from GC
+        only by ``gc_min_age``, like the reader itself.
+        """
+        with self._poll_lock:  # no refresh adopts another view meanwhile
+            self._check_open()
+            pin = None
+            if not self._read_only:
+                pin, _ = pin_manifest(
+                    self._manifests,
+                    self._settings.reader_snapshot_ttl,
+                    manifest_id=self._manifest_id,
+                )
+            with self._lock:
+                memtable, view = self._memtable.frozen_copy(), self._view
+                seq = max(
+                    [view.max_compacted_seq(), view.last_ingest_seq, *self._wal_max_seq.values()]
+                )
+        return ReadSnapshot(
+            url=self._store.url,
+            tables=self._tables,
+            manifest=view,
+            memtable=memtable,
+            seq=seq,
+            pin=pin,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"manifest_id={self._manifest_id}"
+        return f"DbReader({self._store.url!r}, epoch={self._view.writer_epoch}, {state})"
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent), from one consistent
@@ -230,8 +289,18 @@ class DbReader(Closing):
         except NotFound as exc:
             raise missing_sst(exc) from exc
 
-    def scan(self, start: bytes = b"", end: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` with ``start <= key < end`` in key order, from one consistent view."""
+    def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` with ``start <= key < end`` in key order (descending with
+        ``reverse``, at most ``limit``), from one consistent view."""
+        if reverse or limit is not None:
+            return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         with self._lock:
             self._check_open()

@@ -57,6 +57,9 @@ COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
+Columns = tuple[list[bytes], list[int], list[bytes | None]]
+"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries (read only:
+they may be the cached block's own lists)."""
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -460,6 +463,62 @@ class TableReader:
         first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
         yield from self._stream(loader, start, end, background=True, first_bytes=first)
 
+    def scan_columns(
+        self,
+        path: str,
+        start: bytes,
+        end: bytes | None,
+        *,
+        size: int | None = None,
+        continued: bool = False,
+        reverse: bool = False,
+    ) -> Iterator[Columns]:
+        """The entries of :meth:`scan` a block at a time, as parallel lists (:data:`Columns`),
+        so a bulk reader pays per block, not per entry.
+
+        With ``reverse`` the blocks come last to first and each block's lists are in
+        descending key order. A reverse scan reads consecutive blocks backwards in chunks of
+        one ranged GET each, growing like a forward scan's, without background read-ahead.
+        """
+        top = self._tops.get(path) or self.top(path, size=size)
+        props = top.props
+        if props.first_key is None or props.last_key is None:
+            return
+        if props.last_key < start or (end is not None and props.first_key >= end):
+            return
+        loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
+        if reverse:
+            yield from self._stream_reverse(loader, start, end)
+            return
+        first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
+        yield from self._stream_columns(loader, start, end, background=True, first_bytes=first)
+
+    def _stream_reverse(
+        self, loader: _ChunkLoader, start: bytes, end: bytes | None
+    ) -> Iterator[Columns]:
+        """Blocks from the last one holding a key below ``end`` back to the one holding
+        ``start``; each chunk of blocks is one ranged GET, the chunks growing fourfold."""
+        last = loader.last_block(end)
+        budget = SCAN_READ_AHEAD_MIN
+        while last >= 0:
+            first = loader.back_from(last, budget, start)
+            chunk = loader.load_span(first, last)
+            for k in range(last - first, -1, -1):
+                block = loader.block(chunk, k)
+                keys = block.keys
+                hi = len(keys) if end is None or keys[-1] < end else bisect_left(keys, end)
+                lo = bisect_left(keys, start) if keys[0] < start else 0
+                if hi > lo:
+                    ks, ss, vs = keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
+                    ks.reverse()
+                    ss.reverse()
+                    vs.reverse()
+                    yield ks, ss, vs
+                if keys[0] <= start:
+                    return
+            last = first - 1
+            budget = min(budget * 4, self.scan_read_ahead_bytes)
+
     def scan_all(self, path: str, *, chunk_bytes: int, size: int | None = None) -> Iterator[Entry]:
         """Every entry in key order, for compaction: ``chunk_bytes`` per ranged GET, and
         nothing goes through or into the caches (nor is the SST pinned), so a compaction
@@ -497,7 +556,26 @@ class TableReader:
         first_bytes: int,
         limit: int | None = None,
     ) -> Iterator[Entry]:
-        """Decode chunk after chunk. With ``background``, once a chunk needed the store (so
+        """The entries of :meth:`_stream_columns`, one by one."""
+        for keys, seqs, values in self._stream_columns(
+            loader, start, end, background=background, first_bytes=first_bytes, limit=limit
+        ):
+            yield from zip(keys, seqs, values, strict=True)
+
+    def _stream_columns(
+        self,
+        loader: _ChunkLoader,
+        start: bytes,
+        end: bytes | None,
+        *,
+        background: bool,
+        first_bytes: int,
+        limit: int | None = None,
+    ) -> Iterator[Columns]:
+        """Decode chunk after chunk, yielding each block's entries in ``[start, end)`` as
+        parallel lists (the cached block's own lists when it is whole: read only).
+
+        With ``background``, once a chunk needed the store (so
         warm and short scans never start a thread), the next ``READ_AHEAD_DEPTH`` chunks
         are planned here and fetched by threads while this one is consumed: at most
         ``READ_AHEAD_DEPTH + 1`` chunks in memory, and that many GETs in flight, so a scan
@@ -532,14 +610,13 @@ class TableReader:
                     lo = bisect_left(keys, start) if keys[0] < start else 0
                     if end is not None and keys[-1] >= end:
                         hi = bisect_left(keys, end)
-                        yield from zip(
-                            keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi], strict=True
-                        )
+                        if hi > lo:
+                            yield keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
                         return
                     if lo:
-                        yield from zip(keys[lo:], block.seqs[lo:], block.values[lo:], strict=True)
+                        yield keys[lo:], block.seqs[lo:], block.values[lo:]
                     else:
-                        yield from zip(keys, block.seqs, block.values, strict=True)
+                        yield keys, block.seqs, block.values
                 if ahead:
                     chunk = ahead.popleft().result()
                 elif planned_all:
@@ -673,6 +750,46 @@ class _ChunkLoader:
         part = self._partition(self._top.partition_for(start))
         j = part.block_for(start)
         return part.first_block + (j or 0)
+
+    def last_block(self, end: bytes | None) -> int:
+        """SST-wide index of the last block holding a key below ``end`` (-1: none)."""
+        if end is None:
+            return self._top.props.block_count - 1
+        part = self._partition(self._top.partition_for(end))
+        j = part.block_for(end)
+        if j is None:
+            return part.first_block - 1
+        return part.first_block + j - (1 if part.first_keys[j] >= end else 0)
+
+    def _span(self, index: int) -> tuple[int, int, bytes]:
+        """Block ``index``'s ``(start offset, end offset, first key)``."""
+        part = self._part
+        if part is None or not 0 <= index - part.first_block < len(part.first_keys):
+            part = self._partition(self._top.partition_of_block(index))
+        j = index - part.first_block
+        return part.offsets[j], part.offsets[j + 1], part.first_keys[j]
+
+    def back_from(self, last: int, budget: int, start: bytes) -> int:
+        """The first block of a reverse chunk ending with block ``last``: going back while
+        the chunk stays within ``budget`` bytes and the blocks can hold keys >= ``start``."""
+        chunk_end = self._span(last)[1]
+        first = last
+        while first > 0:
+            key = self._span(first)[2]
+            if key <= start:
+                break
+            if chunk_end - self._span(first - 1)[0] > budget:
+                break
+            first -= 1
+        return first
+
+    def load_span(self, first: int, last: int) -> _Chunk:
+        """Blocks ``first .. last`` (inclusive) as one chunk, read."""
+        begin = self._span(first)[0]
+        chunk = self.plan(first, self._span(last)[1] - begin)
+        if chunk is None:  # the index changed under us: impossible for a write-once SST
+            raise CorruptionError(f"{self._path}: block {first} vanished from the index")
+        return self.fetch(chunk)
 
     def load(self, first: int, budget: int) -> _Chunk | None:
         """:meth:`plan` and :meth:`fetch` the chunk from ``first``."""

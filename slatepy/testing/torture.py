@@ -3,8 +3,9 @@
 Used by ``slatepy torture URL`` (a soak against any store) and by the CI reliability tests
 (bounded, several seeds). One thread drives a writer (``Db``), a snapshot reader
 (``DbReader``), a compactor and the garbage collector through puts, deletes, atomic batches,
-flushes, reads, compactions, GC passes, crashes (the writer dropped without a flush) and clean
-reopens, with the store injecting the four outcomes of :mod:`slatepy.testing.faults`.
+flushes, reads, iterators, snapshots, transactions, compactions, GC passes, crashes (the
+writer dropped without a flush) and clean reopens, with the store injecting the four
+outcomes of :mod:`slatepy.testing.faults`.
 
 The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
 fate is unknown (written but not acknowledged). Invariants checked:
@@ -31,7 +32,8 @@ from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db
 from slatepy.engine.reader import DbReader
-from slatepy.errors import FencedError, SlatepyError
+from slatepy.engine.snapshot import Snapshot
+from slatepy.errors import CorruptionError, FencedError, SlatepyError, TransactionConflict
 from slatepy.gc import GarbageCollector
 from slatepy.store.base import ObjectStore
 from slatepy.testing.faults import FaultyStore, uniform
@@ -132,6 +134,7 @@ class Torture:
         self.reader_seen: dict[bytes, int] = {}
         self.db: Db | None = None
         self.reader: DbReader | None = None
+        self.snapshots: list[tuple[Snapshot, list[tuple[bytes, bytes]]]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
     def _retry(self, what: str, fn: Callable[[], object]) -> object:
@@ -280,6 +283,120 @@ class Torture:
             if now is not None:
                 self.reader_seen[key] = now
 
+    def op_iterate(self) -> None:
+        """Forward, reverse, seek and batched reads of one moment must agree with each other
+        (one thread: nothing is written between them) and with the model."""
+        db = self.writer()
+        try:
+            rows = list(db.scan())
+            backwards = list(db.scan(reverse=True))
+            batched = [r for b in db.scan_batches(batch_size=self.rng.randint(1, 9)) for r in b]
+            it = db.iter(reverse=self.rng.random() < 0.5)
+            probe = self.rng.choice(KEYS + BATCH_KEYS)
+            it.seek(probe)
+            sought = list(it)
+        except SlatepyError:
+            self.report.failed["iterate"] += 1
+            return
+        if backwards != rows[::-1] or batched != rows:
+            raise Violation(f"reverse or batched scan disagrees with the forward scan: {rows}")
+        want = (
+            [r for r in rows if r[0] >= probe]
+            if not it.reverse
+            else [r for r in backwards if r[0] <= probe]
+        )
+        if sought != want:
+            raise Violation(f"seek({probe!r}) gave {sought}, expected {want}")
+        self._check_view(dict(rows), "writer iterate")
+
+    def op_transaction(self) -> None:
+        """A read-modify-write transaction; sometimes a plain write to its key lands between
+        its read and its commit, which must then fail with ``TransactionConflict`` and apply
+        nothing (one thread: no other conflict is possible)."""
+        db = self.writer()
+        key = self.rng.choice(KEYS)
+        try:
+            txn = db.begin(self.rng.choice(["snapshot", "serializable"]))
+            current = txn.get(key)
+        except TransactionConflict as exc:
+            raise Violation(f"a transaction's read conflicted with nothing: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["transaction"] += 1
+            return
+        self.model.check(key, current, "transaction")
+        value = self._value(key)
+        txn.put(key, value)
+        raced = self.rng.random() < 0.3
+        if raced:
+            self._write([(key, self._value(key))], durable=True)
+            if self.db is not db:  # the racing write failed and the writer was dropped
+                return
+        try:
+            txn.commit()
+        except TransactionConflict:
+            if not raced:
+                raise Violation(f"a transaction on {key!r} conflicted with nothing") from None
+            return
+        except SlatepyError:
+            self.report.failed["transaction"] += 1
+            self.model.written(key, value)  # a failed durable write: its fate is unknown
+            self.crash()
+            return
+        if raced:
+            raise Violation(f"a transaction on {key!r} committed over a newer write")
+        self._acknowledge_pending()
+        self.model.acknowledged(key, value)
+        self.report.acknowledged_writes += 1
+
+    def op_snapshot(self) -> None:
+        """Take a snapshot and remember what it showed; release an old one now and then."""
+        if self.snapshots and (len(self.snapshots) > 3 or self.rng.random() < 0.3):
+            snap, _ = self.snapshots.pop(self.rng.randrange(len(self.snapshots)))
+            try:
+                snap.close()
+            except SlatepyError:
+                self.report.failed["snapshot release"] += 1
+        try:
+            snap = self.writer().snapshot()
+        except SlatepyError:
+            self.report.failed["snapshot"] += 1
+            return
+        try:
+            rows = list(snap.scan())
+        except SlatepyError:
+            self.report.failed["snapshot read"] += 1
+            snap._pin = None  # the pin expires on its own (faults would fail its release)
+            snap.close()
+            return
+        self._check_view(dict(rows), "snapshot")
+        self.snapshots.append((snap, rows))
+
+    def op_snapshot_read(self) -> None:
+        """A held snapshot reads what it read when taken, whatever was written, compacted
+        and collected since (GC runs with ``min_age=0`` here)."""
+        if not self.snapshots:
+            return
+        snap, rows = self.rng.choice(self.snapshots)
+        try:
+            now = list(snap.scan(reverse=True))
+            key = self.rng.choice(KEYS + BATCH_KEYS)
+            value = snap.get(key)
+        except CorruptionError as exc:
+            raise Violation(f"a snapshot lost data it pinned: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["snapshot read"] += 1
+            return
+        if now != rows[::-1] or value != dict(rows).get(key):
+            raise Violation(f"a snapshot changed: {rows} then {now[::-1]}")
+
+    def release_snapshots(self) -> None:
+        for snap, _ in self.snapshots:
+            try:
+                snap.close()
+            except SlatepyError:
+                self.report.failed["snapshot release"] += 1
+        self.snapshots.clear()
+
     def op_compact(self) -> None:
         try:
             Compactor(self.faulty, settings=self.settings, policy=POLICY).run_until_idle(
@@ -314,6 +431,10 @@ class Torture:
         ("gc", 3),
         ("crash", 2),
         ("reopen", 2),
+        ("iterate", 3),
+        ("transaction", 4),
+        ("snapshot", 2),
+        ("snapshot_read", 3),
     )
 
     def step(self) -> None:
@@ -338,6 +459,7 @@ class Torture:
         model; counts acknowledged writes that are gone."""
         self.faulty.enabled = False
         try:
+            self.release_snapshots()
             self.crash()
             if self.reader is not None:
                 self.reader.close()

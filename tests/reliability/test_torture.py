@@ -82,6 +82,22 @@ class TortureMachine(RuleBasedStateMachine):
         self.torture.op_gc()
 
     @rule()
+    def iterate(self) -> None:
+        self.torture.op_iterate()
+
+    @rule()
+    def transaction(self) -> None:
+        self.torture.op_transaction()
+
+    @rule()
+    def snapshot(self) -> None:
+        self.torture.op_snapshot()
+
+    @rule()
+    def snapshot_read(self) -> None:
+        self.torture.op_snapshot_read()
+
+    @rule()
     def crash(self) -> None:
         self.torture.op_crash()
 

@@ -1,0 +1,438 @@
+"""Ordered reads over one consistent view, forward or reverse, a block of rows at a time.
+
+A view is the memtable's entries (a frozen list), over the compacted SSTs one manifest names.
+Each source (the memtable, every L0 SST, every sorted run) yields its entries in scan order as
+column chunks (:data:`~slatepy.table.reader.Columns`: a block's keys, seqs and values as
+parallel lists), and :func:`merge_columns` merges them a *window* at a time: up to the
+nearest chunk end among the sources, every source's entries are final, so the window's
+versions of each key are all present and can be resolved together. A window that only one
+source contributes to (the common case: a compacted database, or sources with disjoint
+key ranges) passes through untouched; otherwise its rows are sorted by ``(key, seq, source)``
+in C and the newest version of each key kept with a dict. Per-row Python work is only the
+tombstone filter (:func:`live_columns`), which is why :func:`batches` (``scan_batches``) can
+beat a row-at-a-time scan (RFC 0020).
+
+Visibility lives in two functions, and only there: :func:`resolve_window` decides which
+version of a key a window of *several* sources yields (the newest; a tombstone too), and
+:func:`live_columns` decides, for *every* resolved row, what a reader sees (not tombstones).
+A window that only one source contributes to skips :func:`resolve_window` (each source holds
+one version per key) and goes straight to :func:`live_columns`, so a per-row rule (an expiry,
+a lone merge operand) belongs there. Every read in this module (iterators, reverse scans,
+batches, snapshots, transactions) goes through both.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice, repeat
+from operator import itemgetter
+from typing import Any, Literal
+
+from slatepy.engine.batch import check_key
+from slatepy.errors import InvalidArgument
+from slatepy.format.block import Entry
+from slatepy.manifest.record import Manifest, SortedRun
+from slatepy.table.layout import compacted_path
+from slatepy.table.reader import Columns, TableReader
+
+MEMTABLE_CHUNK = 4096
+"""Memtable entries per column chunk (a memtable source's "block")."""
+DEFAULT_BATCH_SIZE = 1024
+BatchFormat = Literal["rows", "columns", "arrow"]
+LiveColumns = tuple[list[bytes], list[bytes]]
+"""``(keys, values)`` of live rows, in scan order."""
+
+_FIRST = itemgetter(0)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def key_bounds(
+    start: bytes | None, end: bytes | None, prefix: bytes | None
+) -> tuple[bytes, bytes | None]:
+    """``[start, end)`` intersected with the keys starting with ``prefix``.
+
+    Raises:
+        InvalidArgument: a bound is not bytes, or ``start`` is after ``end``.
+    """
+    lo = b"" if start is None else start
+    hi = end
+    if not isinstance(lo, bytes) or not (hi is None or isinstance(hi, bytes)):
+        raise InvalidArgument("scan bounds must be bytes (or None)")
+    if prefix is not None:
+        if not isinstance(prefix, bytes):
+            raise InvalidArgument(f"prefix must be bytes, got {type(prefix).__name__}")
+        lo = max(lo, prefix)
+        p_end = prefix_end(prefix)
+        if p_end is not None:
+            hi = p_end if hi is None else min(hi, p_end)
+    if hi is not None and hi < lo:
+        if prefix is not None:
+            hi = lo  # a prefix outside [start, end): an empty range, not a caller error
+        else:
+            raise InvalidArgument(f"scan start {lo!r} is after end {hi!r}")
+    return lo, hi
+
+
+def resolve_window(parts: Sequence[tuple[int, Columns]], reverse: bool) -> Columns:
+    """The version each key of a merge window yields: the newest (highest seq; on a tie the
+    earlier source), tombstones included.
+
+    ``parts`` are ``(source index, columns)``, each in scan order, together holding every
+    version of their keys the view has. This is where a richer notion of "version" (TTL,
+    merge operands) decides what one key becomes.
+    """
+    rows: list[tuple[bytes, int, int, bytes | None]] = []
+    for order, (keys, seqs, values) in parts:
+        rows.extend(zip(keys, seqs, repeat(-order), values, strict=False))
+    rows.sort()  # by key, then oldest first: the last row of each key wins
+    winners = list(dict(zip(map(_FIRST, rows), rows, strict=True)).values())
+    if reverse:
+        winners.reverse()
+    keys = [r[0] for r in winners]
+    seqs = [r[1] for r in winners]
+    values = [r[3] for r in winners]
+    return keys, seqs, values
+
+
+def live_columns(columns: Columns) -> LiveColumns:
+    """The rows of resolved ``columns`` a reader sees: every one but the tombstones."""
+    keys, _, values = columns
+    if None not in values:
+        return keys, values  # type: ignore[return-value]  # no None: all bytes
+    kept = [i for i, v in enumerate(values) if v is not None]
+    return [keys[i] for i in kept], [values[i] for i in kept]  # type: ignore[misc]
+
+
+def merge_columns(sources: Sequence[Iterator[Columns]], reverse: bool) -> Iterator[Columns]:
+    """Merge column streams (each in scan order, unique keys within a source; an earlier
+    source wins a tie on seq) into one stream of resolved versions (:func:`resolve_window`)."""
+    heads: list[_Head] = []
+    for order, source in enumerate(sources):
+        head = _Head(order, source)
+        if head.advance():
+            heads.append(head)
+    while heads:
+        if len(heads) == 1:
+            head = heads[0]
+            yield head.rest()
+            yield from head.source  # one source: its versions are already one per key
+            return
+        # Every source's entries up to the nearest chunk end are in hand: merge those.
+        bound = max(h.keys[-1] for h in heads) if reverse else min(h.keys[-1] for h in heads)
+        parts: list[tuple[int, Columns]] = []
+        for head in heads:
+            taken = head.take_through(bound, reverse)
+            if taken is not None:
+                parts.append((head.order, taken))
+        heads = [h for h in heads if h.pos < len(h.keys) or h.advance()]
+        if len(parts) == 1:
+            yield parts[0][1]
+        elif parts:
+            yield resolve_window(parts, reverse)
+
+
+class _Head:
+    """A source's current chunk and the position consumed in it."""
+
+    __slots__ = ("keys", "order", "pos", "seqs", "source", "values")
+
+    def __init__(self, order: int, source: Iterator[Columns]) -> None:
+        self.order = order
+        self.source = source
+        self.keys: list[bytes] = []
+        self.seqs: list[int] = []
+        self.values: list[bytes | None] = []
+        self.pos = 0
+
+    def advance(self) -> bool:
+        """Load the next non-empty chunk; False when the source is exhausted."""
+        for keys, seqs, values in self.source:
+            if keys:
+                self.keys, self.seqs, self.values, self.pos = keys, seqs, values, 0
+                return True
+        return False
+
+    def rest(self) -> Columns:
+        pos = self.pos
+        if pos == 0:
+            return self.keys, self.seqs, self.values
+        return self.keys[pos:], self.seqs[pos:], self.values[pos:]
+
+    def take_through(self, bound: bytes, reverse: bool) -> Columns | None:
+        """The chunk's entries from the position up to and including ``bound`` (in scan
+        order); None if there are none."""
+        keys, pos = self.keys, self.pos
+        cut = _descending_cut(keys, bound, pos) if reverse else bisect_right(keys, bound, pos)
+        if cut == pos:
+            return None
+        self.pos = cut
+        if pos == 0 and cut == len(keys):
+            return keys, self.seqs, self.values
+        return keys[pos:cut], self.seqs[pos:cut], self.values[pos:cut]
+
+
+def _descending_cut(keys: list[bytes], bound: bytes, lo: int) -> int:
+    """In descending ``keys``, the index after the last key >= ``bound`` (from ``lo``)."""
+    hi = len(keys)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if keys[mid] >= bound:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def memtable_columns(entries: Sequence[Entry], reverse: bool) -> Iterator[Columns]:
+    """Key-sorted memtable entries as column chunks in scan order."""
+    n = len(entries)
+    starts = range(0, n, MEMTABLE_CHUNK)
+    for first in reversed(starts) if reverse else starts:
+        chunk = entries[first : first + MEMTABLE_CHUNK]
+        if reverse:
+            chunk = chunk[::-1]
+        keys, seqs, values = (list(c) for c in zip(*chunk, strict=True))
+        yield keys, seqs, values
+
+
+def _stamped(columns: Iterator[Columns], global_seq: int) -> Iterator[Columns]:
+    """An ingested SST's columns with its global seq on every entry (RFC 0016)."""
+    if not global_seq:
+        return columns
+    return ((k, [global_seq] * len(k), v) for k, _, v in columns)
+
+
+def compacted_sources(
+    tables: TableReader, view: Manifest, start: bytes, end: bytes | None, reverse: bool
+) -> list[Iterator[Columns]]:
+    """Column streams (newest source first) of ``start <= key < end`` in ``view``'s SSTs."""
+    if tables.followed is not view:
+        tables.retain(view, [compacted_path(h.id) for h in _handles(view)])
+    sources = [
+        _stamped(
+            tables.scan_columns(
+                compacted_path(h.id), start, end, size=h.object_size, reverse=reverse
+            ),
+            h.global_seq,
+        )
+        for h in view.l0
+    ]
+    sources += [_run_columns(tables, run, start, end, reverse) for run in view.sorted_runs]
+    return sources
+
+
+def _handles(view: Manifest) -> list[Any]:
+    return [*view.l0, *(h for run in view.sorted_runs for h in run.ssts)]
+
+
+def _run_columns(
+    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None, reverse: bool
+) -> Iterator[Columns]:
+    """A sorted run's columns in ``[start, end)``, SST after SST (backwards for reverse)."""
+    handles = [h for h in run.ssts if h.last_key >= start and (end is None or h.first_key < end)]
+    if reverse:
+        handles.reverse()
+    for i, handle in enumerate(handles):
+        yield from tables.scan_columns(
+            compacted_path(handle.id),
+            start,
+            end,
+            size=handle.object_size,
+            continued=i > 0,
+            reverse=reverse,
+        )
+
+
+@dataclass(slots=True)
+class View:
+    """One consistent read view: frozen memtable entries over a manifest's SSTs.
+
+    ``entries`` are the memtable's entries of ``[start, end)`` (tombstones included), taken
+    when the view was; they are never changed, so a view can be re-read (an iterator's
+    seek) and always gives the same state, for as long as the manifest's SSTs exist.
+    """
+
+    tables: TableReader
+    manifest: Manifest
+    entries: list[Entry]
+    start: bytes
+    end: bytes | None
+
+    def columns(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[Columns]:
+        """Resolved versions (tombstones included) of ``[start, end)`` within the view."""
+        start = max(start, self.start)
+        if self.end is not None:
+            end = self.end if end is None else min(end, self.end)
+        if end is not None and end <= start:
+            return iter(())
+        entries = self.entries
+        lo = bisect_left(entries, start, key=_FIRST)
+        hi = len(entries) if end is None else bisect_left(entries, end, lo, key=_FIRST)
+        sources = compacted_sources(self.tables, self.manifest, start, end, reverse)
+        if hi > lo:
+            sources.insert(0, memtable_columns(entries[lo:hi], reverse))
+        return merge_columns(sources, reverse)
+
+    def live(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[LiveColumns]:
+        """Live ``(keys, values)`` chunks of ``[start, end)`` in scan order."""
+        for columns in self.columns(start, end, reverse):
+            keys, values = live_columns(columns)
+            if keys:
+                yield keys, values
+
+    def rows(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        for keys, values in self.live(start, end, reverse):
+            yield from zip(keys, values, strict=True)
+
+
+def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) -> Iterator[Any]:
+    """Re-cut live chunks into batches of ``batch_size`` rows (the last may be shorter):
+    lists of ``(key, value)`` (``"rows"``), ``(keys, values)`` lists (``"columns"``: no
+    per-row object at all), or pyarrow ``RecordBatch``es of binary ``key`` and ``value``."""
+    emit: Callable[[list[bytes], list[bytes]], Any]
+    if fmt == "arrow":
+        emit = _arrow_emitter()
+    elif fmt == "columns":
+
+        def emit(keys: list[bytes], values: list[bytes]) -> Any:
+            return keys, values
+
+    else:
+
+        def emit(keys: list[bytes], values: list[bytes]) -> Any:
+            return list(zip(keys, values, strict=True))
+
+    pend_k: list[bytes] = []
+    pend_v: list[bytes] = []
+    for keys, values in chunks:
+        if not pend_k and len(keys) == batch_size:
+            yield emit(list(keys), list(values))
+            continue
+        pend_k += keys
+        pend_v += values
+        while len(pend_k) >= batch_size:
+            yield emit(pend_k[:batch_size], pend_v[:batch_size])
+            del pend_k[:batch_size], pend_v[:batch_size]
+    if pend_k:
+        yield emit(pend_k, pend_v)
+
+
+def _arrow_emitter() -> Callable[[list[bytes], list[bytes]], Any]:
+    """Builds each ``RecordBatch`` from the two lists (pyarrow converts them in C; measured
+    faster than joining the bytes and building offsets by hand)."""
+    pa = _pyarrow()
+    schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+
+    def emit(keys: list[bytes], values: list[bytes]) -> Any:
+        return pa.RecordBatch.from_arrays(
+            [pa.array(keys, pa.binary()), pa.array(values, pa.binary())], schema=schema
+        )
+
+    return emit
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError as exc:
+        raise InvalidArgument(
+            'format="arrow" needs pyarrow: pip install pyarrow (or use format="columns")'
+        ) from exc
+    return pyarrow
+
+
+def check_batch_size(batch_size: object) -> int:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidArgument(f"batch_size must be a positive int, got {batch_size!r}")
+    return batch_size
+
+
+def check_limit(limit: object) -> int | None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise InvalidArgument(f"limit must be a non-negative int or None, got {limit!r}")
+    return limit
+
+
+def limited(rows: Iterator[tuple[bytes, bytes]], limit: int | None) -> Iterator[Any]:
+    return rows if limit is None else islice(rows, limit)
+
+
+class DbIterator:
+    """An ordered cursor over one consistent view; iterate it for ``(key, value)`` pairs.
+
+    Created by ``Db.iter``/``DbReader.iter``/``Snapshot.iter``. :meth:`seek` repositions it
+    within its bounds, on the same view (later writes stay invisible to it).
+    """
+
+    def __init__(self, view: View, start: bytes, end: bytes | None, *, reverse: bool) -> None:
+        self._view = view
+        self._start = start
+        self._end = end
+        self._reverse = reverse
+        self._rows: Iterator[tuple[bytes, bytes]] = view.rows(start, end, reverse)
+
+    @property
+    def reverse(self) -> bool:
+        return self._reverse
+
+    def __iter__(self) -> DbIterator:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        return next(self._rows)
+
+    def seek(self, key: bytes) -> None:
+        """Reposition: the next pair is the first with a key >= ``key`` (going forward), or
+        <= ``key`` (in reverse), within the iterator's bounds."""
+        key = check_key(key)
+        self._close_rows()
+        if self._reverse:
+            hi = key + b"\x00"  # the smallest key after ``key``
+            if self._end is not None:
+                hi = min(hi, self._end)
+            self._rows = self._view.rows(self._start, hi, True)
+        else:
+            self._rows = self._view.rows(max(key, self._start), self._end, False)
+
+    def close(self) -> None:
+        """Stop reading (joins any read-ahead thread); iterating further yields nothing."""
+        self._close_rows()
+        self._rows = iter(())
+
+    def _close_rows(self) -> None:
+        close = getattr(self._rows, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> DbIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rows_or_batches(
+    view: View,
+    start: bytes,
+    end: bytes | None,
+    *,
+    reverse: bool,
+    batch_size: int,
+    fmt: object,
+) -> Iterator[Any]:
+    """Validated ``scan_batches``: batches of the view's live rows of ``[start, end)``."""
+    if fmt not in ("rows", "columns", "arrow"):
+        raise InvalidArgument(f'format must be "rows", "columns" or "arrow", got {fmt!r}')
+    size = check_batch_size(batch_size)
+    if fmt == "arrow":
+        _pyarrow()  # fail at the call, not at the first next()
+    return batches(view.live(start, end, reverse), size, fmt)

@@ -1,0 +1,210 @@
+"""The read and write calls every handle shares, written once over a few hooks.
+
+``Db``, ``DbReader`` and ``Snapshot`` each know how to take one consistent view
+(:meth:`ReadSurface._view_for`) and the newest version of one key
+(:meth:`ReadSurface._version`); everything here (iterators, reverse and limited scans,
+prefix scans, batched scans, ``get_key_value``, the mapping protocol) is built on those two,
+so the handles cannot drift apart (RFC 0020).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple, Self
+
+from slatepy.engine.batch import WriteBatch, check_key
+from slatepy.engine.iterator import (
+    DEFAULT_BATCH_SIZE,
+    BatchFormat,
+    DbIterator,
+    View,
+    check_limit,
+    key_bounds,
+    limited,
+    rows_or_batches,
+)
+from slatepy.engine.memtable import Memtable, Version
+from slatepy.engine.view import get_compacted
+from slatepy.manifest.record import Manifest
+from slatepy.store.base import ObjectStore
+from slatepy.table.reader import TableReader
+
+
+class KeyValue(NamedTuple):
+    """A key's live value and the sequence number of the write that set it."""
+
+    key: bytes
+    value: bytes
+    seq: int
+
+
+def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
+    """The newer of a key's memtable and compacted versions (a tombstone too); the memtable's
+    unless an ingestion published after it holds a newer one (RFC 0016)."""
+    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
+        return memtable
+    return compacted
+
+
+def version_in(
+    memtable: Memtable, tables: TableReader, view: Manifest, key: bytes
+) -> Version | None:
+    """The newest version of ``key`` in ``memtable`` over ``view``'s SSTs (see ``Db.get``)."""
+    version = memtable.get(key)
+    if version is not None and version[0] > view.last_ingest_seq:
+        return version
+    return newer_version(version, get_compacted(tables, view, key))
+
+
+def as_url(url: str | os.PathLike[str] | ObjectStore) -> str | ObjectStore:
+    """A ``pathlib.Path`` (or any path-like) as its ``file://`` URL; anything else as given."""
+    if isinstance(url, os.PathLike):
+        return Path(url).resolve().as_uri()
+    return url
+
+
+class ReadSurface:
+    """Reads shared by every handle; hosts implement ``_view_for`` and ``_version``."""
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View:
+        """A consistent view of ``[start, end)`` (memtable entries frozen now)."""
+        raise NotImplementedError
+
+    def _version(self, key: bytes) -> Version | None:
+        """The newest version of ``key`` (``(seq, None)`` for a tombstone), or None."""
+        raise NotImplementedError
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        raise NotImplementedError
+
+    def iter(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        prefix: bytes | None = None,
+    ) -> DbIterator:
+        """An iterator of ``(key, value)`` with ``start <= key < end`` (and starting with
+        ``prefix`` if given), ascending or with ``reverse`` descending, over the view taken
+        now; :meth:`DbIterator.seek` repositions it on that same view.
+
+        Raises:
+            InvalidArgument: bounds that are not bytes, or ``start`` after ``end``.
+        """
+        lo, hi = key_bounds(start, end, prefix)
+        return DbIterator(self._view_for(lo, hi), lo, hi, reverse=reverse)
+
+    def _scan_ordered(
+        self, start: bytes, end: bytes | None, reverse: bool, limit: int | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        lo, hi = key_bounds(start, end, None)
+        limit = check_limit(limit)
+        return limited(self._view_for(lo, hi).rows(lo, hi, reverse), limit)
+
+    def scan_prefix(
+        self, prefix: bytes, *, reverse: bool = False, limit: int | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` of the keys starting with ``prefix``, in key order (or reverse),
+        at most ``limit`` of them, from one consistent view."""
+        lo, hi = key_bounds(None, None, prefix)
+        limit = check_limit(limit)
+        return limited(self._view_for(lo, hi).rows(lo, hi, reverse), limit)
+
+    def scan_batches(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        reverse: bool = False,
+        format: BatchFormat = "rows",
+    ) -> Iterator[Any]:
+        """The rows of ``scan(start, end)`` in batches of ``batch_size`` (the last may be
+        shorter), so bulk reads cost a Python call per batch rather than per row.
+
+        Args:
+            format: ``"rows"``: lists of ``(key, value)``; ``"columns"``: ``(keys,
+                values)``, two lists (the fastest: no object per row); ``"arrow"``: pyarrow
+                ``RecordBatch``es with binary columns ``key`` and ``value``.
+
+        Raises:
+            InvalidArgument: bad bounds, batch size or format; ``"arrow"`` without pyarrow.
+        """
+        lo, hi = key_bounds(start, end, None)
+        view = self._view_for(lo, hi)
+        return rows_or_batches(view, lo, hi, reverse=reverse, batch_size=batch_size, fmt=format)
+
+    def get_key_value(self, key: bytes) -> KeyValue | None:
+        """``KeyValue(key, value, seq)`` for a live key (``seq``: the write that set it), or
+        None when the key is absent or deleted."""
+        key = check_key(key)
+        version = self._version(key)
+        if version is None or version[1] is None:
+            return None
+        return KeyValue(key, version[1], version[0])
+
+    def __getitem__(self, key: bytes) -> bytes:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[bytes]:
+        """The live keys in order, from one view (as iterating a dict or ``rocksdict``;
+        without this, ``__getitem__`` would make Python try integer indexes)."""
+        for keys, _ in self.scan_batches(format="columns"):
+            yield from keys
+
+
+class WriteBatchContext(WriteBatch):
+    """A :class:`WriteBatch` that ``with`` writes on a clean exit (nothing on an exception)."""
+
+    __slots__ = ("_await_durable", "_db")
+
+    def __init__(self, db: WriteSurface, *, await_durable: bool) -> None:
+        super().__init__()
+        self._db = db
+        self._await_durable = await_durable
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self._db.write(self, await_durable=self._await_durable)
+
+
+class WriteSurface:
+    """The mapping-style writes of ``Db``; hosts implement ``put``, ``delete``, ``write``."""
+
+    def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
+        raise NotImplementedError
+
+    def delete(self, key: bytes, *, await_durable: bool = True) -> None:
+        raise NotImplementedError
+
+    def write(self, batch: WriteBatch, *, await_durable: bool = True) -> None:
+        raise NotImplementedError
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.put(key, value)
+
+    def __delitem__(self, key: bytes) -> None:
+        """Delete ``key`` (no KeyError for an absent key: a delete is a blind write)."""
+        self.delete(key)
+
+    def write_batch(self, *, await_durable: bool = True) -> WriteBatchContext:
+        """A batch written atomically when its ``with`` block ends without an exception."""
+        return WriteBatchContext(self, await_durable=await_durable)

@@ -1,0 +1,222 @@
+"""Optimistic transactions (RFC 0020): own writes visible, atomic durable commits, lost
+updates and (serializable) write skew prevented, a concurrent bank keeps its total, and
+misuse fails with typed errors."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from slatepy import ClosedError, Db, InvalidArgument, Settings, TransactionConflict
+from slatepy.engine.txn import ConflictTracker
+from slatepy.store import open_store
+from tests.conftest import Backend
+from tests.engine.layered import TO_RUN, compact
+
+OFF = Settings(compactor="off", flush_interval=0.01)
+
+
+def test_reads_see_own_writes_over_the_snapshot() -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        db[b"a"], db[b"b"], db[b"c"] = b"1", b"2", b"3"
+        with db.begin() as txn:
+            txn.put(b"a", b"10")
+            txn.delete(b"b")
+            txn.put(b"d", b"4")
+            assert txn.get(b"a") == b"10" and txn.get(b"b") is None
+            assert txn.get(b"c") == b"3" and txn.get(b"zz", b"dflt") == b"dflt"
+            assert list(txn.scan()) == [(b"a", b"10"), (b"c", b"3"), (b"d", b"4")]
+            assert list(txn.scan(reverse=True, limit=2)) == [(b"d", b"4"), (b"c", b"3")]
+            assert db.get(b"a") == b"1"  # nothing applied before the commit
+        assert dict(db.scan()) == {b"a": b"10", b"c": b"3", b"d": b"4"}
+
+
+def test_committed_transactions_are_durable_and_atomic(backend: Backend) -> None:
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        txn = db.begin()
+        for i in range(20):
+            txn.put(b"k%02d" % i, b"v")
+        txn.commit()
+        with pytest.raises(RuntimeError), db.begin() as failed:
+            failed.put(b"never", b"x")
+            raise RuntimeError("rolled back")
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        assert len(list(db.scan())) == 20 and b"never" not in db
+
+
+@pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
+def test_a_lost_update_is_prevented(isolation: str) -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        db[b"counter"] = b"0"
+        t1, t2 = db.begin(isolation), db.begin(isolation)  # type: ignore[arg-type]
+        for txn in (t1, t2):
+            txn.put(b"counter", b"%d" % (int(txn.get(b"counter") or b"0") + 1))
+        t1.commit()
+        with pytest.raises(TransactionConflict, match="run the transaction again"):
+            t2.commit()
+        assert db[b"counter"] == b"1"
+        # A blind write by a plain put after the snapshot conflicts too.
+        t3 = db.begin(isolation)  # type: ignore[arg-type]
+        db[b"counter"] = b"7"
+        t3.put(b"counter", b"8")
+        with pytest.raises(TransactionConflict):
+            t3.commit()
+        assert db[b"counter"] == b"7"
+
+
+def write_skew(db: Db, isolation: str) -> None:
+    """Two on-call doctors each go off call if the other is still on call."""
+    db[b"alice"], db[b"bob"] = b"on", b"on"
+    t1, t2 = db.begin(isolation), db.begin(isolation)  # type: ignore[arg-type]
+    for txn, me in ((t1, b"alice"), (t2, b"bob")):
+        on_call = [k for k, v in txn.scan() if v == b"on"]
+        assert len(on_call) == 2
+        txn.put(me, b"off")
+    t1.commit()
+    t2.commit()
+
+
+def test_write_skew_is_allowed_under_snapshot_isolation() -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        write_skew(db, "snapshot")
+        assert db[b"alice"] == db[b"bob"] == b"off"
+
+
+def test_write_skew_is_prevented_under_serializable() -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        with pytest.raises(TransactionConflict, match="scanned"):
+            write_skew(db, "serializable")
+        assert sorted([db[b"alice"], db[b"bob"]]) == [b"off", b"on"]
+        # The same with point reads instead of a scan.
+        db[b"alice"] = db[b"bob"] = b"on"
+        t1, t2 = db.begin("serializable"), db.begin("serializable")
+        for txn, me, other in ((t1, b"alice", b"bob"), (t2, b"bob", b"alice")):
+            assert txn.get(other) == b"on"
+            txn.put(me, b"off")
+        t1.commit()
+        with pytest.raises(TransactionConflict, match="read"):
+            t2.commit()
+
+
+def test_a_read_of_a_key_changed_after_the_snapshot_conflicts_at_once() -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        db[b"k"] = b"1"
+        txn = db.begin()
+        db[b"k"] = b"2"
+        with pytest.raises(TransactionConflict, match="after the transaction began"):
+            txn.get(b"k")
+        txn.rollback()
+        txn2 = db.begin()
+        db.delete(b"k")
+        with pytest.raises(TransactionConflict):
+            list(txn2.scan())
+
+
+def test_bank_transfers_from_threads_keep_the_total(backend: Backend) -> None:
+    accounts = [b"acct%02d" % i for i in range(8)]
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        with db.write_batch() as batch:
+            for a in accounts:
+                batch.put(a, b"100")
+        conflicts = [0]
+        errors: list[BaseException] = []
+        deadline = time.monotonic() + 60
+
+        def transfer(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for _ in range(50):
+                    src, dst = rng.sample(accounts, 2)
+                    for _attempt in range(500):  # bounded retries
+                        assert time.monotonic() < deadline
+                        try:
+                            with db.begin("serializable") as txn:
+                                a, b = int(txn.get(src) or 0), int(txn.get(dst) or 0)
+                                amount = rng.randint(0, min(a, 10))
+                                txn.put(src, b"%d" % (a - amount))
+                                txn.put(dst, b"%d" % (b + amount))
+                            break
+                        except TransactionConflict:
+                            conflicts[0] += 1
+                    else:
+                        pytest.fail("a transfer never committed")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=transfer, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not errors, errors
+        total = sum(int(v) for _, v in db.scan())
+        assert total == 100 * len(accounts)
+        assert all(int(v) >= 0 for _, v in db.scan())
+        assert not db._txns.active  # every transaction ended: nothing tracked
+        assert db._txns._last == {}
+
+
+def test_misuse_is_typed() -> None:
+    db = Db.open("memory://", settings=OFF)
+    txn = db.begin()
+    txn.put(b"a", b"1")
+    txn.commit()
+    with pytest.raises(InvalidArgument, match="was committed; start a new one"):
+        txn.commit()
+    with pytest.raises(InvalidArgument, match="was committed"):
+        txn.put(b"b", b"2")
+    with pytest.raises(InvalidArgument, match="cannot be rolled back"):
+        txn.rollback()
+    rolled = db.begin()
+    rolled.rollback()
+    rolled.rollback()
+    with pytest.raises(InvalidArgument, match="rolled back"):
+        rolled.get(b"a")
+    with pytest.raises(InvalidArgument, match="isolation"):
+        db.begin("read-committed")  # type: ignore[arg-type]
+    open_txn = db.begin()
+    db.close()
+    with pytest.raises(ClosedError):
+        open_txn.get(b"a")
+    with pytest.raises(ClosedError):
+        db.begin()
+
+
+def test_the_tracker_is_bounded_and_forgets_when_idle() -> None:
+    tracker = ConflictTracker(max_keys=10)
+    old = tracker.begin(0)
+    young = tracker.begin(100)
+    for seq in range(2, 60, 2):
+        tracker.record([(b"k%d" % seq, b"v")], seq)
+    assert len(tracker._last) <= 10 and tracker.horizon > 0  # old records dropped
+    tracker.end(old)
+    assert all(s > 100 for s in tracker._last.values())  # only what `young` needs
+    tracker.end(young)
+    assert not tracker.active and tracker._last == {} and tracker.horizon == 0
+
+
+def test_a_transaction_older_than_the_horizon_conflicts() -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        db._txns = ConflictTracker(max_keys=4)
+        txn = db.begin()
+        txn.put(b"mine", b"1")
+        for i in range(10):
+            db.put(b"k%d" % i, b"v", await_durable=False)
+        with pytest.raises(TransactionConflict, match="too many keys"):
+            txn.commit()
+
+
+def test_a_delete_compacted_away_after_the_snapshot_still_conflicts() -> None:
+    store = open_store("memory://")
+    with Db.open(store, settings=OFF) as db:
+        db[b"k"] = b"1"
+        compact(store, OFF, TO_RUN, db)
+        txn = db.begin()
+        del db[b"k"]
+        compact(store, OFF, TO_RUN, db)  # the bottom run drops the tombstone
+        assert db._version(b"k") is None  # no version left to show the delete
+        with pytest.raises(TransactionConflict):
+            txn.get(b"k")
