@@ -8,6 +8,7 @@ waiting happens in those threads.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
@@ -31,11 +32,16 @@ class Db:
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> Db:
         """:meth:`slatepy.engine.db.Db.open` on a worker thread."""
         return cls(
             await asyncio.to_thread(
-                SyncDb.open, url, settings=settings, create_if_missing=create_if_missing
+                SyncDb.open,
+                url,
+                settings=settings,
+                create_if_missing=create_if_missing,
+                clock=clock,
             )
         )
 
@@ -47,8 +53,18 @@ class Db:
     def metrics(self) -> StoreMetrics:
         return self.sync.metrics
 
-    async def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
-        await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable)
+    async def put(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        await_durable: bool = True,
+        ttl: float | None = None,
+    ) -> None:
+        await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable, ttl=ttl)
+
+    async def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
+        await asyncio.to_thread(self.sync.delete_range, start, end, await_durable=await_durable)
 
     async def delete(self, key: bytes, *, await_durable: bool = True) -> None:
         await asyncio.to_thread(self.sync.delete, key, await_durable=await_durable)

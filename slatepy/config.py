@@ -113,6 +113,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         azure_use_emulator: Talk to a local Azurite with its well-known account;
             ``AZURE_STORAGE_USE_EMULATOR`` when unset.
         gcs_endpoint: Google Cloud Storage endpoint URL (an emulator); Google's when unset.
+        default_ttl: Seconds a value put without ``ttl=`` lives (RFC 0019); None (default):
+            values do not expire. Runtime-only options that are not data (the clock TTLs are
+            measured with) are ``Db.open`` keyword arguments instead.
     """
 
     flush_interval: float = 0.1
@@ -159,6 +162,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     azure_endpoint: str | None = None
     azure_use_emulator: bool | None = None
     gcs_endpoint: str | None = None
+    default_ttl: float | None = None
 
     def __post_init__(self) -> None:
         # The constructor does not check types (only decoding does): a misspelt Literal
@@ -202,6 +206,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             ),
             (self.disk_cache_bytes >= 16 << 20, "disk_cache_bytes must be >= 16 MiB"),
         ]
+        checks.append(
+            (
+                self.default_ttl is None or 0 < self.default_ttl < float("inf"),
+                "default_ttl must be a positive number of seconds (or unset: no expiry)",
+            )
+        )
         checks.append(
             (
                 self.cas != "dynamodb" or bool(self.dynamodb_table),

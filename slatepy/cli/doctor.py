@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 
 from slatepy.cli import verify
-from slatepy.compactor.executor import plan_inputs, write_outputs
+from slatepy.compactor.executor import plan_inputs, plan_range_tombstones, write_outputs
 from slatepy.compactor.planner import CompactionPolicy, WalToL0
 from slatepy.config import Settings
 from slatepy.engine.fencing import (
@@ -265,6 +265,7 @@ def _repair(
                 drop_tombstones=False,
                 block_size=settings.block_size,
                 bloom_bits_per_key=settings.bloom_bits_per_key,
+                range_tombstones=plan_range_tombstones(todo, base, tables),
             )
         )
 

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from slatepy.compactor.executor import plan_inputs, write_outputs
+from slatepy.compactor.executor import plan_inputs, plan_range_tombstones, write_outputs
 from slatepy.compactor.lease import (
     Takeover,
     Watch,
@@ -73,6 +73,7 @@ class Compactor:
         clock: Callable[[], float] = time.time,
         holder: str | None = None,
         takeover: Takeover = "always",
+        expiry_clock: Callable[[], float] | None = None,
     ) -> None:
         """Claim the compactor epoch.
 
@@ -84,6 +85,8 @@ class Compactor:
                 (default: pid and host).
             takeover: ``"unless-live"`` raises ``CompactorBusy`` instead of claiming while
                 another compactor's lease is live (``slatepy compact`` without ``--force``).
+            expiry_clock: The wall clock that says which TTL'd values have expired (RFC
+                0019); ``clock`` by default (a writer passes the clock it writes with).
 
         Raises:
             NotFound: no database at ``store`` (a compactor never creates one).
@@ -92,6 +95,7 @@ class Compactor:
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
         self._clock = clock
+        self._expiry_clock = clock if expiry_clock is None else expiry_clock
         store = with_retries(
             store, self.settings.request_attempts, give_up_after=self.settings.store_timeout
         )
@@ -159,6 +163,8 @@ class Compactor:
             drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
+            range_tombstones=plan_range_tombstones(todo, manifest, self.tables),
+            clock=self._expiry_clock,
         )
 
         def publish(latest: Manifest, _: int) -> Manifest:

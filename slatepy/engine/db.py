@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import Settings
-from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
+from slatepy.engine.batch import (
+    WriteBatch,
+    check_delete_range,
+    check_key,
+    check_range,
+    check_ttl,
+    check_value,
+    expiring,
+)
 from slatepy.engine.closing import Closing
 from slatepy.engine.memtable import Memtable
 from slatepy.engine.startup import start_writer
@@ -21,9 +29,10 @@ from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
-    newer_value,
+    newer_version,
     scan_merged,
     values_of,
+    visible,
 )
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import (
@@ -35,6 +44,7 @@ from slatepy.errors import (
     WriteStalled,
 )
 from slatepy.format.block import Entry
+from slatepy.format.kinds import RangeTombstone
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -45,6 +55,7 @@ from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import EMPTY, Clock, now_ms, view_ranges
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -74,9 +85,16 @@ class Db(Closing):
     durable or not. Use :meth:`open`; the constructor is internal.
     """
 
-    def __init__(self, store: MetricsStore, settings: Settings, manifests: ManifestStore) -> None:
+    def __init__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        manifests: ManifestStore,
+        clock: Clock = time.time,
+    ) -> None:
         self._store = store
         self._settings = settings
+        self._clock = clock
         self._lock = threading.Lock()
         self._closed = False
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
@@ -114,6 +132,7 @@ class Db(Closing):
                 Compactor(
                     store.uncached() if isinstance(store, DiskCachedStore) else store,
                     settings=settings,
+                    expiry_clock=clock,
                 ),
                 gc=GarbageCollector(store, settings=settings),
                 on_publish=_weak_callback(self._adopt_published),
@@ -130,6 +149,7 @@ class Db(Closing):
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
+        clock: Clock | None = None,
     ) -> Db:
         """Open the database at ``url`` and become its writer, creating it if allowed.
 
@@ -144,6 +164,9 @@ class Db(Closing):
                 ``s3://bucket/prefix``, ``gs://…``, ``az://…``, or an ``ObjectStore``
                 instance (pass the same instance to readers to share a ``memory://`` store).
             settings: Tunables; defaults to ``Settings()``.
+            clock: Wall-clock seconds since the epoch that TTLs are counted on (RFC 0019);
+                ``time.time`` by default (tests inject one). Not a setting: a callable has
+                no TOML or environment form.
             create_if_missing: With False, a location holding no database raises
                 ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
                 mistake).
@@ -169,7 +192,7 @@ class Db(Closing):
                 "open with create_if_missing=True to create one",
                 path="manifest/",
             )
-        db = cls(store, settings, manifests)
+        db = cls(store, settings, manifests, clock or time.time)
         db._opened = True
         log.info(
             "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
@@ -208,22 +231,53 @@ class Db(Closing):
     def next_wal_id(self) -> int:
         return self._wal.next_id
 
-    def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
-        """Set ``key`` to ``value``; with ``await_durable`` return only once it is in the WAL."""
-        self._apply([(check_key(key), check_value(value))], await_durable)
+    def put(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        await_durable: bool = True,
+        ttl: float | None = None,
+    ) -> None:
+        """Set ``key`` to ``value``; with ``await_durable`` return only once it is in the WAL.
+
+        With ``ttl`` (seconds; else ``Settings.default_ttl``) the value reads as absent once
+        that much time has passed on the database's clock, and compaction drops it
+        (RFC 0019).
+        """
+        key, value = check_key(key), check_value(value)
+        ttl = self._settings.default_ttl if ttl is None else check_ttl(ttl)
+        if ttl is not None:
+            value = expiring(value, ttl, now_ms(self._clock))
+        self._apply([(key, value)], await_durable)
 
     def delete(self, key: bytes, *, await_durable: bool = True) -> None:
         """Remove ``key`` (a tombstone until compaction drops it)."""
         self._apply([(check_key(key), None)], await_durable)
+
+    def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
+        """Remove every key ``start <= key < end`` (a range tombstone until compaction at the
+        bottom level drops it with what it covers; RFC 0019).
+
+        Raises:
+            InvalidArgument: ``start >= end``, or a bound is not a valid key.
+        """
+        self._apply([], await_durable, check_delete_range(start, end))
 
     def write(self, batch: WriteBatch, *, await_durable: bool = True) -> None:
         """Apply a batch atomically: after a crash either all of it is there or none."""
         if not isinstance(batch, WriteBatch):
             raise InvalidArgument(f"write() takes a WriteBatch, got {type(batch).__name__}")
         if len(batch):
-            self._apply(batch.ops, await_durable)
+            ops = batch.ops_at(now_ms(self._clock), self._settings.default_ttl)
+            self._apply(ops, await_durable, *batch.ranges)
 
-    def _apply(self, ops: list[tuple[bytes, bytes | None]], await_durable: bool) -> None:
+    def _apply(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        await_durable: bool,
+        *ranges: tuple[bytes, bytes],
+    ) -> None:
         unflushed = self._memtable.size_bytes
         if unflushed >= self._settings.max_unflushed_bytes // 2 and self._compactor is not None:
             # Half the budget used: compact now rather than at the next interval, so writes
@@ -238,9 +292,14 @@ class Db(Closing):
             self._seq += SEQ_STEP
             seq = self._seq
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
-            # One WAL generation holds the whole batch, so it lands in one SST (atomic).
-            generation = self._wal.append(entries, awaited=await_durable)
-            self._memtable.apply(entries)
+            if ranges:
+                tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
+                generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
+                self._memtable.apply(entries, tombstones)
+            else:
+                # One WAL generation holds the whole batch, so it lands in one SST (atomic).
+                generation = self._wal.append(entries, awaited=await_durable)
+                self._memtable.apply(entries)
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
@@ -253,13 +312,17 @@ class Db(Closing):
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
         view = self._view
+        ranges = self._memtable.ranges
         if version is not None and version[0] > view.last_ingest_seq:
-            return version[1]
+            value = version[1]
+            if value.__class__ is bytes and ranges is EMPTY and view_ranges(view) is EMPTY:
+                return value
+            return visible(key, version, ranges, view, self._clock)
         # No version, or one older than an ingestion, which may hold a newer one.
         found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
         self._check_open()
-        return newer_value(version, found)
+        return visible(key, newer_version(version, found), ranges, self._view, self._clock)
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent or deleted), all from
@@ -275,6 +338,7 @@ class Db(Closing):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
+            ranges = self._memtable.ranges
         rest = sorted(
             {
                 k
@@ -283,7 +347,7 @@ class Db(Closing):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found)
+        return values_of(keys, newer, found, ranges=ranges, view=self._view, clock=self._clock)
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest) -> T:
         """``read(view)``; if an SST of ``view`` is gone (a view older than GC's grace period),
@@ -308,7 +372,10 @@ class Db(Closing):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        return scan_merged(self._tables, entries, view, start, end)
+            ranges = self._memtable.ranges
+        return scan_merged(
+            self._tables, entries, view, start, end, ranges=ranges, clock=self._clock
+        )
 
     def refresh(self) -> None:
         """Pick up compactions published since open (and release compacted memtable data)."""

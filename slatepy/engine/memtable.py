@@ -19,6 +19,8 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from slatepy.format.block import Entry
+from slatepy.format.kinds import RangeTombstone
+from slatepy.table.visibility import EMPTY, RangeIndex
 
 Version = tuple[int, bytes | None]
 """``(seq, value)``; ``value`` None is a tombstone."""
@@ -52,7 +54,15 @@ class Memtable:
     (``entry_cost``); the writer's backpressure compares it with ``max_unflushed_bytes``.
     """
 
-    __slots__ = ("_batch_lock", "_batching", "_data", "_new_keys", "_sorted", "size_bytes")
+    __slots__ = (
+        "_batch_lock",
+        "_batching",
+        "_data",
+        "_new_keys",
+        "_sorted",
+        "ranges",
+        "size_bytes",
+    )
 
     def __init__(self) -> None:
         self._batch_lock = threading.Lock()
@@ -61,6 +71,9 @@ class Memtable:
         self._sorted: list[bytes] = []
         self._new_keys: list[bytes] = []
         self.size_bytes = 0
+        self.ranges: RangeIndex = EMPTY
+        """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
+        reader that took it holds a consistent set."""
 
     def __len__(self) -> int:
         return len(self._data)
@@ -79,9 +92,10 @@ class Memtable:
         if value is not None:  # value_cost, inlined: this runs once per written entry
             self.size_bytes += VALUE_OVERHEAD + len(value)
 
-    def apply(self, entries: Sequence[Entry]) -> None:
-        """Record a batch of versions, visible to :meth:`get` all at once (see the module)."""
-        if len(entries) == 1:
+    def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:
+        """Record a batch of versions and range tombstones, visible to :meth:`get` all at once
+        (see the module)."""
+        if len(entries) == 1 and not ranges:
             self.put(*entries[0])
             return
         with self._batch_lock:
@@ -89,6 +103,11 @@ class Memtable:
             try:
                 for key, seq, value in entries:
                     self.put(key, seq, value)
+                if ranges:
+                    self.ranges = RangeIndex((*self.ranges.tombstones, *ranges))
+                    self.size_bytes += sum(
+                        ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in ranges
+                    )
             finally:
                 self._batching = False
 
@@ -99,11 +118,18 @@ class Memtable:
         """
         kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
         dropped = len(self._data) - len(kept)
+        if self.ranges:
+            ranges = [t for t in self.ranges.tombstones if t.seq > max_seq]
+            if len(ranges) < len(self.ranges.tombstones):
+                self.ranges = RangeIndex(ranges) if ranges else EMPTY
+                dropped += 1  # the sizes below are recounted
         if dropped:
             self._data = kept
             self._sorted = [k for k in self._sorted if k in kept]
             self._new_keys = [k for k in self._new_keys if k in kept]
-            self.size_bytes = sum(entry_cost(k, v[1]) for k, v in kept.items())
+            self.size_bytes = sum(entry_cost(k, v[1]) for k, v in kept.items()) + sum(
+                ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in self.ranges.tombstones
+            )
         return dropped
 
     def get(self, key: bytes) -> Version | None:

@@ -49,9 +49,10 @@ from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
-    newer_value,
+    newer_version,
     scan_merged,
     values_of,
+    visible,
 )
 from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest, Snapshot
@@ -62,6 +63,7 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import Clock
 
 T = TypeVar("T")
 
@@ -71,8 +73,16 @@ log = logging.getLogger(__name__)
 class DbReader(Closing):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
-    def __init__(self, store: MetricsStore, settings: Settings, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        *,
+        read_only: bool = False,
+        clock: Clock = time.time,
+    ) -> None:
         self._store = store
+        self._clock = clock
         self._settings = settings
         self._read_only = read_only
         self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
@@ -114,6 +124,7 @@ class DbReader(Closing):
         *,
         settings: Settings | None = None,
         read_only: bool = False,
+        clock: Clock | None = None,
     ) -> DbReader:
         """Open a reader of the database at ``url`` (it must exist; nothing is created).
 
@@ -125,13 +136,16 @@ class DbReader(Closing):
                 collector only by ``gc_min_age`` (see the module docstring). Without it the
                 reader registers a snapshot (a manifest write on open, on refreshes and on
                 close), which protects its view for as long as it lives.
+            clock: Wall-clock seconds that expiry is judged by (RFC 0019); ``time.time``.
 
         Raises:
             NotFound: no database (or no bucket) at ``url``.
             InvalidArgument: the URL or settings are unusable.
         """
         settings = settings or Settings()
-        return cls(open_stack(url, settings), settings, read_only=read_only)
+        return cls(
+            open_stack(url, settings), settings, read_only=read_only, clock=clock or time.time
+        )
 
     @property
     def manifest_id(self) -> int:
@@ -165,12 +179,15 @@ class DbReader(Closing):
         """The value of ``key`` as of the reader's latest refresh, or None."""
         key = check_key(key)
         self._check_open()
-        version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
-        if version is not None and version[0] > self._view.last_ingest_seq:
-            return version[1]
-        # No version, or one older than an ingestion, which may hold a newer one.
-        found = self._read(lambda view: get_compacted(self._tables, view, key))
-        return newer_value(version, found)
+        memtable = self._memtable
+        version = memtable.get(key)  # a WAL SST (a batch) is seen whole
+        ranges = memtable.ranges
+        view = self._view
+        if version is None or version[0] <= view.last_ingest_seq:
+            # No version, or one older than an ingestion, which may hold a newer one.
+            found = self._read(lambda v: get_compacted(self._tables, v, key))
+            version, view = newer_version(version, found), self._view
+        return visible(key, version, ranges, view, self._clock)
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent), from one consistent
@@ -180,6 +197,7 @@ class DbReader(Closing):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
+            ranges = self._memtable.ranges
         rest = sorted(
             {
                 k
@@ -188,7 +206,7 @@ class DbReader(Closing):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found)
+        return values_of(keys, newer, found, ranges=ranges, view=self._view, clock=self._clock)
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
         """``read(view)`` (the current view by default; adopting one sets the view, then
@@ -213,7 +231,10 @@ class DbReader(Closing):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        return scan_merged(self._tables, entries, view, start, end)
+            ranges = self._memtable.ranges
+        return scan_merged(
+            self._tables, entries, view, start, end, ranges=ranges, clock=self._clock
+        )
 
     def refresh(self) -> None:
         """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one."""
@@ -244,7 +265,7 @@ class DbReader(Closing):
             # block must not leave the blocks before it (part of a batch) applied.
             meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
             with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-                self._memtable.apply(entries)
+                self._memtable.apply(entries, meta.props.range_tombstones)
                 self._wal_max_seq[wal_id] = meta.props.max_seq
                 self._wal_tail = wal_id
             expected += 1

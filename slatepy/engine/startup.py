@@ -233,5 +233,7 @@ def replay(
                 raise fenced(wal_id, epoch, meta.props.writer_epoch)
             for key, seq, value in entries:
                 memtable.put(key, seq, value)
+            if meta.props.range_tombstones:
+                memtable.apply((), meta.props.range_tombstones)
             max_seq[wal_id] = meta.props.max_seq
     return memtable, max_seq

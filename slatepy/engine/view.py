@@ -8,6 +8,7 @@ reads, so the top-level indexes it keeps in memory follow the live SSTs (RFC 000
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,15 @@ from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.layout import compacted_path
 from slatepy.table.merge import merge_newest, stamped
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import (
+    EMPTY,
+    Clock,
+    RangeIndex,
+    combined,
+    live_entries,
+    resolve,
+    view_ranges,
+)
 
 
 def missing_sst(exc: NotFound) -> CorruptionError:
@@ -103,19 +113,65 @@ def get_many_compacted(
 
 
 def values_of(
-    keys: Sequence[bytes], newer: Sequence[Version | None], found: dict[bytes, Version]
+    keys: Sequence[bytes],
+    newer: Sequence[Version | None],
+    found: dict[bytes, Version],
+    *,
+    ranges: RangeIndex = EMPTY,
+    view: Manifest | None = None,
+    clock: Clock = time.time,
 ) -> list[bytes | None]:
     """The value of each key: the newer of its memtable version (``newer``) and what
-    :func:`get_many_compacted` found; None for absent or deleted keys."""
-    return [newer_value(version, found.get(key)) for key, version in zip(keys, newer, strict=True)]
+    :func:`get_many_compacted` found, as :func:`visible` reads it (``ranges``: the
+    memtable's range tombstones, ``view``: the view ``found`` came from); None for absent or
+    deleted keys."""
+    return [
+        visible(key, newer_version(version, found.get(key)), ranges, view, clock)
+        for key, version in zip(keys, newer, strict=True)
+    ]
+
+
+def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
+    """The newer of a key's memtable and compacted versions. The memtable's is newer unless
+    an ingestion published after it (RFC 0016)."""
+    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
+        return memtable
+    return compacted
 
 
 def newer_value(memtable: Version | None, compacted: Version | None) -> bytes | None:
-    """The value of the newer of a key's memtable and compacted versions (None: absent or
-    deleted). The memtable's is newer unless an ingestion published after it (RFC 0016)."""
-    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
-        return None if memtable is None else memtable[1]
-    return compacted[1]
+    """The stored value of the newer of a key's memtable and compacted versions (None:
+    absent or deleted), entry kinds not resolved: see :func:`visible`."""
+    version = newer_version(memtable, compacted)
+    return None if version is None else version[1]
+
+
+def visible(
+    key: bytes,
+    version: Version | None,
+    ranges: RangeIndex,
+    view: Manifest | None,
+    clock: Clock,
+) -> bytes | None:
+    """What a point read of ``key`` returns, given its newest ``version`` anywhere (None:
+    none): the one rule for entry kinds (RFC 0019), via :func:`resolve`. ``ranges`` are the
+    memtable's range tombstones, ``view`` the compacted state whose range tombstones count
+    too (None: none)."""
+    if version is None:
+        return None
+    covered = ranges.seq_at(key) if ranges is not EMPTY else 0
+    if view is not None:
+        compacted = view_ranges(view)
+        if compacted is not EMPTY:
+            covered = max(covered, compacted.seq_at(key))
+    return resolve(version, covered, clock)
+
+
+def scan_ranges(ranges: RangeIndex, view: Manifest, start: bytes, end: bytes | None) -> RangeIndex:
+    """The range tombstones a scan of ``[start, end)`` must apply: the memtable's
+    (``ranges``) and ``view``'s, those that meet the range."""
+    both = combined(ranges, view_ranges(view))
+    return both if both is EMPTY else both.overlapping(start, end)
 
 
 def scan_compacted(
@@ -133,14 +189,23 @@ def scan_compacted(
 
 
 def scan_merged(
-    tables: TableReader, newer: list[Entry], view: Manifest, start: bytes, end: bytes | None
+    tables: TableReader,
+    newer: list[Entry],
+    view: Manifest,
+    start: bytes,
+    end: bytes | None,
+    *,
+    ranges: RangeIndex = EMPTY,
+    clock: Clock = time.time,
 ) -> Iterator[tuple[bytes, bytes]]:
     """Live ``(key, value)`` pairs of ``newer`` (memtable entries) over ``view``'s SSTs, the
-    newest version of each key winning; tombstones hide what they shadow."""
+    newest version of each key winning; tombstones hide what they shadow, and so do range
+    tombstones (``ranges``: the memtable's; the view's are added here) and expiry
+    (:func:`slatepy.table.visibility.live_entries`)."""
     sources = scan_compacted(tables, view, start, end)
     if newer:
         sources.insert(0, iter(newer))
-    return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+    return live_entries(merge_newest(sources), scan_ranges(ranges, view, start, end), clock)
 
 
 def compacted_ids(view: Manifest) -> set[str]:

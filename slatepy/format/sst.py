@@ -48,6 +48,7 @@ from slatepy.format.block import (
 )
 from slatepy.format.bloom import BloomFilter, build_filter
 from slatepy.format.checksum import append_checksum, checksum
+from slatepy.format.kinds import RangeTombstone
 from slatepy.format.sst_index import (
     COUNT,
     FOOTER,
@@ -202,6 +203,7 @@ class SstBuilder:
         self._t_first_blocks: list[int] = []
         self._t_first_keys: list[bytes] = []
         self._decoded: list[Partition] = []
+        self._ranges: list[RangeTombstone] = []
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Add one entry (``value`` None for a tombstone)."""
@@ -226,6 +228,14 @@ class SstBuilder:
         self._max_seq = max(self._max_seq, seq)
         if block.encoded_size >= self._block_size:
             self._close_block()
+
+    def add_range_tombstone(self, tombstone: RangeTombstone) -> None:
+        """Record a range tombstone in the properties (any order; kept sorted by start). It
+        does not widen the SST's key range (readers find range tombstones in the properties
+        or the manifest's handle, not by key; RFC 0019), but counts in ``max_seq``: a writer
+        restarting continues seqs above it."""
+        self._ranges.append(tombstone)
+        self._max_seq = max(self._max_seq, tombstone.seq)
 
     def extend(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
         """Add many entries (no tombstones) in strictly increasing key order: the same bytes
@@ -369,6 +379,7 @@ class SstBuilder:
             writer_epoch=self._epoch,
             block_count=self._blocks,
             data_size=data_end,
+            range_tombstones=tuple(sorted(self._ranges, key=_range_order)),
         )
         offsets = [data_end + rel for rel in self._t_offsets]
         keys = self._t_first_keys
@@ -379,7 +390,7 @@ class SstBuilder:
             top_parts.append(TOP_ENTRY.pack(offset, length, data_offset, first_block, len(key)))
             top_parts.append(key)
         top = b"".join(top_parts)
-        meta = top + msgspec.msgpack.encode(props)
+        meta = top + encode_props(props)
         footer = FOOTER.pack(
             SST_MAGIC,
             self._version,
@@ -408,6 +419,18 @@ class SstBuilder:
             self._t_first_blocks,
         )
         return EncodedSst(data, SstMeta(sst_top, tuple(self._decoded)))
+
+
+def encode_props(props: SstProperties) -> bytes:
+    """The properties' msgpack array; without range tombstones it stops before that field,
+    so an SST of plain entries has the same bytes as before the field existed."""
+    if props.range_tombstones:
+        return msgspec.msgpack.encode(props)
+    return msgspec.msgpack.encode(msgspec.structs.astuple(props)[:-1])
+
+
+def _range_order(t: RangeTombstone) -> tuple[bytes, bytes, int]:
+    return t.start, t.end, t.seq
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:

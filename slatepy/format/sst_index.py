@@ -17,6 +17,7 @@ import msgspec
 from slatepy.errors import CorruptionError
 from slatepy.format.bloom import BloomFilter
 from slatepy.format.checksum import CHECKSUM_SIZE, checksum, verify_checksummed
+from slatepy.format.kinds import RangeTombstone, check_range_tombstones
 
 SST_MAGIC = b"SLATESST"
 SST_FORMAT_VERSION = 3
@@ -59,6 +60,9 @@ class SstProperties(msgspec.Struct, frozen=True, array_like=True):
     writer_epoch: int
     block_count: int
     data_size: int
+    range_tombstones: tuple[RangeTombstone, ...] = ()
+    """Range tombstones written with this SST, by start key (RFC 0019); absent (so empty)
+    in SSTs written before they existed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +263,8 @@ def decode_top(footer: Footer, section: bytes | memoryview) -> SstTop:
         raise CorruptionError(f"SST: bad properties: {exc}") from exc
     if props.data_size != footer.meta_offset:
         raise CorruptionError("SST: properties and footer disagree on the data size")
+    if not check_range_tombstones(props.range_tombstones):
+        raise CorruptionError("SST: a range tombstone's start is not below its end")
     if footer.version == 1:
         return _v1_top(footer, raw, props)
     return _v2_top(footer, raw[:top_len], props)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import struct
 
-import msgspec
-
 from slatepy.format.block import BlockBuilder, Entry
 from slatepy.format.bloom import build_filter
 from slatepy.format.checksum import checksum
-from slatepy.format.sst import FOOTER, FOOTER_CHECKSUM, SST_MAGIC, SstProperties
+from slatepy.format.sst import FOOTER, FOOTER_CHECKSUM, SST_MAGIC, SstProperties, encode_props
 
 _INDEX_ENTRY = struct.Struct("<QIH")
 _COUNT = struct.Struct("<I")
@@ -64,7 +62,7 @@ def build_v1(
     )
     index_bytes = b"".join(index)
     bloom = build_filter(keys, len(keys), bits_per_key) if keys and bits_per_key else b""
-    props_bytes = msgspec.msgpack.encode(props)
+    props_bytes = encode_props(props)
     meta = index_bytes + bloom + props_bytes
     footer = FOOTER.pack(
         SST_MAGIC, 1, 0, offset, len(index_bytes), len(bloom), len(props_bytes), checksum(meta)

@@ -1,0 +1,168 @@
+"""Which version of a key is visible: the one place that knows the entry kinds (RFC 0019).
+
+Every read path (``Db``/``DbReader`` gets, get_many, scans, and any iterator built on them)
+and compaction decide visibility here:
+
+* :class:`RangeIndex` answers "the highest seq of a range tombstone covering ``key``" in
+  O(log n) from disjoint fragments built once per set of range tombstones (a view's, a
+  memtable's, a compaction's inputs');
+* :func:`resolve` turns the newest version of a key into what a read returns: its value, or
+  None when it is a tombstone, an expired value, or older than a range tombstone over it;
+* :func:`live_entries` does the same over a merged, key-ordered stream (scans);
+* :func:`compacted_entries` is compaction's rule: what to write for each merged entry.
+
+A version older than a range tombstone over its key (``seq < tombstone.seq``) is deleted;
+one of the same seq came later in the same write batch and is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator
+
+from slatepy.format.block import Entry
+from slatepy.format.kinds import Expiring, RangeTombstone
+from slatepy.manifest.record import Manifest
+
+Clock = Callable[[], float]
+"""Wall-clock seconds since the epoch (``time.time``); injectable for tests."""
+
+Version = tuple[int, bytes | None]
+
+
+def now_ms(clock: Clock = time.time) -> int:
+    return int(clock() * 1000)
+
+
+class RangeIndex:
+    """Range tombstones as disjoint fragments: ``seq_at(key)`` is the highest seq of those
+    covering ``key`` (0: none). Empty indexes are falsy, so read paths skip them at the cost
+    of one truth test."""
+
+    __slots__ = ("_bounds", "_seqs", "tombstones")
+
+    def __init__(self, tombstones: Iterable[RangeTombstone] = ()) -> None:
+        self.tombstones = tuple(tombstones)
+        bounds = sorted({b for t in self.tombstones for b in (t.start, t.end)})
+        seqs = [0] * len(bounds)  # seqs[i] covers [bounds[i], bounds[i+1])
+        position = {b: i for i, b in enumerate(bounds)}
+        for t in self.tombstones:
+            for i in range(position[t.start], position[t.end]):
+                seqs[i] = max(seqs[i], t.seq)
+        self._bounds = bounds
+        self._seqs = seqs
+
+    def __bool__(self) -> bool:
+        return bool(self.tombstones)
+
+    def seq_at(self, key: bytes) -> int:
+        i = bisect_right(self._bounds, key) - 1
+        return self._seqs[i] if i >= 0 else 0
+
+    def overlapping(self, start: bytes, end: bytes | None) -> RangeIndex:
+        """The index of the tombstones that meet ``[start, end)`` (``end`` None: unbounded)."""
+        if not self.tombstones:
+            return self
+        return RangeIndex(
+            t for t in self.tombstones if t.end > start and (end is None or t.start < end)
+        )
+
+
+EMPTY = RangeIndex()
+
+_VIEW_CACHE: dict[int, tuple[Manifest, RangeIndex]] = {}
+_VIEW_CACHE_SIZE = 16
+
+
+_last: tuple[Manifest | None, RangeIndex] = (None, EMPTY)
+
+
+def view_ranges(view: Manifest) -> RangeIndex:
+    """The range tombstones of every compacted SST of ``view`` (from the manifest's handles),
+    built once per view object and cached (:data:`EMPTY` when there are none)."""
+    global _last
+    last = _last
+    if last[0] is view:
+        return last[1]
+    cached = _VIEW_CACHE.get(id(view))
+    if cached is not None and cached[0] is view:
+        _last = cached
+        return cached[1]
+    tombstones = [t for h in view.l0 for t in h.range_tombstones]
+    tombstones += [t for run in view.sorted_runs for h in run.ssts for t in h.range_tombstones]
+    index = RangeIndex(tombstones) if tombstones else EMPTY
+    if len(_VIEW_CACHE) >= _VIEW_CACHE_SIZE:
+        _VIEW_CACHE.pop(next(iter(_VIEW_CACHE)))
+    _VIEW_CACHE[id(view)] = _last = (view, index)  # held, so its id is not reused
+    return index
+
+
+def combined(*indexes: RangeIndex) -> RangeIndex:
+    """One index of the tombstones of ``indexes`` (an empty one is returned as is)."""
+    present = [i for i in indexes if i]
+    if len(present) <= 1:
+        return present[0] if present else EMPTY
+    return RangeIndex(t for i in present for t in i.tombstones)
+
+
+def resolve(version: Version | None, covered: int, clock: Clock) -> bytes | None:
+    """What a read of a key returns, given its newest ``version`` (None: none anywhere) and
+    ``covered``, the highest seq of a range tombstone over the key (0: none)."""
+    if version is None:
+        return None
+    seq, value = version
+    if seq < covered or value is None:
+        return None
+    if value.__class__ is bytes:
+        return value
+    if isinstance(value, Expiring):
+        return None if value.expired(now_ms(clock)) else value.value
+    return value
+
+
+def live_entries(
+    entries: Iterator[Entry], ranges: RangeIndex, clock: Clock
+) -> Iterator[tuple[bytes, bytes]]:
+    """The visible ``(key, value)`` pairs of a merged stream (newest version per key)."""
+    now = now_ms(clock)
+    if not ranges:
+        for key, _, value in entries:
+            if value.__class__ is bytes:
+                yield key, value
+            elif isinstance(value, Expiring) and not value.expired(now):
+                yield key, value.value
+        return
+    seq_at = ranges.seq_at
+    for key, seq, value in entries:
+        if value is None or seq < seq_at(key):
+            continue
+        if value.__class__ is bytes:
+            yield key, value
+        elif isinstance(value, Expiring) and not value.expired(now):
+            yield key, value.value
+
+
+def compacted_entries(
+    entries: Iterator[Entry], ranges: RangeIndex, *, bottom: bool, clock: Clock
+) -> Iterator[Entry]:
+    """What compaction writes for a merged stream (newest version per key): entries under a
+    range tombstone of the inputs are dropped; an expired value becomes a tombstone, so it
+    keeps hiding older versions in SSTs outside this compaction (it must not let them
+    resurrect); at the ``bottom`` (nothing older exists) tombstones, expired values and the
+    covered entries all go."""
+    now = now_ms(clock)
+    seq_at = ranges.seq_at if ranges else None
+    for entry in entries:
+        value = entry[2]
+        if seq_at is not None and entry[1] < seq_at(entry[0]):
+            continue
+        if value is None or value.__class__ is bytes:
+            if value is None and bottom:
+                continue
+            yield entry
+        elif isinstance(value, Expiring) and value.expired(now):
+            if not bottom:
+                yield entry[0], entry[1], None
+        else:
+            yield entry
