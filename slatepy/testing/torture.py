@@ -7,7 +7,9 @@ flushes, reads, compactions, GC passes, crashes (the writer dropped without a fl
 reopens, with the store injecting the four outcomes of :mod:`slatepy.testing.faults`.
 
 The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
-fate is unknown (written but not acknowledged). Invariants checked:
+fate is unknown (written but not acknowledged), and when each TTL'd value expires on the
+workload's own clock (moved by ``tick``; the writer, readers and compactors all read it). A
+``delete_range`` is a delete of every model key in its range. Invariants checked:
 
 * every read returns the last acknowledged value or one of the unknown ones (nothing lost,
   nothing invented);
@@ -58,6 +60,10 @@ class Model:
 
     acked: dict[bytes, bytes | None] = field(default_factory=dict)
     unknown: dict[bytes, list[bytes | None]] = field(default_factory=dict)
+    expires: dict[bytes, float] = field(default_factory=dict)
+    """TTL'd values (each value is unique) and when they expire."""
+    now: float = 0.0
+    """The workload's clock, seconds."""
 
     def written(self, key: bytes, value: bytes | None) -> None:
         """A write was issued; until acknowledged its fate is unknown."""
@@ -68,7 +74,13 @@ class Model:
         self.unknown.pop(key, None)
 
     def allowed(self, key: bytes) -> list[bytes | None]:
-        return [self.acked.get(key), *self.unknown.get(key, [])]
+        return [self._live(v) for v in (self.acked.get(key), *self.unknown.get(key, []))]
+
+    def _live(self, value: bytes | None) -> bytes | None:
+        """``value`` as read now: None once its TTL ran out."""
+        if value is not None and self.now >= self.expires.get(value, float("inf")):
+            return None
+        return value
 
     def check(self, key: bytes, observed: bytes | None, who: str) -> None:
         if observed not in self.allowed(key):
@@ -125,7 +137,7 @@ class Torture:
             wal_write_attempts=2,
             request_attempts=2,
         )
-        self.model = Model()
+        self.model = Model(now=float(int(time.time())))
         self.report = Report()
         self.counter = 0
         self.pending: list[tuple[bytes, bytes | None]] = []  # unawaited, not yet flushed
@@ -152,7 +164,9 @@ class Torture:
 
     def writer(self) -> Db:
         if self.db is None:
-            db = self._retry("open", lambda: Db.open(self.faulty, settings=self.settings))
+            db = self._retry(
+                "open", lambda: Db.open(self.faulty, settings=self.settings, clock=self.clock)
+            )
             assert isinstance(db, Db)
             self.db = db
         return self.db
@@ -176,6 +190,10 @@ class Torture:
             self.report.failed["close"] += 1
         self.pending.clear()
 
+    def clock(self) -> float:
+        """The workload's wall clock (seconds): expiry is judged by it everywhere."""
+        return self.model.now
+
     # -- operations --------------------------------------------------------------------
     def _value(self, key: bytes) -> bytes:
         self.counter += 1
@@ -187,12 +205,25 @@ class Torture:
             self.report.acknowledged_writes += 1
         self.pending.clear()
 
-    def _write(self, ops: list[tuple[bytes, bytes | None]], durable: bool) -> None:
+    def _write(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        durable: bool,
+        *,
+        ttl: int | None = None,
+        deleted_range: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        """Write ``ops`` (as the model sees them): a put (with ``ttl``), a delete, a batch of
+        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range)."""
         db = self.writer()
         for key, value in ops:
             self.model.written(key, value)
+            if ttl is not None and value is not None:
+                self.model.expires[value] = self.model.now + ttl
         try:
-            if len(ops) > 1:
+            if deleted_range is not None:
+                db.delete_range(*deleted_range, await_durable=durable)
+            elif len(ops) > 1:
                 batch = WriteBatch()
                 for key, value in ops:
                     assert value is not None  # batches here only put
@@ -201,7 +232,7 @@ class Torture:
             elif ops[0][1] is None:
                 db.delete(ops[0][0], await_durable=durable)
             else:
-                db.put(ops[0][0], ops[0][1], await_durable=durable)
+                db.put(ops[0][0], ops[0][1], await_durable=durable, ttl=ttl)
         except SlatepyError:
             self.report.failed["write"] += 1
             self.crash()  # a writer that could not make a write durable refuses all others
@@ -221,6 +252,20 @@ class Torture:
 
     def op_delete(self) -> None:
         self._write([(self.rng.choice(KEYS), None)], durable=self.rng.random() < 0.7)
+
+    def op_put_ttl(self) -> None:
+        key = self.rng.choice(KEYS)
+        ttl = self.rng.choice([1, 2, 5])
+        self._write([(key, self._value(key))], durable=self.rng.random() < 0.7, ttl=ttl)
+
+    def op_delete_range(self) -> None:
+        start, end = sorted(self.rng.sample(KEYS, 2))
+        ops: list[tuple[bytes, bytes | None]] = [(k, None) for k in KEYS if start <= k < end]
+        self._write(ops, durable=self.rng.random() < 0.7, deleted_range=(start, end))
+
+    def op_tick(self) -> None:
+        """One second passes on the workload's clock (TTL'd values expire)."""
+        self.model.now += 1
 
     def op_batch(self) -> None:
         self.counter += 1
@@ -265,7 +310,7 @@ class Torture:
     def op_reader(self) -> None:
         try:
             if self.reader is None:
-                self.reader = DbReader.open(self.faulty, settings=self.settings)
+                self.reader = DbReader.open(self.faulty, settings=self.settings, clock=self.clock)
             else:
                 self.reader.refresh()
             rows = dict(self.reader.scan())
@@ -282,9 +327,9 @@ class Torture:
 
     def op_compact(self) -> None:
         try:
-            Compactor(self.faulty, settings=self.settings, policy=POLICY).run_until_idle(
-                max_rounds=8
-            )
+            Compactor(
+                self.faulty, settings=self.settings, policy=POLICY, expiry_clock=self.clock
+            ).run_until_idle(max_rounds=8)
         except FencedError:
             pass  # the previous compactor object lost its epoch to this one: expected
         except SlatepyError:
@@ -305,6 +350,9 @@ class Torture:
     WEIGHTS: tuple[tuple[str, int], ...] = (
         ("put", 30),
         ("delete", 8),
+        ("put_ttl", 6),
+        ("delete_range", 3),
+        ("tick", 4),
         ("batch", 10),
         ("flush", 6),
         ("get", 15),
@@ -344,11 +392,11 @@ class Torture:
                 self.reader = None
             db = self.writer()
             rows = dict(db.scan())
-            for key, value in self.model.acked.items():
-                if rows.get(key) != value and rows.get(key) not in self.model.unknown.get(key, []):
+            for key in self.model.acked:
+                if rows.get(key) not in self.model.allowed(key):
                     self.report.lost_acknowledged_writes += 1
             self._check_view(rows, "fresh writer")
-            with DbReader.open(self.faulty, settings=self.settings) as reader:
+            with DbReader.open(self.faulty, settings=self.settings, clock=self.clock) as reader:
                 self._check_view(dict(reader.scan()), "fresh reader")
         finally:
             self.faulty.enabled = True
