@@ -17,6 +17,7 @@ from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db as SyncDb
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import StoreMetrics
+from slatepy.table.merge_operator import MergeOperator
 
 
 class Db:
@@ -33,6 +34,7 @@ class Db:
         settings: Settings | None = None,
         create_if_missing: bool = True,
         clock: Callable[[], float] | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> Db:
         """:meth:`slatepy.engine.db.Db.open` on a worker thread."""
         return cls(
@@ -42,6 +44,7 @@ class Db:
                 settings=settings,
                 create_if_missing=create_if_missing,
                 clock=clock,
+                merge_operator=merge_operator,
             )
         )
 
@@ -62,6 +65,9 @@ class Db:
         ttl: float | None = None,
     ) -> None:
         await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable, ttl=ttl)
+
+    async def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
+        await asyncio.to_thread(self.sync.merge, key, operand, await_durable=await_durable)
 
     async def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
         await asyncio.to_thread(self.sync.delete_range, start, end, await_durable=await_durable)

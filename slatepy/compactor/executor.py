@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from slatepy.compactor.planner import CompactionPolicy, Plan, WalToL0
+from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
 from slatepy.format.block import Entry
 from slatepy.format.kinds import RangeTombstone
 from slatepy.format.sst import EncodedSst, SstBuilder
@@ -26,9 +26,10 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
-from slatepy.table.merge import stamped
+from slatepy.table.merge import merge_folding, stamped
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import Clock, RangeIndex, compacted_entries
+from slatepy.table.visibility import Clock, RangeIndex, compacted_entries, folding
 
 READ_AHEAD_BYTES = 16 * 1024 * 1024
 SEND_BYTES = 8 * 1024 * 1024
@@ -48,6 +49,23 @@ def plan_inputs(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Ite
         stamped(_chain(tables, paths, chunk), stamp)
         for paths, stamp in zip(sources, stamps, strict=True)
     ]
+
+
+def drops_tombstones(plan: Plan) -> bool:
+    """Whether ``plan`` writes the bottom of the database (nothing older stays outside it):
+    tombstones, expired values and range tombstones go, merge operands become values."""
+    return isinstance(plan, L0ToRun) and plan.drop_tombstones
+
+
+def merge_plan(
+    plan: Plan, manifest: Manifest, tables: TableReader, merging: Merging, *, bottom: bool
+) -> Iterator[Entry]:
+    """The merged entries of a plan's inputs, newest version per key, merge operands folded
+    over what is beneath them in the inputs (completely when ``bottom``)."""
+    ranges = RangeIndex(plan_range_tombstones(plan, manifest, tables))
+    return merge_folding(
+        plan_inputs(plan, manifest, tables), folding(ranges, merging, complete=bottom)
+    )
 
 
 def plan_range_tombstones(
@@ -115,6 +133,7 @@ def write_outputs(
     bloom_bits_per_key: int,
     range_tombstones: Sequence[RangeTombstone] = (),
     clock: Clock = time.time,
+    merging: Merging = NO_MERGING,
 ) -> list[SstHandle]:
     """Write the merged stream as SSTs in key order, cut at ``policy.target_sst_bytes``.
 
@@ -133,7 +152,7 @@ def write_outputs(
     handles: list[SstHandle] = []
     output: _Output | None = None
     entries = compacted_entries(
-        entries, RangeIndex(range_tombstones), bottom=drop_tombstones, clock=clock
+        entries, RangeIndex(range_tombstones), bottom=drop_tombstones, clock=clock, merging=merging
     )
     try:
         for count, (key, seq, value) in enumerate(entries):

@@ -6,7 +6,7 @@ import math
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
 from slatepy.errors import InvalidArgument
-from slatepy.format.kinds import Expiring
+from slatepy.format.kinds import Expiring, Operands
 
 Op = tuple[bytes, bytes | None]
 """``(key, value)``; value None deletes the key."""
@@ -98,6 +98,17 @@ class WriteBatch:
         self._ops.append((check_key(key), None))
         return self
 
+    def merge(self, key: bytes, operand: bytes) -> WriteBatch:
+        """Add a merge operand to ``key`` (see ``Db.merge``); the database must have a merge
+        operator. Operands on one key in a batch apply in the order added."""
+        key, operand = check_key(key), check_value(operand)
+        self._ops.append((key, Operands.of([operand])))
+        return self
+
+    @property
+    def has_merges(self) -> bool:
+        return any(value.__class__ is Operands for _, value in self._ops)
+
     def delete_range(self, start: bytes, end: bytes) -> WriteBatch:
         """Delete every key ``start <= key < end`` (as of this batch)."""
         start, end = check_delete_range(start, end)
@@ -112,7 +123,7 @@ class WriteBatch:
 
     @property
     def ops(self) -> list[Op]:
-        """The puts (without their TTLs) and deletes."""
+        """The puts (without their TTLs), deletes and merges (values of class ``Operands``)."""
         return list(self._ops)
 
     @property

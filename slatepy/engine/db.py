@@ -44,7 +44,7 @@ from slatepy.errors import (
     WriteStalled,
 )
 from slatepy.format.block import Entry
-from slatepy.format.kinds import RangeTombstone
+from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -54,6 +54,7 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
 from slatepy.table.visibility import EMPTY, Clock, now_ms, view_ranges
 
@@ -91,14 +92,16 @@ class Db(Closing):
         settings: Settings,
         manifests: ManifestStore,
         clock: Clock = time.time,
+        merge_operator: MergeOperator | None = None,
     ) -> None:
         self._store = store
         self._settings = settings
         self._clock = clock
+        self._merging = Merging(merge_operator, clock)
         self._lock = threading.Lock()
         self._closed = False
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
-        start = start_writer(store, manifests, settings)
+        start = start_writer(store, manifests, settings, self._merging)
         self._manifests = manifests
         self._tables = TableReader(
             store,
@@ -119,6 +122,7 @@ class Db(Closing):
             epoch=start.epoch,
             next_id=start.fence_id + 1,
             settings=settings,
+            merging=self._merging,
         )
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
@@ -133,6 +137,7 @@ class Db(Closing):
                     store.uncached() if isinstance(store, DiskCachedStore) else store,
                     settings=settings,
                     expiry_clock=clock,
+                    merge_operator=merge_operator,
                 ),
                 gc=GarbageCollector(store, settings=settings),
                 on_publish=_weak_callback(self._adopt_published),
@@ -150,6 +155,7 @@ class Db(Closing):
         settings: Settings | None = None,
         create_if_missing: bool = True,
         clock: Clock | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> Db:
         """Open the database at ``url`` and become its writer, creating it if allowed.
 
@@ -167,6 +173,10 @@ class Db(Closing):
             clock: Wall-clock seconds since the epoch that TTLs are counted on (RFC 0019);
                 ``time.time`` by default (tests inject one). Not a setting: a callable has
                 no TOML or environment form.
+            merge_operator: ``(key, existing, operands) -> bytes``, what :meth:`merge`
+                operands become (RFC 0019; ``slatepy.table.merge_operator``). Readers and
+                compactors of the database need the same one. Not a setting, for the same
+                reason as ``clock``.
             create_if_missing: With False, a location holding no database raises
                 ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
                 mistake).
@@ -192,7 +202,7 @@ class Db(Closing):
                 "open with create_if_missing=True to create one",
                 path="manifest/",
             )
-        db = cls(store, settings, manifests, clock or time.time)
+        db = cls(store, settings, manifests, clock or time.time, merge_operator)
         db._opened = True
         log.info(
             "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
@@ -255,6 +265,21 @@ class Db(Closing):
         """Remove ``key`` (a tombstone until compaction drops it)."""
         self._apply([(check_key(key), None)], await_durable)
 
+    def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
+        """Add ``operand`` to ``key``: reads see the merge operator's result of every operand
+        written since the key's last put or delete, over that value (RFC 0019).
+
+        Raises:
+            InvalidArgument: no merge operator was given to :meth:`open`.
+        """
+        key, operand = check_key(key), check_value(operand)
+        if self._merging.operator is None:
+            raise InvalidArgument(
+                "merge() needs a merge operator: open the database with "
+                "Db.open(url, merge_operator=fn), fn(key, existing, operands) -> bytes"
+            )
+        self._apply([(key, Operands.of([operand]))], await_durable)
+
     def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
         """Remove every key ``start <= key < end`` (a range tombstone until compaction at the
         bottom level drops it with what it covers; RFC 0019).
@@ -269,6 +294,11 @@ class Db(Closing):
         if not isinstance(batch, WriteBatch):
             raise InvalidArgument(f"write() takes a WriteBatch, got {type(batch).__name__}")
         if len(batch):
+            if batch.has_merges and self._merging.operator is None:
+                raise InvalidArgument(
+                    "the batch merges, which needs a merge operator: open the database with "
+                    "Db.open(url, merge_operator=fn)"
+                )
             ops = batch.ops_at(now_ms(self._clock), self._settings.default_ttl)
             self._apply(ops, await_durable, *batch.ranges)
 
@@ -317,12 +347,37 @@ class Db(Closing):
             value = version[1]
             if value.__class__ is bytes and ranges is EMPTY and view_ranges(view) is EMPTY:
                 return value
-            return visible(key, version, ranges, view, self._clock)
+            if value.__class__ is not Operands:
+                return visible(key, version, ranges, view, self._clock)
+            return self._get_merged(key)
         # No version, or one older than an ingestion, which may hold a newer one.
         found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
         self._check_open()
-        return visible(key, newer_version(version, found), ranges, self._view, self._clock)
+        version = newer_version(version, found)
+        if version is not None and version[1].__class__ is Operands:
+            return self._get_merged(key)
+        return visible(key, version, ranges, self._view, self._clock)
+
+    def _get_merged(self, key: bytes) -> bytes | None:
+        """A get of a key holding merge operands: its versions folded (RFC 0019). The
+        memtable and the view are taken together, under the lock that adopting a view and
+        pruning the memtable hold, so no operand is counted in both."""
+        with self._lock:
+            self._check_open()
+            version = self._memtable.get(key)
+            view = self._view
+            ranges = self._memtable.ranges
+        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+        return visible(
+            key,
+            newer_version(version, found),
+            ranges,
+            view,
+            self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent or deleted), all from
@@ -347,7 +402,16 @@ class Db(Closing):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found, ranges=ranges, view=self._view, clock=self._clock)
+        return values_of(
+            keys,
+            newer,
+            found,
+            ranges=ranges,
+            view=view,
+            clock=self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest) -> T:
         """``read(view)``; if an SST of ``view`` is gone (a view older than GC's grace period),
@@ -374,7 +438,14 @@ class Db(Closing):
             view = self._view
             ranges = self._memtable.ranges
         return scan_merged(
-            self._tables, entries, view, start, end, ranges=ranges, clock=self._clock
+            self._tables,
+            entries,
+            view,
+            start,
+            end,
+            ranges=ranges,
+            clock=self._clock,
+            merging=self._merging,
         )
 
     def refresh(self) -> None:

@@ -19,7 +19,8 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from slatepy.format.block import Entry
-from slatepy.format.kinds import RangeTombstone
+from slatepy.format.kinds import Operands, RangeTombstone
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.visibility import EMPTY, RangeIndex
 
 Version = tuple[int, bytes | None]
@@ -60,11 +61,13 @@ class Memtable:
         "_data",
         "_new_keys",
         "_sorted",
+        "_stacks",
+        "merging",
         "ranges",
         "size_bytes",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, merging: Merging = NO_MERGING) -> None:
         self._batch_lock = threading.Lock()
         self._batching = False
         self._data: dict[bytes, Version] = {}
@@ -74,13 +77,23 @@ class Memtable:
         self.ranges: RangeIndex = EMPTY
         """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
         reader that took it holds a consistent set."""
+        self.merging = merging
+        """How merge operands written over a version here combine with it."""
+        self._stacks: dict[bytes, list[tuple[int, bytes]]] = {}
+        """Per key whose version is stacked merge operands: each write's operands with its
+        seq, so :meth:`prune` can take out exactly those now compacted."""
 
     def __len__(self) -> int:
         return len(self._data)
 
     def put(self, key: bytes, seq: int, value: bytes | None) -> None:
-        """Record a version; a newer sequence number replaces an older one."""
+        """Record a version; a newer sequence number replaces an older one (merge operands
+        stack on it instead: :meth:`Merging.stack`)."""
         old = self._data.get(key)
+        if value.__class__ is Operands:
+            value = self._stack(key, seq, old, value)
+        elif self._stacks:
+            self._stacks.pop(key, None)
         if old is None:
             self._new_keys.append(key)
             self.size_bytes += ENTRY_OVERHEAD + len(key)
@@ -92,6 +105,26 @@ class Memtable:
         if value is not None:  # value_cost, inlined: this runs once per written entry
             self.size_bytes += VALUE_OVERHEAD + len(value)
 
+    def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
+        """The value that holds ``value`` written over ``old``, the stack of operands kept."""
+        if old is None:
+            self._stacks[key] = [(seq, value)]
+            return value
+        ranges = self.ranges
+        if ranges is not EMPTY and old[0] < ranges.seq_at(key):
+            old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
+        stacked = self.merging.stack(key, old[1], value)
+        if stacked.__class__ is Operands:
+            chunks = self._stacks.get(key)
+            if chunks is None or old[1].__class__ is not Operands:
+                chunks = self._stacks[key] = []
+            chunks.append((seq, value))
+            if len(chunks) == 1:
+                return value
+        else:
+            self._stacks.pop(key, None)
+        return stacked
+
     def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:
         """Record a batch of versions and range tombstones, visible to :meth:`get` all at once
         (see the module)."""
@@ -101,13 +134,15 @@ class Memtable:
         with self._batch_lock:
             self._batching = True
             try:
-                for key, seq, value in entries:
-                    self.put(key, seq, value)
+                # Range tombstones first: a batch's own puts and merges come after its range
+                # deletes (WriteBatch drops those before them), so merges stack on nothing.
                 if ranges:
                     self.ranges = RangeIndex((*self.ranges.tombstones, *ranges))
                     self.size_bytes += sum(
                         ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in ranges
                     )
+                for key, seq, value in entries:
+                    self.put(key, seq, value)
             finally:
                 self._batching = False
 
@@ -118,6 +153,17 @@ class Memtable:
         """
         kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
         dropped = len(self._data) - len(kept)
+        if self._stacks:
+            # Stacked operands: those of compacted writes are in the compacted state now.
+            stacks: dict[bytes, list[tuple[int, bytes]]] = {}
+            for key, chunks in self._stacks.items():
+                if key in kept:
+                    left = [c for c in chunks if c[0] > max_seq]
+                    stacks[key] = left
+                    if len(left) < len(chunks):
+                        kept[key] = (kept[key][0], Operands(b"".join(c for _, c in left)))
+                        dropped += 1  # the sizes below are recounted
+            self._stacks = stacks
         if self.ranges:
             ranges = [t for t in self.ranges.tombstones if t.seq > max_seq]
             if len(ranges) < len(self.ranges.tombstones):

@@ -55,6 +55,7 @@ from slatepy.engine.view import (
     visible,
 )
 from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
+from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
@@ -62,6 +63,7 @@ from slatepy.store.metrics import MetricsStore, StoreMetrics
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
 from slatepy.table.visibility import Clock
 
@@ -80,9 +82,11 @@ class DbReader(Closing):
         *,
         read_only: bool = False,
         clock: Clock = time.time,
+        merge_operator: MergeOperator | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._merging = Merging(merge_operator, clock)
         self._settings = settings
         self._read_only = read_only
         self._manifests = ManifestStore(store, attempts=settings.manifest_update_attempts)
@@ -107,7 +111,9 @@ class DbReader(Closing):
         stored, tail = self._register()
         first = stored.manifest.wal_id_last_compacted + 1
         try:
-            self._memtable, self._wal_max_seq = replay(self._wal, first, tail + 1)
+            self._memtable, self._wal_max_seq = replay(
+                self._wal, first, tail + 1, merging=self._merging
+            )
         except SlatepyError:
             self._forget_snapshot()  # a failed open leaves nothing behind (best effort)
             raise
@@ -125,6 +131,7 @@ class DbReader(Closing):
         settings: Settings | None = None,
         read_only: bool = False,
         clock: Clock | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> DbReader:
         """Open a reader of the database at ``url`` (it must exist; nothing is created).
 
@@ -137,6 +144,8 @@ class DbReader(Closing):
                 reader registers a snapshot (a manifest write on open, on refreshes and on
                 close), which protects its view for as long as it lives.
             clock: Wall-clock seconds that expiry is judged by (RFC 0019); ``time.time``.
+            merge_operator: The database's merge operator (RFC 0019): reading a key that
+                holds merge operands without it raises ``InvalidArgument``.
 
         Raises:
             NotFound: no database (or no bucket) at ``url``.
@@ -144,7 +153,11 @@ class DbReader(Closing):
         """
         settings = settings or Settings()
         return cls(
-            open_stack(url, settings), settings, read_only=read_only, clock=clock or time.time
+            open_stack(url, settings),
+            settings,
+            read_only=read_only,
+            clock=clock or time.time,
+            merge_operator=merge_operator,
         )
 
     @property
@@ -187,6 +200,17 @@ class DbReader(Closing):
             # No version, or one older than an ingestion, which may hold a newer one.
             found = self._read(lambda v: get_compacted(self._tables, v, key))
             version, view = newer_version(version, found), self._view
+        if version is not None and version[1].__class__ is Operands:
+            # Merge operands: the memtable and the view taken together (adopting a view
+            # prunes the memtable under the same lock), so no operand counts twice.
+            with self._lock:
+                memtable = self._memtable
+                version, view, ranges = memtable.get(key), self._view, memtable.ranges
+            found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+            version = newer_version(version, found)
+            return visible(
+                key, version, ranges, view, self._clock, merging=self._merging, tables=self._tables
+            )
         return visible(key, version, ranges, view, self._clock)
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
@@ -206,7 +230,16 @@ class DbReader(Closing):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found, ranges=ranges, view=self._view, clock=self._clock)
+        return values_of(
+            keys,
+            newer,
+            found,
+            ranges=ranges,
+            view=view,
+            clock=self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
         """``read(view)`` (the current view by default; adopting one sets the view, then
@@ -233,7 +266,14 @@ class DbReader(Closing):
             view = self._view
             ranges = self._memtable.ranges
         return scan_merged(
-            self._tables, entries, view, start, end, ranges=ranges, clock=self._clock
+            self._tables,
+            entries,
+            view,
+            start,
+            end,
+            ranges=ranges,
+            clock=self._clock,
+            merging=self._merging,
         )
 
     def refresh(self) -> None:

@@ -18,13 +18,15 @@ from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.layout import compacted_path
-from slatepy.table.merge import merge_newest, stamped
+from slatepy.table.merge import merge_folding, stamped
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
 from slatepy.table.visibility import (
     EMPTY,
     Clock,
     RangeIndex,
     combined,
+    folding,
     live_entries,
     resolve,
     view_ranges,
@@ -69,6 +71,22 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
             if found is not None:
                 return found
     return None
+
+
+def versions_compacted(tables: TableReader, view: Manifest, key: bytes) -> list[Version]:
+    """Every version of ``key`` in the compacted SSTs of ``view``, newest first: what merge
+    operands fold over (a get's slow path; :func:`get_compacted` stops at the newest)."""
+    if tables.followed is not view:
+        _follow(tables, view)
+    found: list[Version] = []
+    handles = [h for h in view.l0 if h.first_key <= key <= h.last_key]
+    handles += [h for h in (_run_sst_for(run, key) for run in view.sorted_runs) if h is not None]
+    for handle in handles:
+        version = tables.get(compacted_path(handle.id), key, size=handle.object_size)
+        if version is not None:
+            found.append((handle.global_seq, version[1]) if handle.global_seq else version)
+    found.sort(key=lambda v: -v[0])
+    return found
 
 
 def get_many_compacted(
@@ -120,13 +138,23 @@ def values_of(
     ranges: RangeIndex = EMPTY,
     view: Manifest | None = None,
     clock: Clock = time.time,
+    merging: Merging = NO_MERGING,
+    tables: TableReader | None = None,
 ) -> list[bytes | None]:
     """The value of each key: the newer of its memtable version (``newer``) and what
     :func:`get_many_compacted` found, as :func:`visible` reads it (``ranges``: the
     memtable's range tombstones, ``view``: the view ``found`` came from); None for absent or
-    deleted keys."""
+    deleted keys. ``merging`` and ``tables`` serve keys holding merge operands."""
     return [
-        visible(key, newer_version(version, found.get(key)), ranges, view, clock)
+        visible(
+            key,
+            newer_version(version, found.get(key)),
+            ranges,
+            view,
+            clock,
+            merging=merging,
+            tables=tables,
+        )
         for key, version in zip(keys, newer, strict=True)
     ]
 
@@ -152,11 +180,19 @@ def visible(
     ranges: RangeIndex,
     view: Manifest | None,
     clock: Clock,
+    *,
+    merging: Merging = NO_MERGING,
+    tables: TableReader | None = None,
 ) -> bytes | None:
     """What a point read of ``key`` returns, given its newest ``version`` anywhere (None:
     none): the one rule for entry kinds (RFC 0019), via :func:`resolve`. ``ranges`` are the
     memtable's range tombstones, ``view`` the compacted state whose range tombstones count
-    too (None: none)."""
+    too (None: none). Merge operands are folded with ``merging`` over the older versions in
+    ``view`` (read from ``tables``).
+
+    Raises:
+        InvalidArgument: the key holds merge operands and ``merging`` has no operator.
+    """
     if version is None:
         return None
     covered = ranges.seq_at(key) if ranges is not EMPTY else 0
@@ -164,7 +200,13 @@ def visible(
         compacted = view_ranges(view)
         if compacted is not EMPTY:
             covered = max(covered, compacted.seq_at(key))
-    return resolve(version, covered, clock)
+
+    def older() -> list[Version]:
+        if tables is None or view is None:
+            return []
+        return [v for v in versions_compacted(tables, view, key) if v[0] < version[0]]
+
+    return resolve(key, version, covered, clock, merging=merging, older=older)
 
 
 def scan_ranges(ranges: RangeIndex, view: Manifest, start: bytes, end: bytes | None) -> RangeIndex:
@@ -197,15 +239,19 @@ def scan_merged(
     *,
     ranges: RangeIndex = EMPTY,
     clock: Clock = time.time,
+    merging: Merging = NO_MERGING,
 ) -> Iterator[tuple[bytes, bytes]]:
     """Live ``(key, value)`` pairs of ``newer`` (memtable entries) over ``view``'s SSTs, the
     newest version of each key winning; tombstones hide what they shadow, and so do range
     tombstones (``ranges``: the memtable's; the view's are added here) and expiry
-    (:func:`slatepy.table.visibility.live_entries`)."""
+    (:func:`slatepy.table.visibility.live_entries`); merge operands fold over what is below
+    them (``merging``)."""
     sources = scan_compacted(tables, view, start, end)
     if newer:
         sources.insert(0, iter(newer))
-    return live_entries(merge_newest(sources), scan_ranges(ranges, view, start, end), clock)
+    index = scan_ranges(ranges, view, start, end)
+    merged = merge_folding(sources, folding(index, merging, complete=True))
+    return live_entries(merged, index, clock, merging)
 
 
 def compacted_ids(view: Manifest) -> set[str]:

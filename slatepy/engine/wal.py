@@ -23,9 +23,10 @@ from slatepy.config import Settings
 from slatepy.engine.fencing import write_wal_sst
 from slatepy.errors import SlatepyError, StoreUnavailable
 from slatepy.format.block import Entry
-from slatepy.format.kinds import RangeTombstone
+from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.format.sst import SstBuilder
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.merge_operator import NO_MERGING, Merging
 
 Buffer = dict[bytes, tuple[int, bytes | None]]
 
@@ -41,9 +42,16 @@ class WalWriter:
     """
 
     def __init__(
-        self, wal: NumberedObjects, *, epoch: int, next_id: int, settings: Settings
+        self,
+        wal: NumberedObjects,
+        *,
+        epoch: int,
+        next_id: int,
+        settings: Settings,
+        merging: Merging = NO_MERGING,
     ) -> None:
         self._wal = wal
+        self._merging = merging
         self._epoch = epoch
         self._settings = settings
         self._next_id = next_id
@@ -97,14 +105,24 @@ class WalWriter:
         with self._cond:
             self.check()
             added = count = 0
-            for key, seq, value in entries:
-                self._buffer[key] = (seq, value)
-                added += len(key) + len(value or b"") + 16
-                count += 1
-            if ranges:
+            buffer = self._buffer
+            if ranges:  # first: see Memtable.apply
                 self._ranges += ranges
                 count += len(ranges)
                 added += sum(len(t.start) + len(t.end) + 16 for t in ranges)
+            for key, seq, written in entries:
+                value = written
+                if value.__class__ is Operands and key in buffer:
+                    # One entry per key in an SST: operands stack on this generation's
+                    # version of the key (only on it: older ones are in older SSTs), or on
+                    # nothing if a range tombstone of this generation deleted it since.
+                    old_seq, old = buffer[key]
+                    if any(t.start <= key < t.end and t.seq > old_seq for t in self._ranges):
+                        old = None
+                    value = self._merging.stack(key, old, value)
+                buffer[key] = (seq, value)
+                added += len(key) + len(value or b"") + 16
+                count += 1
             if not awaited:
                 self._buffer_unawaited += count
             self._buffer_bytes += added

@@ -2,8 +2,8 @@
 range tombstones (RFC 0019).
 
 A version's value stays ``bytes | None`` everywhere (``None`` is a point tombstone). Point
-kinds (today :class:`Expiring`; merge operands would be the next) are *subclasses of bytes*
-whose content is exactly their encoded form on disk, so
+kinds (:class:`Expiring`, :class:`Operands`) are *subclasses of bytes* whose content is
+exactly their encoded form on disk, so
 
 * every path that only moves values around (memtable, WAL buffer, merges, block caches)
   carries them without knowing about them, and a plain value costs nothing new: readers
@@ -12,7 +12,7 @@ whose content is exactly their encoded form on disk, so
   is wrapping the slice in its class (no parsing until a read resolves it).
 
 Entry header flags (``slatepy.format.block``): bit 0 tombstone, bit 1 :class:`Expiring`,
-bit 2 reserved for merge operands. Range tombstones are not entries: an SST keeps them in its
+bit 2 :class:`Operands`. Range tombstones are not entries: an SST keeps them in its
 properties (:class:`RangeTombstone` records), and the manifest's handle of a compacted SST
 repeats them, so a reader holds every range tombstone of its view in memory.
 """
@@ -24,13 +24,15 @@ from collections.abc import Iterable
 
 import msgspec
 
+from slatepy.errors import CorruptionError
+
 FLAG_TOMBSTONE = 0x01
 FLAG_EXPIRING = 0x02
 FLAG_OPERANDS = 0x04
-"""Reserved for merge operands (RFC 0019, not built yet): a block setting it is rejected."""
-KNOWN_FLAGS = FLAG_TOMBSTONE | FLAG_EXPIRING
+KNOWN_FLAGS = FLAG_TOMBSTONE | FLAG_EXPIRING | FLAG_OPERANDS
 
 _EXPIRE = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
 
 
 class Expiring(bytes):
@@ -57,6 +59,43 @@ class Expiring(bytes):
         return now_ms >= self.expire_at_ms
 
 
+class Operands(bytes):
+    """Merge operands with no base value beneath them (yet), oldest first.
+
+    Content: ``(len u32 | operand)*``; stacking newer operands on older ones is
+    concatenating their bytes (:meth:`under`).
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, operands: Iterable[bytes]) -> Operands:
+        return cls(b"".join(_LEN.pack(len(op)) + op for op in operands))
+
+    def operands(self) -> list[bytes]:
+        """The operands, oldest first.
+
+        Raises:
+            CorruptionError: the lengths do not add up to the content.
+        """
+        out: list[bytes] = []
+        pos, end = 0, len(self)
+        while pos < end:
+            if pos + _LEN.size > end:
+                raise CorruptionError("merge operands: a length runs past the value")
+            (n,) = _LEN.unpack_from(self, pos)
+            pos += _LEN.size
+            if pos + n > end:
+                raise CorruptionError("merge operands: an operand runs past the value")
+            out.append(bytes(self[pos : pos + n]))
+            pos += n
+        return out
+
+    def under(self, newer: bytes) -> Operands:
+        """These operands followed by the ``newer`` ones."""
+        return Operands(bytes(self) + bytes(newer))
+
+
 def flags_of(value: bytes | None) -> int:
     """The entry header flags of ``value``."""
     if value is None:
@@ -66,6 +105,8 @@ def flags_of(value: bytes | None) -> int:
         return 0
     if cls is Expiring:
         return FLAG_EXPIRING
+    if cls is Operands:
+        return FLAG_OPERANDS
     return 0  # another bytes subclass (bytearray is not one): a plain value
 
 
@@ -73,7 +114,9 @@ def decode_value(flags: int, raw: bytes) -> bytes | None:
     """The value an entry with ``flags`` (not 0, known) and value bytes ``raw`` holds."""
     if flags & FLAG_TOMBSTONE:
         return None
-    return Expiring(raw)
+    if flags & FLAG_EXPIRING:
+        return Expiring(raw)
+    return Operands(raw)
 
 
 class RangeTombstone(msgspec.Struct, frozen=True, array_like=True):

@@ -6,8 +6,11 @@ and compaction decide visibility here:
 * :class:`RangeIndex` answers "the highest seq of a range tombstone covering ``key``" in
   O(log n) from disjoint fragments built once per set of range tombstones (a view's, a
   memtable's, a compaction's inputs');
-* :func:`resolve` turns the newest version of a key into what a read returns: its value, or
+* :func:`resolve` turns the versions of a key into what a read returns: its value, or
   None when it is a tombstone, an expired value, or older than a range tombstone over it;
+  merge operands are folded over the versions beneath them (:class:`Merging`);
+* :func:`folding` is the fold a merge of sorted streams applies to a key whose newest entry
+  is merge operands (``slatepy.table.merge.merge_folding``);
 * :func:`live_entries` does the same over a merged, key-ordered stream (scans);
 * :func:`compacted_entries` is compaction's rule: what to write for each merged entry.
 
@@ -22,8 +25,9 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 
 from slatepy.format.block import Entry
-from slatepy.format.kinds import Expiring, RangeTombstone
+from slatepy.format.kinds import Expiring, Operands, RangeTombstone
 from slatepy.manifest.record import Manifest
+from slatepy.table.merge_operator import NO_MERGING, Merging
 
 Clock = Callable[[], float]
 """Wall-clock seconds since the epoch (``time.time``); injectable for tests."""
@@ -106,9 +110,22 @@ def combined(*indexes: RangeIndex) -> RangeIndex:
     return RangeIndex(t for i in present for t in i.tombstones)
 
 
-def resolve(version: Version | None, covered: int, clock: Clock) -> bytes | None:
-    """What a read of a key returns, given its newest ``version`` (None: none anywhere) and
-    ``covered``, the highest seq of a range tombstone over the key (0: none)."""
+def resolve(
+    key: bytes,
+    version: Version | None,
+    covered: int,
+    clock: Clock,
+    *,
+    merging: Merging = NO_MERGING,
+    older: Callable[[], list[Version]] | None = None,
+) -> bytes | None:
+    """What a read of ``key`` returns, given its newest ``version`` (None: none anywhere),
+    ``covered``, the highest seq of a range tombstone over the key (0: none), and for merge
+    operands ``older``: the versions beneath ``version``, newest first (called only then).
+
+    Raises:
+        InvalidArgument: the key holds merge operands and ``merging`` has no operator.
+    """
     if version is None:
         return None
     seq, value = version
@@ -116,41 +133,76 @@ def resolve(version: Version | None, covered: int, clock: Clock) -> bytes | None
         return None
     if value.__class__ is bytes:
         return value
+    if value.__class__ is Operands:
+        below = [v for s, v in (older() if older is not None else []) if s >= covered]
+        value = merging.fold(key, [value, *below], complete=True)
+        if value is None or value.__class__ is bytes:
+            return value
     if isinstance(value, Expiring):
         return None if value.expired(now_ms(clock)) else value.value
+    if value.__class__ is Operands:
+        raise AssertionError("operands left after a complete fold")  # fold raised already
     return value
 
 
+def folding(
+    ranges: RangeIndex, merging: Merging, *, complete: bool
+) -> Callable[[list[Entry]], Entry | None]:
+    """The fold of a key's entries (newest first, the newest merge operands) for
+    ``merge_folding``: entries under a range tombstone count as absent (the tombstone is a
+    base of nothing); ``complete``: the entries are every version there is."""
+
+    def fold(run: list[Entry]) -> Entry | None:
+        key, seq, _ = run[0]
+        covered = ranges.seq_at(key) if ranges else 0
+        if seq < covered:
+            return run[0]  # deleted whole: the caller drops it as it would any entry
+        values = [v for _, s, v in run if s >= covered]
+        cut = len(values) < len(run)
+        return key, seq, merging.fold(key, values, complete=complete or cut)
+
+    return fold
+
+
 def live_entries(
-    entries: Iterator[Entry], ranges: RangeIndex, clock: Clock
+    entries: Iterator[Entry], ranges: RangeIndex, clock: Clock, merging: Merging = NO_MERGING
 ) -> Iterator[tuple[bytes, bytes]]:
-    """The visible ``(key, value)`` pairs of a merged stream (newest version per key)."""
+    """The visible ``(key, value)`` pairs of a merged stream (newest version per key, merge
+    operands folded by ``merge_folding`` with :func:`folding`): operands left are over
+    nothing."""
     now = now_ms(clock)
-    if not ranges:
-        for key, _, value in entries:
+    seq_at = ranges.seq_at if ranges else None
+    for key, seq, stored in entries:
+        if stored.__class__ is bytes:
+            if seq_at is None or seq >= seq_at(key):
+                yield key, stored
+            continue
+        if stored is None or (seq_at is not None and seq < seq_at(key)):
+            continue
+        value = stored
+        if value.__class__ is Operands:
+            value = merging.apply(key, None, value)
             if value.__class__ is bytes:
                 yield key, value
-            elif isinstance(value, Expiring) and not value.expired(now):
-                yield key, value.value
-        return
-    seq_at = ranges.seq_at
-    for key, seq, value in entries:
-        if value is None or seq < seq_at(key):
-            continue
-        if value.__class__ is bytes:
-            yield key, value
-        elif isinstance(value, Expiring) and not value.expired(now):
+                continue
+        if isinstance(value, Expiring) and not value.expired(now):
             yield key, value.value
 
 
 def compacted_entries(
-    entries: Iterator[Entry], ranges: RangeIndex, *, bottom: bool, clock: Clock
+    entries: Iterator[Entry],
+    ranges: RangeIndex,
+    *,
+    bottom: bool,
+    clock: Clock,
+    merging: Merging = NO_MERGING,
 ) -> Iterator[Entry]:
     """What compaction writes for a merged stream (newest version per key): entries under a
     range tombstone of the inputs are dropped; an expired value becomes a tombstone, so it
     keeps hiding older versions in SSTs outside this compaction (it must not let them
     resurrect); at the ``bottom`` (nothing older exists) tombstones, expired values and the
-    covered entries all go."""
+    covered entries all go, and merge operands left become values (with an operator; else
+    they stay operands)."""
     now = now_ms(clock)
     seq_at = ranges.seq_at if ranges else None
     for entry in entries:
@@ -164,5 +216,9 @@ def compacted_entries(
         elif isinstance(value, Expiring) and value.expired(now):
             if not bottom:
                 yield entry[0], entry[1], None
+        elif value.__class__ is Operands and bottom and merging.operator is not None:
+            merged = merging.apply(entry[0], None, value)
+            if not (isinstance(merged, Expiring) and merged.expired(now)):
+                yield entry[0], entry[1], merged
         else:
             yield entry

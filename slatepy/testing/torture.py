@@ -9,7 +9,10 @@ reopens, with the store injecting the four outcomes of :mod:`slatepy.testing.fau
 The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
 fate is unknown (written but not acknowledged), and when each TTL'd value expires on the
 workload's own clock (moved by ``tick``; the writer, readers and compactors all read it). A
-``delete_range`` is a delete of every model key in its range. Invariants checked:
+``delete_range`` is a delete of every model key in its range. Merge keys (``merge``: operands
+joined by a comma, :func:`concat`) are modelled apart, as the set of values they may hold: a
+write whose fate is unknown adds its outcome to the set rather than replacing it. Invariants
+checked:
 
 * every read returns the last acknowledged value or one of the unknown ones (nothing lost,
   nothing invented);
@@ -40,6 +43,8 @@ from slatepy.testing.faults import FaultyStore, uniform
 
 KEYS = [b"key%02d" % i for i in range(16)]
 BATCH_KEYS = [b"batch:%d" % i for i in range(4)]
+MERGE_KEYS = [b"merge%d" % i for i in range(3)]
+"""Keys only merged into (and range-deleted); they sort after ``KEYS``."""
 POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_sst_bytes=4096)
 OPEN_ATTEMPTS = 50
 PROGRESS_INTERVAL = 5.0
@@ -48,6 +53,11 @@ PROGRESS_INTERVAL = 5.0
 
 class Violation(AssertionError):
     """The database returned something the model says it must not."""
+
+
+def concat(key: bytes, existing: bytes | None, operands: list[bytes]) -> bytes:
+    """The workload's merge operator: operands joined by commas after the existing value."""
+    return b",".join(([] if existing is None else [existing]) + operands)
 
 
 def counter_of(value: bytes | None) -> int | None:
@@ -142,6 +152,8 @@ class Torture:
         self.counter = 0
         self.pending: list[tuple[bytes, bytes | None]] = []  # unawaited, not yet flushed
         self.reader_seen: dict[bytes, int] = {}
+        self.merged: dict[bytes, set[bytes | None]] = {k: {None} for k in MERGE_KEYS}
+        """What each merge key may hold."""
         self.db: Db | None = None
         self.reader: DbReader | None = None
 
@@ -165,7 +177,10 @@ class Torture:
     def writer(self) -> Db:
         if self.db is None:
             db = self._retry(
-                "open", lambda: Db.open(self.faulty, settings=self.settings, clock=self.clock)
+                "open",
+                lambda: Db.open(
+                    self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+                ),
             )
             assert isinstance(db, Db)
             self.db = db
@@ -259,9 +274,39 @@ class Torture:
         self._write([(key, self._value(key))], durable=self.rng.random() < 0.7, ttl=ttl)
 
     def op_delete_range(self) -> None:
-        start, end = sorted(self.rng.sample(KEYS, 2))
+        start, end = sorted(self.rng.sample(KEYS + MERGE_KEYS, 2))
         ops: list[tuple[bytes, bytes | None]] = [(k, None) for k in KEYS if start <= k < end]
-        self._write(ops, durable=self.rng.random() < 0.7, deleted_range=(start, end))
+        # Merge keys in the range may be deleted (the write's fate is unknown until awaited;
+        # their model only widens).
+        for key in MERGE_KEYS:
+            if start <= key < end:
+                self.merged[key].add(None)
+        durable = self.rng.random() < 0.7
+        if ops:
+            self._write(ops, durable=durable, deleted_range=(start, end))
+            return
+        try:
+            self.writer().delete_range(start, end, await_durable=durable)
+        except SlatepyError:
+            self.report.failed["write"] += 1
+            self.crash()
+
+    def op_merge(self) -> None:
+        """A durable merge into a merge key: on success the key holds every value it may
+        have held with the operand added; on failure that or what it was."""
+        key = self.rng.choice(MERGE_KEYS)
+        self.counter += 1
+        operand = b"%d" % self.counter
+        before = self.merged[key]
+        after: set[bytes | None] = {concat(key, value, [operand]) for value in before}
+        try:
+            self.writer().merge(key, operand)
+        except SlatepyError:
+            self.report.failed["write"] += 1
+            self.merged[key] = before | after
+            self.crash()
+            return
+        self.merged[key] = after
 
     def op_tick(self) -> None:
         """One second passes on the workload's clock (TTL'd values expire)."""
@@ -284,13 +329,20 @@ class Torture:
         self._acknowledge_pending()
 
     def op_get(self) -> None:
-        key = self.rng.choice(KEYS + BATCH_KEYS)
+        key = self.rng.choice(KEYS + BATCH_KEYS + MERGE_KEYS)
         try:
             value = self.writer().get(key)
         except SlatepyError:
             self.report.failed["get"] += 1
             return
-        self.model.check(key, value, "writer")
+        if key in self.merged:
+            self._check_merged(key, value, "writer")
+        else:
+            self.model.check(key, value, "writer")
+
+    def _check_merged(self, key: bytes, value: bytes | None, who: str) -> None:
+        if value not in self.merged[key]:
+            raise Violation(f"{who} read {key!r} = {value!r}; it may hold {self.merged[key]!r}")
 
     def op_scan(self) -> None:
         try:
@@ -303,6 +355,8 @@ class Torture:
     def _check_view(self, rows: dict[bytes, bytes], who: str) -> None:
         for key in KEYS + BATCH_KEYS:
             self.model.check(key, rows.get(key), who)
+        for key in MERGE_KEYS:
+            self._check_merged(key, rows.get(key), who)
         batch = {counter_of(rows.get(k)) for k in BATCH_KEYS}
         if len(batch) != 1:
             raise Violation(f"{who} saw a torn batch: {[rows.get(k) for k in BATCH_KEYS]}")
@@ -310,7 +364,9 @@ class Torture:
     def op_reader(self) -> None:
         try:
             if self.reader is None:
-                self.reader = DbReader.open(self.faulty, settings=self.settings, clock=self.clock)
+                self.reader = DbReader.open(
+                    self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+                )
             else:
                 self.reader.refresh()
             rows = dict(self.reader.scan())
@@ -319,6 +375,8 @@ class Torture:
             return
         self._check_view(rows, "reader")
         for key, value in rows.items():
+            if key in self.merged:
+                continue
             seen, now = self.reader_seen.get(key), counter_of(value)
             if seen is not None and now is not None and now < seen:
                 raise Violation(f"reader went back in time on {key!r}: {seen} -> {now}")
@@ -328,7 +386,11 @@ class Torture:
     def op_compact(self) -> None:
         try:
             Compactor(
-                self.faulty, settings=self.settings, policy=POLICY, expiry_clock=self.clock
+                self.faulty,
+                settings=self.settings,
+                policy=POLICY,
+                expiry_clock=self.clock,
+                merge_operator=concat,
             ).run_until_idle(max_rounds=8)
         except FencedError:
             pass  # the previous compactor object lost its epoch to this one: expected
@@ -352,6 +414,7 @@ class Torture:
         ("delete", 8),
         ("put_ttl", 6),
         ("delete_range", 3),
+        ("merge", 8),
         ("tick", 4),
         ("batch", 10),
         ("flush", 6),
@@ -396,7 +459,9 @@ class Torture:
                 if rows.get(key) not in self.model.allowed(key):
                     self.report.lost_acknowledged_writes += 1
             self._check_view(rows, "fresh writer")
-            with DbReader.open(self.faulty, settings=self.settings, clock=self.clock) as reader:
+            with DbReader.open(
+                self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+            ) as reader:
                 self._check_view(dict(reader.scan()), "fresh reader")
         finally:
             self.faulty.enabled = True

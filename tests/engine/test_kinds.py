@@ -53,7 +53,7 @@ def test_a_block_with_an_unknown_flag_is_corrupt() -> None:
     builder = BlockBuilder()
     builder.add(b"a", 1, b"v")
     data = bytearray(builder.finish())
-    data[0] = 0x04  # the reserved merge-operand bit
+    data[0] = 0x08  # a flag no version defines
     from slatepy.format.checksum import append_checksum
 
     body = bytes(data[:-8])

@@ -66,6 +66,10 @@ class TortureMachine(RuleBasedStateMachine):
         self.torture.op_delete_range()
 
     @rule()
+    def merge(self) -> None:
+        self.torture.op_merge()
+
+    @rule()
     def tick(self) -> None:
         self.torture.op_tick()
 
