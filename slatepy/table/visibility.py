@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone
 from slatepy.manifest.record import Manifest
-from slatepy.table.merge_operator import NO_MERGING, Merging
+from slatepy.table.merge_operator import NO_MERGING, Merging, missing_operator
 
 Clock = Callable[[], float]
 """Wall-clock seconds since the epoch (``time.time``); injectable for tests."""
@@ -141,7 +141,7 @@ def resolve(
     if isinstance(value, Expiring):
         return None if value.expired(now_ms(clock)) else value.value
     if value.__class__ is Operands:
-        raise AssertionError("operands left after a complete fold")  # fold raised already
+        raise missing_operator(key)  # a complete fold leaves operands only without one
     return value
 
 
