@@ -3,12 +3,15 @@ compaction, reopen and a reader in another process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
@@ -18,6 +21,7 @@ from slatepy.format.kinds import Expiring, RangeTombstone
 from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.url import open_store
+from slatepy.table.visibility import RangeIndex
 
 FAST = Settings(flush_interval=60, compactor="off", gc_min_age=3600)
 SMALL = CompactionPolicy(l0_trigger=1)
@@ -258,3 +262,54 @@ def test_a_reader_in_another_process_honours_kinds(tmp_path: Path, compacted: bo
     # The in-process reader agrees.
     with DbReader.open(url, settings=FAST, read_only=True) as reader:
         assert dict(reader.scan()) == {b"c": b"c", b"live": b"yes"}
+
+
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=2), st.binary(max_size=2), st.integers(1, 20)), max_size=8
+    ),
+    st.binary(max_size=3),
+)
+def test_range_index_agrees_with_a_scan_of_every_tombstone(
+    raw: list[tuple[bytes, bytes, int]], key: bytes
+) -> None:
+    tombstones = [RangeTombstone(min(a, b), max(a, b), s) for a, b, s in raw if a != b]
+    expected = max((t.seq for t in tombstones if t.start <= key < t.end), default=0)
+    assert RangeIndex(tombstones).seq_at(key) == expected
+
+
+def test_old_ssts_read_as_having_no_range_tombstones() -> None:
+    from tests.format.test_indexed_blocks import V2_SAMPLE
+    from tests.format.v1sst import build_v1
+
+    for data in (V2_SAMPLE, build_v1([(b"a", 1, b"v"), (b"b", 2, None)], writer_epoch=1)):
+        meta, entries = decode_sst(bytes(data))
+        assert meta.props.range_tombstones == ()
+        assert [v for _, _, v in entries][:1] != []
+
+
+async def _aio_round_trip() -> None:
+    from slatepy import aio
+
+    clock = Clock()
+    db = await aio.Db.open("memory://", settings=FAST, clock=clock, merge_operator=_concat)
+    try:
+        await db.put(b"a", b"1", ttl=5)
+        await db.put(b"b", b"2")
+        await db.merge(b"m", b"x")
+        await db.merge(b"m", b"y")
+        await db.delete_range(b"b", b"c")
+        assert await db.get(b"a") == b"1" and await db.get(b"b") is None
+        assert await db.get(b"m") == b"x,y"
+        clock.now += 5
+        assert await db.scan() == [(b"m", b"x,y")]
+    finally:
+        await db.close()
+
+
+def _concat(key: bytes, existing: bytes | None, operands: list[bytes]) -> bytes:
+    return b",".join(([] if existing is None else [existing]) + operands)
+
+
+def test_the_asyncio_facade_has_the_new_calls() -> None:
+    asyncio.run(_aio_round_trip())
