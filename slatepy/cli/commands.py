@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -9,10 +10,11 @@ from slatepy.compactor import BackgroundCompactor, Compactor
 from slatepy.compactor.lease import default_holder
 from slatepy.config import Settings
 from slatepy.engine.reader import DbReader
-from slatepy.errors import NotFound
+from slatepy.errors import InvalidArgument, NotFound
 from slatepy.gc import GarbageCollector, GcReport
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.table.merge_operator import MergeOperator
 
 ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc")
 """Commands that work on an existing database and must never create one."""
@@ -63,7 +65,34 @@ def scan(
                 break
 
 
-def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> None:
+def load_merge_operator(spec: str | None) -> MergeOperator | None:
+    """The merge operator named ``module:attribute`` (``--merge-operator``; RFC 0019).
+
+    Raises:
+        InvalidArgument: the name is malformed, or does not import as a callable.
+    """
+    if spec is None:
+        return None
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidArgument(f"--merge-operator {spec!r}: give it as module:function")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgument(f"--merge-operator {spec!r} does not import: {exc}") from exc
+    if not callable(found):
+        raise InvalidArgument(f"--merge-operator {spec!r} is not callable")
+    operator: MergeOperator = found
+    return operator
+
+
+def compact(
+    store: ObjectStore,
+    settings: Settings,
+    *,
+    force: bool = False,
+    merge_operator: MergeOperator | None = None,
+) -> None:
     """Compact until nothing is left, then exit. Refuses (``CompactorBusy``) while another
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
     takes compaction back ``compactor_lease`` after it ends (RFC 0013)."""
@@ -72,6 +101,7 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
         settings=settings,
         holder=default_holder("slatepy compact"),
         takeover="always" if force else "unless-live",
+        merge_operator=merge_operator,
     )
     rounds = compactor.run_until_idle()
     compactor.release()  # a superseded writer's compactor takes back at its next checks
@@ -83,7 +113,13 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
     )
 
 
-def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False) -> None:
+def run_compactor(
+    store: ObjectStore,
+    settings: Settings,
+    *,
+    force: bool = False,
+    merge_operator: MergeOperator | None = None,
+) -> None:
     """The compactor process: compaction and GC on their intervals until Ctrl-C. Refuses
     while another compactor's lease is live unless ``force``; superseded later, it stands by
     and takes compaction back when the other one leaves work pending (RFC 0013)."""
@@ -93,6 +129,7 @@ def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False
         settings=settings,
         holder=default_holder("slatepy compactor"),
         takeover="always" if force else "unless-live",
+        merge_operator=merge_operator,
     )
     print(
         f"compactor epoch {compactor.epoch} on {store.url}: compacting every "

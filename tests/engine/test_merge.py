@@ -164,3 +164,20 @@ def test_operands_over_a_ttl_value_keep_its_expiry() -> None:
         assert db.get(b"k") is None
         db.merge(b"k", b"7")  # over an expired value: over nothing
         assert db.get(b"k") == b"7"
+
+
+def test_slatepy_compact_takes_the_merge_operator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slatepy.cli.main import main
+
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=FAST, merge_operator=add) as db:
+        db.put(b"n", b"1")  # a WAL SST each: compacting them folds the operand over "1"
+        db.merge(b"n", b"41")
+    assert main(["compact", url, "--merge-operator", "nowhere:add"]) != 0
+    assert "does not import" in capsys.readouterr().err
+    assert main(["compact", url]) != 0
+    assert "merge_operator" in capsys.readouterr().err
+    assert main(["compact", url, "--force", "--merge-operator", "tests.engine.test_merge:add"]) == 0
+    assert _sst_values(url) == [b"42"]
