@@ -114,15 +114,13 @@ class Memtable:
         if ranges is not EMPTY and old[0] < ranges.seq_at(key):
             old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
         stacked = self.merging.stack(key, old[1], value)
-        if stacked.__class__ is Operands:
-            chunks = self._stacks.get(key)
-            if chunks is None or old[1].__class__ is not Operands:
-                chunks = self._stacks[key] = []
-            chunks.append((seq, value))
-            if len(chunks) == 1:
-                return value
-        else:
+        if stacked.__class__ is not Operands:  # a value: the operator merged over a base
             self._stacks.pop(key, None)
+            return stacked
+        if old[1].__class__ is Operands:  # more operands on this memtable's stack
+            self._stacks.setdefault(key, [(old[0], old[1])]).append((seq, value))
+            return stacked
+        self._stacks[key] = [(seq, value)]  # no operator: over a base, they replace it
         return stacked
 
     def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:

@@ -42,8 +42,9 @@ def now_ms(clock: Clock = time.time) -> int:
 
 class RangeIndex:
     """Range tombstones as disjoint fragments: ``seq_at(key)`` is the highest seq of those
-    covering ``key`` (0: none). Empty indexes are falsy, so read paths skip them at the cost
-    of one truth test."""
+    covering ``key`` (0: none). Built in O(fragments x tombstones) at worst; an empty index
+    is falsy, and the read paths' fast paths compare with :data:`EMPTY` (the one empty index
+    they are given) instead."""
 
     __slots__ = ("_bounds", "_seqs", "tombstones")
 
