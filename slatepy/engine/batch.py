@@ -52,8 +52,10 @@ def expiring(value: bytes, ttl: float, now_ms: int) -> Expiring:
 
 
 def check_delete_range(start: object, end: object) -> tuple[bytes, bytes]:
-    """Return the bounds of a ``delete_range`` or raise ``InvalidArgument``."""
-    start, end = check_key(start), check_key(end)
+    """Return the bounds of a ``delete_range`` or raise ``InvalidArgument``; ``start`` may be
+    empty (from the first key on)."""
+    start = b"" if start == b"" else check_key(start)
+    end = check_key(end)
     if start >= end:
         raise InvalidArgument(
             f"delete_range start {start!r} must be below end {end!r} (end is exclusive)"
@@ -139,6 +141,8 @@ class WriteBatch:
         out: list[Op] = []
         for i, (key, value) in enumerate(self._ops):
             ttl = self._ttls.get(i, default_ttl)
-            written = value if value is None or ttl is None else expiring(value, ttl, now_ms)
+            written = value
+            if ttl is not None and value is not None and value.__class__ is bytes:
+                written = expiring(value, ttl, now_ms)  # deletes and merges take no TTL
             out.append((key, written))
         return out

@@ -100,6 +100,9 @@ def test_delete_range_hides_keys_in_get_get_many_and_scan() -> None:
         assert db.get(b"a") == b"a" and db.get(b"d") == b"d"
         assert db.get_many([b"a", b"b", b"c", b"d"]) == [b"a", None, None, b"d"]
         assert list(db.scan()) == [(b"a", b"a"), (b"d", b"d")]
+        db.delete_range(b"", b"b")  # an empty start: from the first key on
+        assert db.get(b"a") is None
+        db.put(b"a", b"a")
         db.put(b"c", b"again")  # newer than the tombstone
         assert db.get(b"c") == b"again"
         assert list(db.scan(b"b")) == [(b"c", b"again"), (b"d", b"d")]
@@ -149,12 +152,14 @@ def test_ttl_values_expire_on_the_clock() -> None:
 def test_default_ttl_applies_to_puts_without_one() -> None:
     clock = Clock()
     settings = Settings(flush_interval=60, compactor="off", default_ttl=5)
-    with Db.open("memory://", settings=settings, clock=clock) as db:
+    with Db.open("memory://", settings=settings, clock=clock, merge_operator=_concat) as db:
         db.put(b"a", b"1")
         db.put(b"b", b"2", ttl=50)
-        db.write(WriteBatch().put(b"c", b"3"))
+        db.write(WriteBatch().put(b"c", b"3").merge(b"m", b"x").delete(b"d"))
+        db.merge(b"m", b"y")
+        assert db.get(b"m") == b"x,y"  # merges take no TTL
         clock.now += 6
-        assert db.get_many([b"a", b"b", b"c"]) == [None, b"2", None]
+        assert db.get_many([b"a", b"b", b"c", b"m"]) == [None, b"2", None, b"x,y"]
 
 
 def _entries_in_view(url: str) -> tuple[int, int]:
