@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import Any, Self
 
@@ -30,6 +30,7 @@ from slatepy.engine.wal_reader import StartAt, WalRecord
 from slatepy.engine.wal_reader import WalReader as SyncWalReader
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import StoreMetrics
+from slatepy.table.merge_operator import MergeOperator
 
 _END = object()
 
@@ -140,11 +141,18 @@ class Db(_AsyncReads):
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
+        clock: Callable[[], float] | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> Db:
         """:meth:`slatepy.engine.db.Db.open` on a worker thread."""
         return cls(
             await asyncio.to_thread(
-                SyncDb.open, url, settings=settings, create_if_missing=create_if_missing
+                SyncDb.open,
+                url,
+                settings=settings,
+                create_if_missing=create_if_missing,
+                clock=clock,
+                merge_operator=merge_operator,
             )
         )
 
@@ -167,9 +175,25 @@ class Db(_AsyncReads):
         commit on a clean exit and roll back on an exception."""
         return Transaction(self.sync.begin(isolation))
 
-    async def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
-        """Set ``key`` to ``value``; with ``await_durable``, return once it is in the WAL."""
-        await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable)
+    async def put(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        await_durable: bool = True,
+        ttl: float | None = None,
+    ) -> None:
+        """Set ``key`` to ``value`` (expiring after ``ttl`` seconds if given); with
+        ``await_durable``, return once it is in the WAL."""
+        await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable, ttl=ttl)
+
+    async def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
+        """Add a merge operand for ``key`` (see :meth:`slatepy.engine.db.Db.merge`)."""
+        await asyncio.to_thread(self.sync.merge, key, operand, await_durable=await_durable)
+
+    async def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
+        """Delete every key in ``[start, end)`` (see :meth:`slatepy.engine.db.Db.delete_range`)."""
+        await asyncio.to_thread(self.sync.delete_range, start, end, await_durable=await_durable)
 
     async def delete(self, key: bytes, *, await_durable: bool = True) -> None:
         """Remove ``key`` (a tombstone until compaction drops it)."""

@@ -134,6 +134,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         compression_level: The codec's level; 0 (default) is the codec's own default.
             zstd: -7..22 (negative levels are faster); lz4: 1..12 selects its
             high-compression mode (slower writes, reads as fast).
+        default_ttl: Seconds a value put without ``ttl=`` lives (RFC 0019); None (default):
+            values do not expire. Runtime-only options that are not data (the clock TTLs are
+            measured with) are ``Db.open`` keyword arguments instead.
     """
 
     flush_interval: float = 0.1
@@ -185,6 +188,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gcs_endpoint: str | None = None
     compression: Literal["none", "zstd", "lz4"] = "none"
     compression_level: int = 0
+    default_ttl: float | None = None
 
     def __post_init__(self) -> None:
         # The constructor does not check types (only decoding does): a misspelt Literal
@@ -238,6 +242,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 f"compression={self.compression!r} (0 is the codec's default)",
             ),
         ]
+        checks.append(
+            (
+                self.default_ttl is None or 0 < self.default_ttl < float("inf"),
+                "default_ttl must be a positive number of seconds (or unset: no expiry)",
+            )
+        )
         checks.append(
             (
                 self.cas != "dynamodb" or bool(self.dynamodb_table),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import logging
 import sys
 
@@ -14,13 +15,14 @@ from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.clone import clone as clone_database
 from slatepy.engine.clone import with_external
 from slatepy.engine.reader import DbReader
-from slatepy.errors import NotFound
+from slatepy.errors import InvalidArgument, NotFound
 from slatepy.gc import GarbageCollector, GcReport
 from slatepy.gc.describe import describe_hold, human_bytes
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
+from slatepy.table.merge_operator import MergeOperator
 
 ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc", "checkpoint")
 """Commands that work on an existing database and must never create one."""
@@ -75,7 +77,34 @@ def scan(
                 break
 
 
-def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> None:
+def load_merge_operator(spec: str | None) -> MergeOperator | None:
+    """The merge operator named ``module:attribute`` (``--merge-operator``; RFC 0019).
+
+    Raises:
+        InvalidArgument: the name is malformed, or does not import as a callable.
+    """
+    if spec is None:
+        return None
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidArgument(f"--merge-operator {spec!r}: give it as module:function")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidArgument(f"--merge-operator {spec!r} does not import: {exc}") from exc
+    if not callable(found):
+        raise InvalidArgument(f"--merge-operator {spec!r} is not callable")
+    operator: MergeOperator = found
+    return operator
+
+
+def compact(
+    store: ObjectStore,
+    settings: Settings,
+    *,
+    force: bool = False,
+    merge_operator: MergeOperator | None = None,
+) -> None:
     """Compact until nothing is left, then exit. Refuses (``CompactorBusy``) while another
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
     takes compaction back ``compactor_lease`` after it ends (RFC 0013)."""
@@ -84,6 +113,7 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
         settings=settings,
         holder=default_holder("slatepy compact"),
         takeover="always" if force else "unless-live",
+        merge_operator=merge_operator,
     )
     rounds = compactor.run_until_idle()
     compactor.release()  # a superseded writer's compactor takes back at its next checks
@@ -95,7 +125,13 @@ def compact(store: ObjectStore, settings: Settings, *, force: bool = False) -> N
     )
 
 
-def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False) -> None:
+def run_compactor(
+    store: ObjectStore,
+    settings: Settings,
+    *,
+    force: bool = False,
+    merge_operator: MergeOperator | None = None,
+) -> None:
     """The compactor process: compaction and GC on their intervals until Ctrl-C. Refuses
     while another compactor's lease is live unless ``force``; superseded later, it stands by
     and takes compaction back when the other one leaves work pending (RFC 0013)."""
@@ -105,6 +141,7 @@ def run_compactor(store: ObjectStore, settings: Settings, *, force: bool = False
         settings=settings,
         holder=default_holder("slatepy compactor"),
         takeover="always" if force else "unless-live",
+        merge_operator=merge_operator,
     )
     print(
         f"compactor epoch {compactor.epoch} on {store.url}: compacting every "

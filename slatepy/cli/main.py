@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="take over even while another compactor (a writer's in-process one) is live; "
         "it takes compaction back once this one leaves work pending for its lease",
     )
+    for command in (compact, compactor):
+        command.add_argument(
+            "--merge-operator",
+            metavar="MODULE:FUNCTION",
+            help="the database's merge operator (RFC 0019): needed to compact merges",
+        )
     gc = sub.add_parser("gc", help="delete what no active manifest or snapshot can reach")
     gc.add_argument("url")
     gc.add_argument("--dry-run", action="store_true", help="list, do not delete")
@@ -219,13 +225,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 checkpoint=args.checkpoint,
             )
         elif args.command == "compact":
-            from slatepy.cli.commands import compact
+            from slatepy.cli.commands import compact, load_merge_operator
 
-            compact(store, settings, force=args.force)
+            compact(
+                store,
+                settings,
+                force=args.force,
+                merge_operator=load_merge_operator(args.merge_operator),
+            )
         elif args.command == "compactor":
-            from slatepy.cli.commands import run_compactor
+            from slatepy.cli.commands import load_merge_operator, run_compactor
 
-            run_compactor(store, settings, force=args.force)
+            run_compactor(
+                store,
+                settings,
+                force=args.force,
+                merge_operator=load_merge_operator(args.merge_operator),
+            )
         elif args.command == "torture":
             from slatepy.cli.commands import torture
 

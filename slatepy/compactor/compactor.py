@@ -25,7 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from slatepy.compactor.executor import plan_inputs, write_outputs
+from slatepy.compactor.executor import (
+    drops_tombstones,
+    merge_plan,
+    plan_range_tombstones,
+    write_outputs,
+)
 from slatepy.compactor.lease import (
     Takeover,
     Watch,
@@ -37,7 +42,6 @@ from slatepy.compactor.lease import (
 )
 from slatepy.compactor.planner import (
     CompactionPolicy,
-    L0ToRun,
     Plan,
     WalToL0,
     apply_result,
@@ -52,7 +56,7 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
 from slatepy.store.retry import with_retries
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
-from slatepy.table.merge import merge_newest
+from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,8 @@ class Compactor:
         clock: Callable[[], float] = time.time,
         holder: str | None = None,
         takeover: Takeover = "always",
+        expiry_clock: Callable[[], float] | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> None:
         """Claim the compactor epoch.
 
@@ -84,6 +90,11 @@ class Compactor:
                 (default: pid and host).
             takeover: ``"unless-live"`` raises ``CompactorBusy`` instead of claiming while
                 another compactor's lease is live (``slatepy compact`` without ``--force``).
+            expiry_clock: The wall clock that says which TTL'd values have expired (RFC
+                0019); ``clock`` by default (a writer passes the clock it writes with).
+            merge_operator: The database's merge operator (RFC 0019). Without it a
+                compaction that meets merge operands over a value fails with
+                ``InvalidArgument`` (operands alone are carried over as they are).
 
         Raises:
             NotFound: no database at ``store`` (a compactor never creates one).
@@ -92,6 +103,8 @@ class Compactor:
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
         self._clock = clock
+        self._expiry_clock = clock if expiry_clock is None else expiry_clock
+        self._merging = Merging(merge_operator, self._expiry_clock)
         store = with_retries(
             store, self.settings.request_attempts, give_up_after=self.settings.store_timeout
         )
@@ -157,14 +170,22 @@ class Compactor:
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
         outputs = write_outputs(
-            self._until_cancelled(todo, merge_newest(plan_inputs(todo, manifest, self.tables))),
+            self._until_cancelled(
+                todo,
+                merge_plan(
+                    todo, manifest, self.tables, self._merging, bottom=drops_tombstones(todo)
+                ),
+            ),
             self.tables,
             self.policy,
-            drop_tombstones=isinstance(todo, L0ToRun) and todo.drop_tombstones,
+            drop_tombstones=drops_tombstones(todo),
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
             compression=self.settings.compression,
             compression_level=self.settings.compression_level,
+            range_tombstones=plan_range_tombstones(todo, manifest, self.tables),
+            clock=self._expiry_clock,
+            merging=self._merging,
         )
 
         def publish(latest: Manifest, _: int) -> Manifest:

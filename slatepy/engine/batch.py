@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
 from slatepy.errors import InvalidArgument
+from slatepy.format.kinds import Expiring, Operands
 
 Op = tuple[bytes, bytes | None]
 """``(key, value)``; value None deletes the key."""
@@ -31,6 +34,35 @@ def check_value(value: object) -> bytes:
     return value
 
 
+def check_ttl(ttl: object) -> float:
+    """Return ``ttl`` (seconds, a positive finite number) or raise ``InvalidArgument``."""
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float):
+        raise InvalidArgument(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+    if not math.isfinite(ttl) or ttl <= 0:
+        raise InvalidArgument(
+            f"ttl must be a positive number of seconds, got {ttl!r} "
+            "(use delete() to remove a key now)"
+        )
+    return float(ttl)
+
+
+def expiring(value: bytes, ttl: float, now_ms: int) -> Expiring:
+    """``value`` written at ``now_ms`` to live ``ttl`` seconds (at least 1 ms)."""
+    return Expiring.make(value, now_ms + max(1, math.ceil(ttl * 1000)))
+
+
+def check_delete_range(start: object, end: object) -> tuple[bytes, bytes]:
+    """Return the bounds of a ``delete_range`` or raise ``InvalidArgument``; ``start`` may be
+    empty (from the first key on)."""
+    start = b"" if start == b"" else check_key(start)
+    end = check_key(end)
+    if start >= end:
+        raise InvalidArgument(
+            f"delete_range start {start!r} must be below end {end!r} (end is exclusive)"
+        )
+    return start, end
+
+
 def check_range(start: object, end: object) -> None:
     """Raise ``InvalidArgument`` unless ``start``/``end`` are scan bounds (end may be None)."""
     if not isinstance(start, bytes) or not (end is None or isinstance(end, bytes)):
@@ -40,28 +72,77 @@ def check_range(start: object, end: object) -> None:
 
 
 class WriteBatch:
-    """Puts and deletes applied atomically by ``Db.write``: all become durable, or none.
+    """Puts, deletes and range deletes applied atomically by ``Db.write``: all become
+    durable, or none.
 
     Arguments are validated as they are added, so a bad call fails before the batch is
-    written. Within a batch the last operation on a key wins.
+    written. Within a batch the last operation on a key wins (a ``delete_range`` removes the
+    batch's earlier operations on keys in its range; later ones stay).
     """
 
-    __slots__ = ("_ops",)
+    __slots__ = ("_ops", "_ranges", "_ttls")
 
     def __init__(self) -> None:
         self._ops: list[Op] = []
+        self._ttls: dict[int, float | None] = {}  # index in _ops -> ttl, for puts given one
+        self._ranges: list[tuple[bytes, bytes]] = []
 
-    def put(self, key: bytes, value: bytes) -> WriteBatch:
-        self._ops.append((check_key(key), check_value(value)))
+    def put(self, key: bytes, value: bytes, *, ttl: float | None = None) -> WriteBatch:
+        """Set ``key``; with ``ttl`` (seconds, counted from when the batch is written) it
+        reads as absent once that time has passed (RFC 0019)."""
+        op = (check_key(key), check_value(value))
+        if ttl is not None:
+            self._ttls[len(self._ops)] = check_ttl(ttl)
+        self._ops.append(op)
         return self
 
     def delete(self, key: bytes) -> WriteBatch:
         self._ops.append((check_key(key), None))
         return self
 
+    def merge(self, key: bytes, operand: bytes) -> WriteBatch:
+        """Add a merge operand to ``key`` (see ``Db.merge``); the database must have a merge
+        operator. Operands on one key in a batch apply in the order added."""
+        key, operand = check_key(key), check_value(operand)
+        self._ops.append((key, Operands.of([operand])))
+        return self
+
+    @property
+    def has_merges(self) -> bool:
+        return any(value.__class__ is Operands for _, value in self._ops)
+
+    def delete_range(self, start: bytes, end: bytes) -> WriteBatch:
+        """Delete every key ``start <= key < end`` (as of this batch)."""
+        start, end = check_delete_range(start, end)
+        kept = [(i, op) for i, op in enumerate(self._ops) if not start <= op[0] < end]
+        self._ttls = {j: self._ttls[i] for j, (i, _) in enumerate(kept) if i in self._ttls}
+        self._ops = [op for _, op in kept]
+        self._ranges.append((start, end))
+        return self
+
     def __len__(self) -> int:
-        return len(self._ops)
+        return len(self._ops) + len(self._ranges)
 
     @property
     def ops(self) -> list[Op]:
+        """The puts (without their TTLs), deletes and merges (values of class ``Operands``)."""
         return list(self._ops)
+
+    @property
+    def ranges(self) -> list[tuple[bytes, bytes]]:
+        """The ``delete_range`` bounds, in the order given."""
+        return list(self._ranges)
+
+    def ops_at(self, now_ms: int, default_ttl: float | None) -> list[Op]:
+        """The puts and deletes as written at ``now_ms``: a put with a TTL (its own, else
+        ``default_ttl``) becomes an expiring value."""
+        if not self._ttls and default_ttl is None:
+            return list(self._ops)
+        out: list[Op] = []
+        for i, (key, value) in enumerate(self._ops):
+            ttl = self._ttls.get(i, default_ttl)
+            written = value
+            if ttl is not None and value is not None and value.__class__ is bytes:
+                written = expiring(value, ttl, now_ms)  # deletes and merges take no TTL
+            out.append((key, written))
+        return out

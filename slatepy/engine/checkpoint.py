@@ -39,6 +39,8 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import MergeOperator
+from slatepy.table.visibility import Clock
 
 T = TypeVar("T")
 
@@ -208,9 +210,19 @@ class CheckpointReader(DbReader):
     what it reads), so ``refresh`` does nothing. Use ``DbReader.open(url, checkpoint=id)``.
     """
 
-    def __init__(self, store: MetricsStore, settings: Settings, checkpoint_id: str) -> None:
+    def __init__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        checkpoint_id: str,
+        *,
+        clock: Clock = time.time,
+        merge_operator: MergeOperator | None = None,
+    ) -> None:
         self.checkpoint = get_checkpoint(store, settings, checkpoint_id)
-        super().__init__(store, settings, read_only=True)
+        super().__init__(
+            store, settings, read_only=True, clock=clock, merge_operator=merge_operator
+        )
 
     def _register(self, applied: int | None = None) -> tuple[StoredManifest, int]:
         checkpoint = self.checkpoint

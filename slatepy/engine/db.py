@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
-from slatepy.engine.batch import WriteBatch, check_key, check_range, check_value
+from slatepy.engine.batch import (
+    WriteBatch,
+    check_delete_range,
+    check_key,
+    check_range,
+    check_ttl,
+    check_value,
+    expiring,
+)
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
@@ -23,15 +31,16 @@ from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
-from slatepy.engine.surface import ReadSurface, WriteSurface, as_url, newer_version
+from slatepy.engine.surface import ReadSurface, WriteSurface, as_url
 from slatepy.engine.txn import ConflictTracker, Isolation, Transaction, check_isolation
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
-    newer_value,
+    newer_version,
     scan_merged,
     values_of,
+    visible,
 )
 from slatepy.engine.wal import WalWriter
 from slatepy.errors import (
@@ -44,6 +53,7 @@ from slatepy.errors import (
     WriteStalled,
 )
 from slatepy.format.block import Entry
+from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -53,7 +63,9 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.store.url import open_store
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import EMPTY, Clock, now_ms, view_ranges
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -84,13 +96,22 @@ class Db(Closing, ReadSurface, WriteSurface):
     durable or not. Use :meth:`open`; the constructor is internal.
     """
 
-    def __init__(self, store: MetricsStore, settings: Settings, manifests: ManifestStore) -> None:
+    def __init__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        manifests: ManifestStore,
+        clock: Clock = time.time,
+        merge_operator: MergeOperator | None = None,
+    ) -> None:
         self._store = store
         self._settings = settings
+        self._clock = clock
+        self._merging = Merging(merge_operator, clock)
         self._lock = threading.Lock()
         self._closed = False
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
-        start = start_writer(store, manifests, settings)
+        start = start_writer(store, manifests, settings, self._merging)
         self._manifests = manifests
         self._tables = TableReader(
             store,
@@ -111,6 +132,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             epoch=start.epoch,
             next_id=start.fence_id + 1,
             settings=settings,
+            merging=self._merging,
         )
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         self._compactor: BackgroundCompactor | None = None
@@ -125,6 +147,8 @@ class Db(Closing, ReadSurface, WriteSurface):
                 Compactor(
                     store.uncached() if isinstance(store, DiskCachedStore) else store,
                     settings=settings,
+                    expiry_clock=clock,
+                    merge_operator=merge_operator,
                 ),
                 gc=GarbageCollector(store, settings=settings),
                 on_publish=_weak_callback(self._adopt_published),
@@ -141,6 +165,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         *,
         settings: Settings | None = None,
         create_if_missing: bool = True,
+        clock: Clock | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> Db:
         """Open the database at ``url`` and become its writer, creating it if allowed.
 
@@ -156,6 +182,13 @@ class Db(Closing, ReadSurface, WriteSurface):
                 instance (pass the same instance to readers to share a ``memory://`` store),
                 or a local directory as a ``pathlib.Path``.
             settings: Tunables; defaults to ``Settings()``.
+            clock: Wall-clock seconds since the epoch that TTLs are counted on (RFC 0019);
+                ``time.time`` by default (tests inject one). Not a setting: a callable has
+                no TOML or environment form.
+            merge_operator: ``(key, existing, operands) -> bytes``, what :meth:`merge`
+                operands become (RFC 0019; ``slatepy.table.merge_operator``). Readers and
+                compactors of the database need the same one. Not a setting, for the same
+                reason as ``clock``.
             create_if_missing: With False, a location holding no database raises
                 ``NotFound`` instead of getting a new, empty one (a mistyped URL stays a
                 mistake).
@@ -183,7 +216,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 "open with create_if_missing=True to create one",
                 path="manifest/",
             )
-        db = cls(store, settings, manifests)
+        db = cls(store, settings, manifests, clock or time.time, merge_operator)
         db._opened = True
         log.info(
             "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
@@ -222,30 +255,77 @@ class Db(Closing, ReadSurface, WriteSurface):
     def next_wal_id(self) -> int:
         return self._wal.next_id
 
-    def put(self, key: bytes, value: bytes, *, await_durable: bool = True) -> None:
-        """Set ``key`` to ``value``; with ``await_durable`` return only once it is in the WAL."""
-        self._apply([(check_key(key), check_value(value))], await_durable)
+    def put(
+        self,
+        key: bytes,
+        value: bytes,
+        *,
+        await_durable: bool = True,
+        ttl: float | None = None,
+    ) -> None:
+        """Set ``key`` to ``value``; with ``await_durable`` return only once it is in the WAL.
+
+        With ``ttl`` (seconds; else ``Settings.default_ttl``) the value reads as absent once
+        that much time has passed on the database's clock, and compaction drops it
+        (RFC 0019).
+        """
+        key, value = check_key(key), check_value(value)
+        ttl = self._settings.default_ttl if ttl is None else check_ttl(ttl)
+        if ttl is not None:
+            value = expiring(value, ttl, now_ms(self._clock))
+        self._apply([(key, value)], await_durable)
 
     def delete(self, key: bytes, *, await_durable: bool = True) -> None:
         """Remove ``key`` (a tombstone until compaction drops it)."""
         self._apply([(check_key(key), None)], await_durable)
+
+    def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
+        """Add ``operand`` to ``key``: reads see the merge operator's result of every operand
+        written since the key's last put or delete, over that value (RFC 0019).
+
+        Raises:
+            InvalidArgument: no merge operator was given to :meth:`open`.
+        """
+        key, operand = check_key(key), check_value(operand)
+        if self._merging.operator is None:
+            raise InvalidArgument(
+                "merge() needs a merge operator: open the database with "
+                "Db.open(url, merge_operator=fn), fn(key, existing, operands) -> bytes"
+            )
+        self._apply([(key, Operands.of([operand]))], await_durable)
+
+    def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
+        """Remove every key ``start <= key < end`` (a range tombstone until compaction at the
+        bottom level drops it with what it covers; RFC 0019).
+
+        Raises:
+            InvalidArgument: ``start >= end``, or a bound is not a valid key.
+        """
+        self._apply([], await_durable, check_delete_range(start, end))
 
     def write(self, batch: WriteBatch, *, await_durable: bool = True) -> None:
         """Apply a batch atomically: after a crash either all of it is there or none."""
         if not isinstance(batch, WriteBatch):
             raise InvalidArgument(f"write() takes a WriteBatch, got {type(batch).__name__}")
         if len(batch):
-            self._apply(batch.ops, await_durable)
+            if batch.has_merges and self._merging.operator is None:
+                raise InvalidArgument(
+                    "the batch merges, which needs a merge operator: open the database with "
+                    "Db.open(url, merge_operator=fn)"
+                )
+            ops = batch.ops_at(now_ms(self._clock), self._settings.default_ttl)
+            self._apply(ops, await_durable, *batch.ranges)
 
     def _apply(
         self,
         ops: list[tuple[bytes, bytes | None]],
         await_durable: bool,
-        *,
+        *ranges: tuple[bytes, bytes],
         check: Callable[[], None] | None = None,
     ) -> None:
-        """Write ``ops`` as one atomic batch; ``check`` (a transaction's validation) runs
-        under the writer's lock just before, so no write lands between it and the batch."""
+        """Write ``ops`` and the range deletes ``ranges`` as one atomic batch; ``check`` (a
+        transaction's validation) runs under the writer's lock just before, so no write lands
+        between it and the batch."""
         unflushed = self._memtable.size_bytes
         compactor = self._compactor
         if compactor is not None:
@@ -268,9 +348,14 @@ class Db(Closing, ReadSurface, WriteSurface):
             if self._txns.active:
                 self._txns.record(ops, seq)
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
-            # One WAL generation holds the whole batch, so it lands in one SST (atomic).
-            generation = self._wal.append(entries, awaited=await_durable)
-            self._memtable.apply(entries)
+            if ranges:
+                tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
+                generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
+                self._memtable.apply(entries, tombstones)
+            else:
+                # One WAL generation holds the whole batch, so it lands in one SST (atomic).
+                generation = self._wal.append(entries, awaited=await_durable)
+                self._memtable.apply(entries)
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
@@ -287,13 +372,42 @@ class Db(Closing, ReadSurface, WriteSurface):
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
         view = self._view
+        ranges = self._memtable.ranges
         if version is not None and version[0] > view.last_ingest_seq:
-            return version[1]
+            value = version[1]
+            if value.__class__ is bytes and ranges is EMPTY and view_ranges(view) is EMPTY:
+                return value
+            if value.__class__ is not Operands:
+                return visible(key, version, ranges, view, self._clock)
+            return self._get_merged(key)
         # No version, or one older than an ingestion, which may hold a newer one.
         found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
         self._check_open()
-        return newer_value(version, found)
+        version = newer_version(version, found)
+        if version is not None and version[1].__class__ is Operands:
+            return self._get_merged(key)
+        return visible(key, version, ranges, self._view, self._clock)
+
+    def _get_merged(self, key: bytes) -> bytes | None:
+        """A get of a key holding merge operands: its versions folded (RFC 0019). The
+        memtable and the view are taken together, under the lock that adopting a view and
+        pruning the memtable hold, so no operand is counted in both."""
+        with self._lock:
+            self._check_open()
+            version = self._memtable.get(key)
+            view = self._view
+            ranges = self._memtable.ranges
+        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+        return visible(
+            key,
+            newer_version(version, found),
+            ranges,
+            view,
+            self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in the order given (None where absent or deleted), all from
@@ -309,6 +423,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
+            ranges = self._memtable.ranges
         rest = sorted(
             {
                 k
@@ -317,7 +432,16 @@ class Db(Closing, ReadSurface, WriteSurface):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found)
+        return values_of(
+            keys,
+            newer,
+            found,
+            ranges=ranges,
+            view=view,
+            clock=self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest) -> T:
         """``read(view)``; if an SST of ``view`` is gone (a view older than GC's grace period),
@@ -352,7 +476,17 @@ class Db(Closing, ReadSurface, WriteSurface):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        return scan_merged(self._tables, entries, view, start, end)
+            ranges = self._memtable.ranges
+        return scan_merged(
+            self._tables,
+            entries,
+            view,
+            start,
+            end,
+            ranges=ranges,
+            clock=self._clock,
+            merging=self._merging,
+        )
 
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         self._refresh_stale_view()

@@ -19,6 +19,9 @@ from bisect import bisect_left
 from collections.abc import Sequence
 
 from slatepy.format.block import Entry
+from slatepy.format.kinds import Operands, RangeTombstone
+from slatepy.table.merge_operator import NO_MERGING, Merging
+from slatepy.table.visibility import EMPTY, RangeIndex
 
 Version = tuple[int, bytes | None]
 """``(seq, value)``; ``value`` None is a tombstone."""
@@ -52,22 +55,45 @@ class Memtable:
     (``entry_cost``); the writer's backpressure compares it with ``max_unflushed_bytes``.
     """
 
-    __slots__ = ("_batch_lock", "_batching", "_data", "_new_keys", "_sorted", "size_bytes")
+    __slots__ = (
+        "_batch_lock",
+        "_batching",
+        "_data",
+        "_new_keys",
+        "_sorted",
+        "_stacks",
+        "merging",
+        "ranges",
+        "size_bytes",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, merging: Merging = NO_MERGING) -> None:
         self._batch_lock = threading.Lock()
         self._batching = False
         self._data: dict[bytes, Version] = {}
         self._sorted: list[bytes] = []
         self._new_keys: list[bytes] = []
         self.size_bytes = 0
+        self.ranges: RangeIndex = EMPTY
+        """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
+        reader that took it holds a consistent set."""
+        self.merging = merging
+        """How merge operands written over a version here combine with it."""
+        self._stacks: dict[bytes, list[tuple[int, bytes]]] = {}
+        """Per key whose version is stacked merge operands: each write's operands with its
+        seq, so :meth:`prune` can take out exactly those now compacted."""
 
     def __len__(self) -> int:
         return len(self._data)
 
     def put(self, key: bytes, seq: int, value: bytes | None) -> None:
-        """Record a version; a newer sequence number replaces an older one."""
+        """Record a version; a newer sequence number replaces an older one (merge operands
+        stack on it instead: :meth:`Merging.stack`)."""
         old = self._data.get(key)
+        if value.__class__ is Operands:
+            value = self._stack(key, seq, old, value)
+        elif self._stacks:
+            self._stacks.pop(key, None)
         if old is None:
             self._new_keys.append(key)
             self.size_bytes += ENTRY_OVERHEAD + len(key)
@@ -79,14 +105,40 @@ class Memtable:
         if value is not None:  # value_cost, inlined: this runs once per written entry
             self.size_bytes += VALUE_OVERHEAD + len(value)
 
-    def apply(self, entries: Sequence[Entry]) -> None:
-        """Record a batch of versions, visible to :meth:`get` all at once (see the module)."""
-        if len(entries) == 1:
+    def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
+        """The value that holds ``value`` written over ``old``, the stack of operands kept."""
+        if old is None:
+            self._stacks[key] = [(seq, value)]
+            return value
+        ranges = self.ranges
+        if ranges is not EMPTY and old[0] < ranges.seq_at(key):
+            old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
+        stacked = self.merging.stack(key, old[1], value)
+        if stacked.__class__ is not Operands:  # a value: the operator merged over a base
+            self._stacks.pop(key, None)
+            return stacked
+        if old[1].__class__ is Operands:  # more operands on this memtable's stack
+            self._stacks.setdefault(key, [(old[0], old[1])]).append((seq, value))
+            return stacked
+        self._stacks[key] = [(seq, value)]  # no operator: over a base, they replace it
+        return stacked
+
+    def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:
+        """Record a batch of versions and range tombstones, visible to :meth:`get` all at once
+        (see the module)."""
+        if len(entries) == 1 and not ranges:
             self.put(*entries[0])
             return
         with self._batch_lock:
             self._batching = True
             try:
+                # Range tombstones first: a batch's own puts and merges come after its range
+                # deletes (WriteBatch drops those before them), so merges stack on nothing.
+                if ranges:
+                    self.ranges = RangeIndex((*self.ranges.tombstones, *ranges))
+                    self.size_bytes += sum(
+                        ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in ranges
+                    )
                 for key, seq, value in entries:
                     self.put(key, seq, value)
             finally:
@@ -99,11 +151,29 @@ class Memtable:
         """
         kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
         dropped = len(self._data) - len(kept)
+        if self._stacks:
+            # Stacked operands: those of compacted writes are in the compacted state now.
+            stacks: dict[bytes, list[tuple[int, bytes]]] = {}
+            for key, chunks in self._stacks.items():
+                if key in kept:
+                    left = [c for c in chunks if c[0] > max_seq]
+                    stacks[key] = left
+                    if len(left) < len(chunks):
+                        kept[key] = (kept[key][0], Operands(b"".join(c for _, c in left)))
+                        dropped += 1  # the sizes below are recounted
+            self._stacks = stacks
+        if self.ranges:
+            ranges = [t for t in self.ranges.tombstones if t.seq > max_seq]
+            if len(ranges) < len(self.ranges.tombstones):
+                self.ranges = RangeIndex(ranges) if ranges else EMPTY
+                dropped += 1  # the sizes below are recounted
         if dropped:
             self._data = kept
             self._sorted = [k for k in self._sorted if k in kept]
             self._new_keys = [k for k in self._new_keys if k in kept]
-            self.size_bytes = sum(entry_cost(k, v[1]) for k, v in kept.items())
+            self.size_bytes = sum(entry_cost(k, v[1]) for k, v in kept.items()) + sum(
+                ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in self.ranges.tombstones
+            )
         return dropped
 
     def get(self, key: bytes) -> Version | None:

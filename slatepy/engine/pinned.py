@@ -145,7 +145,9 @@ def scan_pinned(
         scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
     )
     try:
-        yield from scan_merged(tables, memtable.range(start, end), manifest, start, end)
+        yield from scan_merged(
+            tables, memtable.range(start, end), manifest, start, end, ranges=memtable.ranges
+        )
     except NotFound as exc:
         if time.time() > pinned.expire_time_s:
             raise _gone(pinned, exc) from exc

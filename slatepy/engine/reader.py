@@ -49,20 +49,21 @@ from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.iterator import View
-from slatepy.engine.memtable import Version
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
 from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
-from slatepy.engine.surface import ReadSurface, as_url, newer_version
+from slatepy.engine.surface import ReadSurface, as_url
 from slatepy.engine.view import (
     get_compacted,
     get_many_compacted,
     missing_sst,
-    newer_value,
+    newer_version,
     scan_merged,
     values_of,
+    visible,
 )
 from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
+from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
@@ -71,7 +72,9 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.store.polling import IdleBackoff
 from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import Clock
 
 T = TypeVar("T")
 
@@ -81,8 +84,18 @@ log = logging.getLogger(__name__)
 class DbReader(Closing, ReadSurface):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
 
-    def __init__(self, store: MetricsStore, settings: Settings, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        *,
+        read_only: bool = False,
+        clock: Clock = time.time,
+        merge_operator: MergeOperator | None = None,
+    ) -> None:
         self._store = store
+        self._clock = clock
+        self._merging = Merging(merge_operator, clock)
         self._settings = settings
         self._read_only = read_only
         self._manifests = ManifestStore(
@@ -116,7 +129,9 @@ class DbReader(Closing, ReadSurface):
         stored, tail = self._register()
         first = stored.manifest.wal_id_last_compacted + 1
         try:
-            self._memtable, self._wal_max_seq = replay(self._wal, first, tail + 1)
+            self._memtable, self._wal_max_seq = replay(
+                self._wal, first, tail + 1, merging=self._merging
+            )
         except SlatepyError:
             self._forget_snapshot()  # a failed open leaves nothing behind (best effort)
             raise
@@ -134,6 +149,8 @@ class DbReader(Closing, ReadSurface):
         settings: Settings | None = None,
         read_only: bool = False,
         checkpoint: str | None = None,
+        clock: Clock | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> DbReader:
         """Open a reader of the database at ``url`` (it must exist; nothing is created).
 
@@ -148,6 +165,9 @@ class DbReader(Closing, ReadSurface):
             checkpoint: Read the checkpoint with this id (``Db.create_checkpoint``): a view
                 fixed at its manifest and WAL prefix that never polls and writes nothing
                 (the checkpoint protects it). ``read_only`` is implied.
+            clock: Wall-clock seconds that expiry is judged by (RFC 0019); ``time.time``.
+            merge_operator: The database's merge operator (RFC 0019): reading a key that
+                holds merge operands without it raises ``InvalidArgument``.
 
         Raises:
             NotFound: no database (or no bucket) at ``url``; no such live checkpoint.
@@ -157,11 +177,14 @@ class DbReader(Closing, ReadSurface):
         from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
 
         store = open_stack(with_external(as_url(url), settings), settings)
+        clock = clock or time.time
         if checkpoint is not None:
             from slatepy.engine.checkpoint import CheckpointReader
 
-            return CheckpointReader(store, settings, checkpoint)
-        return cls(store, settings, read_only=read_only)
+            return CheckpointReader(
+                store, settings, checkpoint, clock=clock, merge_operator=merge_operator
+            )
+        return cls(store, settings, read_only=read_only, clock=clock, merge_operator=merge_operator)
 
     @property
     def manifest_id(self) -> int:
@@ -193,25 +216,36 @@ class DbReader(Closing, ReadSurface):
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key`` as of the reader's latest refresh, or ``default``."""
-        key = check_key(key)
-        self._check_open()
-        version = self._memtable.get(key)  # a WAL SST (a batch) is seen whole
-        if version is not None and version[0] > self._view.last_ingest_seq:
-            value = version[1]
-        else:
-            # No version, or one older than an ingestion, which may hold a newer one.
-            found = self._read(lambda view: get_compacted(self._tables, view, key))
-            value = newer_value(version, found)
-        return default if value is None else value
+        version = self._version(key)
+        return default if version is None else version[1]
 
-    def _version(self, key: bytes) -> Version | None:
+    def _version(self, key: bytes) -> tuple[int, bytes] | None:
+        """``(seq, value)`` of what a read of ``key`` returns (None: absent, deleted or
+        expired); ``seq`` is the newest version's."""
         key = check_key(key)
         self._check_open()
-        version = self._memtable.get(key)
-        if version is not None and version[0] > self._view.last_ingest_seq:
-            return version
-        found = self._read(lambda view: get_compacted(self._tables, view, key))
-        return newer_version(version, found)
+        memtable = self._memtable
+        version = memtable.get(key)  # a WAL SST (a batch) is seen whole
+        ranges = memtable.ranges
+        view = self._view
+        if version is None or version[0] <= view.last_ingest_seq:
+            # No version, or one older than an ingestion, which may hold a newer one.
+            found = self._read(lambda v: get_compacted(self._tables, v, key))
+            version, view = newer_version(version, found), self._view
+        if version is not None and version[1].__class__ is Operands:
+            # Merge operands: the memtable and the view taken together (adopting a view
+            # prunes the memtable under the same lock), so no operand counts twice.
+            with self._lock:
+                memtable = self._memtable
+                version, view, ranges = memtable.get(key), self._view, memtable.ranges
+            found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+            version = newer_version(version, found)
+            value = visible(
+                key, version, ranges, view, self._clock, merging=self._merging, tables=self._tables
+            )
+        else:
+            value = visible(key, version, ranges, view, self._clock)
+        return None if value is None or version is None else (version[0], value)
 
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         with self._lock:
@@ -263,6 +297,7 @@ class DbReader(Closing, ReadSurface):
             self._check_open()
             newer = [self._memtable.get(k) for k in keys]
             view = self._view
+            ranges = self._memtable.ranges
         rest = sorted(
             {
                 k
@@ -271,7 +306,16 @@ class DbReader(Closing, ReadSurface):
             }
         )
         found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(keys, newer, found)
+        return values_of(
+            keys,
+            newer,
+            found,
+            ranges=ranges,
+            view=view,
+            clock=self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
         """``read(view)`` (the current view by default; adopting one sets the view, then
@@ -306,7 +350,17 @@ class DbReader(Closing, ReadSurface):
             self._check_open()
             entries = self._memtable.range(start, end)
             view = self._view
-        return scan_merged(self._tables, entries, view, start, end)
+            ranges = self._memtable.ranges
+        return scan_merged(
+            self._tables,
+            entries,
+            view,
+            start,
+            end,
+            ranges=ranges,
+            clock=self._clock,
+            merging=self._merging,
+        )
 
     def refresh(self) -> None:
         """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one.
@@ -372,7 +426,7 @@ class DbReader(Closing, ReadSurface):
         # must not leave the blocks before it (part of a batch) applied.
         meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
         with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-            self._memtable.apply(entries)
+            self._memtable.apply(entries, meta.props.range_tombstones)
             self._wal_max_seq[wal_id] = meta.props.max_seq
             self._wal_tail = wal_id
 

@@ -40,6 +40,7 @@ from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
+from slatepy.table.merge_operator import NO_MERGING, Merging
 
 REPLAY_CONCURRENCY = 8
 
@@ -60,7 +61,12 @@ class WriterStart:
     wal_max_seq: dict[int, int]
 
 
-def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Settings) -> WriterStart:
+def start_writer(
+    store: ObjectStore,
+    manifests: ManifestStore,
+    settings: Settings,
+    merging: Merging = NO_MERGING,
+) -> WriterStart:
     """Run the start-up protocol; raises ``FencedError`` if a newer writer wins meanwhile.
 
     Raises:
@@ -106,7 +112,9 @@ def start_writer(store: ObjectStore, manifests: ManifestStore, settings: Setting
     fences = fence_wal(
         wal, start, epoch, fences_needed, verify=verify, attempts=settings.wal_write_attempts
     )
-    memtable, wal_max_seq = replay(wal, first, fences[0], epoch=epoch, checked=checked)
+    memtable, wal_max_seq = replay(
+        wal, first, fences[0], epoch=epoch, checked=checked, merging=merging
+    )
 
     def release(manifest: Manifest, _: int) -> Manifest:
         released = manifest.without_snapshot(snapshot_id)
@@ -204,6 +212,7 @@ def replay(
     *,
     epoch: int | None = None,
     checked: dict[int, DecodedWal] | None = None,
+    merging: Merging = NO_MERGING,
 ) -> tuple[Memtable, dict[int, int]]:
     """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and each SST's max seq.
 
@@ -217,7 +226,7 @@ def replay(
         CorruptionError: an SST in the range is missing (the WAL must be contiguous) or corrupt.
         FencedError: an SST in the range holds a newer epoch than ``epoch``.
     """
-    memtable = Memtable()
+    memtable = Memtable(merging)
     max_seq: dict[int, int] = {}
     done = {} if checked is None else checked
 
@@ -233,5 +242,7 @@ def replay(
                 raise fenced(wal_id, epoch, meta.props.writer_epoch)
             for key, seq, value in entries:
                 memtable.put(key, seq, value)
+            if meta.props.range_tombstones:
+                memtable.apply((), meta.props.range_tombstones)
             max_seq[wal_id] = meta.props.max_seq
     return memtable, max_seq

@@ -27,7 +27,7 @@ from slatepy.engine.iterator import (
     rows_or_batches,
 )
 from slatepy.engine.memtable import Memtable, Version
-from slatepy.engine.view import get_compacted
+from slatepy.engine.view import get_compacted, newer_version
 from slatepy.manifest.record import Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.table.reader import TableReader
@@ -39,14 +39,6 @@ class KeyValue(NamedTuple):
     key: bytes
     value: bytes
     seq: int
-
-
-def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
-    """The newer of a key's memtable and compacted versions (a tombstone too); the memtable's
-    unless an ingestion published after it holds a newer one (RFC 0016)."""
-    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
-        return memtable
-    return compacted
 
 
 def version_in(

@@ -8,6 +8,7 @@ reads, so the top-level indexes it keeps in memory follow the live SSTs (RFC 000
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +18,19 @@ from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.layout import compacted_path
-from slatepy.table.merge import merge_newest, stamped
+from slatepy.table.merge import merge_folding, stamped
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import (
+    EMPTY,
+    Clock,
+    RangeIndex,
+    combined,
+    folding,
+    live_entries,
+    resolve,
+    view_ranges,
+)
 
 
 def missing_sst(exc: NotFound) -> CorruptionError:
@@ -59,6 +71,22 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
             if found is not None:
                 return found
     return None
+
+
+def versions_compacted(tables: TableReader, view: Manifest, key: bytes) -> list[Version]:
+    """Every version of ``key`` in the compacted SSTs of ``view``, newest first: what merge
+    operands fold over (a get's slow path; :func:`get_compacted` stops at the newest)."""
+    if tables.followed is not view:
+        _follow(tables, view)
+    found: list[Version] = []
+    handles = [h for h in view.l0 if h.first_key <= key <= h.last_key]
+    handles += [h for h in (_run_sst_for(run, key) for run in view.sorted_runs) if h is not None]
+    for handle in handles:
+        version = tables.get(compacted_path(handle.id), key, size=handle.object_size)
+        if version is not None:
+            found.append((handle.global_seq, version[1]) if handle.global_seq else version)
+    found.sort(key=lambda v: -v[0])
+    return found
 
 
 def get_many_compacted(
@@ -103,19 +131,89 @@ def get_many_compacted(
 
 
 def values_of(
-    keys: Sequence[bytes], newer: Sequence[Version | None], found: dict[bytes, Version]
+    keys: Sequence[bytes],
+    newer: Sequence[Version | None],
+    found: dict[bytes, Version],
+    *,
+    ranges: RangeIndex = EMPTY,
+    view: Manifest | None = None,
+    clock: Clock = time.time,
+    merging: Merging = NO_MERGING,
+    tables: TableReader | None = None,
 ) -> list[bytes | None]:
     """The value of each key: the newer of its memtable version (``newer``) and what
-    :func:`get_many_compacted` found; None for absent or deleted keys."""
-    return [newer_value(version, found.get(key)) for key, version in zip(keys, newer, strict=True)]
+    :func:`get_many_compacted` found, as :func:`visible` reads it (``ranges``: the
+    memtable's range tombstones, ``view``: the view ``found`` came from); None for absent or
+    deleted keys. ``merging`` and ``tables`` serve keys holding merge operands."""
+    return [
+        visible(
+            key,
+            newer_version(version, found.get(key)),
+            ranges,
+            view,
+            clock,
+            merging=merging,
+            tables=tables,
+        )
+        for key, version in zip(keys, newer, strict=True)
+    ]
+
+
+def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
+    """The newer of a key's memtable and compacted versions. The memtable's is newer unless
+    an ingestion published after it (RFC 0016)."""
+    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
+        return memtable
+    return compacted
 
 
 def newer_value(memtable: Version | None, compacted: Version | None) -> bytes | None:
-    """The value of the newer of a key's memtable and compacted versions (None: absent or
-    deleted). The memtable's is newer unless an ingestion published after it (RFC 0016)."""
-    if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
-        return None if memtable is None else memtable[1]
-    return compacted[1]
+    """The stored value of the newer of a key's memtable and compacted versions (None:
+    absent or deleted), entry kinds not resolved: see :func:`visible`."""
+    version = newer_version(memtable, compacted)
+    return None if version is None else version[1]
+
+
+def visible(
+    key: bytes,
+    version: Version | None,
+    ranges: RangeIndex,
+    view: Manifest | None,
+    clock: Clock,
+    *,
+    merging: Merging = NO_MERGING,
+    tables: TableReader | None = None,
+) -> bytes | None:
+    """What a point read of ``key`` returns, given its newest ``version`` anywhere (None:
+    none): the one rule for entry kinds (RFC 0019), via :func:`resolve`. ``ranges`` are the
+    memtable's range tombstones, ``view`` the compacted state whose range tombstones count
+    too (None: none). Merge operands are folded with ``merging`` over the older versions in
+    ``view`` (read from ``tables``).
+
+    Raises:
+        InvalidArgument: the key holds merge operands and ``merging`` has no operator.
+    """
+    if version is None:
+        return None
+    covered = ranges.seq_at(key) if ranges is not EMPTY else 0
+    if view is not None:
+        compacted = view_ranges(view)
+        if compacted is not EMPTY:
+            covered = max(covered, compacted.seq_at(key))
+
+    def older() -> list[Version]:
+        if tables is None or view is None:
+            return []
+        return [v for v in versions_compacted(tables, view, key) if v[0] < version[0]]
+
+    return resolve(key, version, covered, clock, merging=merging, older=older)
+
+
+def scan_ranges(ranges: RangeIndex, view: Manifest, start: bytes, end: bytes | None) -> RangeIndex:
+    """The range tombstones a scan of ``[start, end)`` must apply: the memtable's
+    (``ranges``) and ``view``'s, those that meet the range."""
+    both = combined(ranges, view_ranges(view))
+    return both if both is EMPTY else both.overlapping(start, end)
 
 
 def scan_compacted(
@@ -133,14 +231,27 @@ def scan_compacted(
 
 
 def scan_merged(
-    tables: TableReader, newer: list[Entry], view: Manifest, start: bytes, end: bytes | None
+    tables: TableReader,
+    newer: list[Entry],
+    view: Manifest,
+    start: bytes,
+    end: bytes | None,
+    *,
+    ranges: RangeIndex = EMPTY,
+    clock: Clock = time.time,
+    merging: Merging = NO_MERGING,
 ) -> Iterator[tuple[bytes, bytes]]:
     """Live ``(key, value)`` pairs of ``newer`` (memtable entries) over ``view``'s SSTs, the
-    newest version of each key winning; tombstones hide what they shadow."""
+    newest version of each key winning; tombstones hide what they shadow, and so do range
+    tombstones (``ranges``: the memtable's; the view's are added here) and expiry
+    (:func:`slatepy.table.visibility.live_entries`); merge operands fold over what is below
+    them (``merging``)."""
     sources = scan_compacted(tables, view, start, end)
     if newer:
         sources.insert(0, iter(newer))
-    return ((k, v) for k, _, v in merge_newest(sources) if v is not None)
+    index = scan_ranges(ranges, view, start, end)
+    merged = merge_folding(sources, folding(index, merging, complete=True))
+    return live_entries(merged, index, clock, merging)
 
 
 def compacted_ids(view: Manifest) -> set[str]:

@@ -17,14 +17,16 @@ and flush raises the stored error, and the caller reopens the database to recove
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from slatepy.config import Settings
 from slatepy.engine.fencing import write_wal_sst
 from slatepy.errors import SlatepyError, StoreUnavailable
 from slatepy.format.block import Entry
+from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.format.sst import SstBuilder
 from slatepy.store.numbered import NumberedObjects
+from slatepy.table.merge_operator import NO_MERGING, Merging
 
 Buffer = dict[bytes, tuple[int, bytes | None]]
 
@@ -40,14 +42,22 @@ class WalWriter:
     """
 
     def __init__(
-        self, wal: NumberedObjects, *, epoch: int, next_id: int, settings: Settings
+        self,
+        wal: NumberedObjects,
+        *,
+        epoch: int,
+        next_id: int,
+        settings: Settings,
+        merging: Merging = NO_MERGING,
     ) -> None:
         self._wal = wal
+        self._merging = merging
         self._epoch = epoch
         self._settings = settings
         self._next_id = next_id
         self._cond = threading.Condition()
         self._buffer: Buffer = {}
+        self._ranges: list[RangeTombstone] = []  # the open generation's range tombstones
         self._buffer_bytes = 0
         self._buffer_unawaited = 0  # entries in the open generation nobody awaits
         self._generation = 0  # the open one; every lower generation is sealed
@@ -79,8 +89,15 @@ class WalWriter:
         if self._error is not None:
             raise self._error
 
-    def append(self, entries: Iterable[Entry], *, awaited: bool) -> int:
-        """Add entries to the open generation (atomically) and return that generation.
+    def append(
+        self,
+        entries: Iterable[Entry],
+        *,
+        awaited: bool,
+        ranges: Sequence[RangeTombstone] = (),
+    ) -> int:
+        """Add entries (and range tombstones) to the open generation (atomically) and return
+        that generation.
 
         ``awaited`` says whether the caller will flush and so hear about a failure; losing
         writes nobody awaited is counted in ``lost_unawaited``.
@@ -88,8 +105,22 @@ class WalWriter:
         with self._cond:
             self.check()
             added = count = 0
-            for key, seq, value in entries:
-                self._buffer[key] = (seq, value)
+            buffer = self._buffer
+            if ranges:  # first: see Memtable.apply
+                self._ranges += ranges
+                count += len(ranges)
+                added += sum(len(t.start) + len(t.end) + 16 for t in ranges)
+            for key, seq, written in entries:
+                value = written
+                if value.__class__ is Operands and key in buffer:
+                    # One entry per key in an SST: operands stack on this generation's
+                    # version of the key (only on it: older ones are in older SSTs), or on
+                    # nothing if a range tombstone of this generation deleted it since.
+                    old_seq, old = buffer[key]
+                    if any(t.start <= key < t.end and t.seq > old_seq for t in self._ranges):
+                        old = None
+                    value = self._merging.stack(key, old, value)
+                buffer[key] = (seq, value)
                 added += len(key) + len(value or b"") + 16
                 count += 1
             if not awaited:
@@ -110,7 +141,7 @@ class WalWriter:
         with self._cond:
             if generation is None:
                 generation = self._generation
-            while generation == self._generation and self._buffer:
+            while generation == self._generation and (self._buffer or self._ranges):
                 self.check()
                 if len(self._in_flight) < self._settings.max_parallel_writes:
                     sealed = self._seal()
@@ -132,7 +163,7 @@ class WalWriter:
     def buffered(self) -> int:
         """Entries in the open generation (written, not yet sealed into a WAL SST)."""
         with self._cond:
-            return len(self._buffer)
+            return len(self._buffer) + len(self._ranges)
 
     def unwritten_unawaited(self) -> int:
         """Unawaited entries that failed or can no longer be written (after a failure)."""
@@ -147,16 +178,30 @@ class WalWriter:
             if self._error is not None:
                 self._buffer_unawaited = 0
 
-    def _seal(self) -> tuple[int, int, Buffer, int]:
+    def _seal(self) -> tuple[int, int, Buffer, list[RangeTombstone], int]:
         """Close the open generation and give it the next WAL id (caller holds the lock)."""
-        sealed = (self._generation, self._next_id, self._buffer, self._buffer_unawaited)
+        sealed = (
+            self._generation,
+            self._next_id,
+            self._buffer,
+            self._ranges,
+            self._buffer_unawaited,
+        )
+        self._ranges = []
         self._in_flight.add(self._generation)
         self._generation += 1
         self._next_id += 1
         self._buffer, self._buffer_bytes, self._buffer_unawaited = {}, 0, 0
         return sealed
 
-    def _write(self, generation: int, wal_id: int, buffer: Buffer, unawaited: int) -> None:
+    def _write(
+        self,
+        generation: int,
+        wal_id: int,
+        buffer: Buffer,
+        ranges: list[RangeTombstone],
+        unawaited: int,
+    ) -> None:
         error: SlatepyError | None = None
         max_seq = 0
         try:
@@ -171,6 +216,8 @@ class WalWriter:
             for key in sorted(buffer):
                 seq, value = buffer[key]
                 builder.add(key, seq, value)
+            for tombstone in ranges:
+                builder.add_range_tombstone(tombstone)
             encoded = builder.finish()
             max_seq = encoded.meta.props.max_seq
             write_wal_sst(

@@ -8,7 +8,9 @@ blocks have (docs/rfcs/0009-sst-format-v2.md, "Indexed blocks")::
     count    u32
     checksum u64                  XXH3-64 of everything before it
 
-``flags`` bit 0 marks a tombstone (its value is empty). Keys are strictly increasing
+``flags`` bit 0 marks a tombstone (its value is empty), bit 1 an expiring value and bit 2
+merge operands (their value bytes are the kind's encoding: ``slatepy.format.kinds``, RFC 0019;
+blocks written before those kinds existed never set them). Keys are strictly increasing
 within a block. SSTs of versions 1 and 2 have no offsets array ("legacy" blocks).
 
 Two decoded forms:
@@ -31,12 +33,12 @@ from itertools import accumulate, islice, repeat
 
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
+from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value, flags_of
 
 ENTRY_HEADER = struct.Struct("<BHIQ")
 COUNT = struct.Struct("<I")
 OFFSET = struct.Struct("<I")
 KEY_LEN = struct.Struct("<H")
-FLAG_TOMBSTONE = 0x01
 BLOCK_OVERHEAD = COUNT.size + CHECKSUM_SIZE
 _pack_header = ENTRY_HEADER.pack
 ENTRY_OVERHEAD = ENTRY_HEADER.size + OFFSET.size
@@ -74,8 +76,10 @@ class BlockBuilder:
         """Append an entry; the caller guarantees keys arrive in increasing order."""
         if value is None:
             entry = _pack_header(FLAG_TOMBSTONE, len(key), 0, seq) + key
-        else:
+        elif value.__class__ is bytes:
             entry = _pack_header(0, len(key), len(value), seq) + key + value
+        else:  # an entry kind (slatepy.format.kinds): its bytes are its encoding
+            entry = _pack_header(flags_of(value), len(key), len(value), seq) + key + value
         self._parts.append(entry)
         self._size += len(entry)
         self._count += 1
@@ -224,11 +228,13 @@ class IndexedBlock:
         start = pos + _HEADER_SIZE
         value_start = start + key_len
         end = value_start + value_len
-        if end > entries_end or flags & ~FLAG_TOMBSTONE:
+        if end > entries_end or flags & ~KNOWN_FLAGS:
             raise CorruptionError("data block: entry runs past the entries or has unknown flags")
         if data[start:value_start] != key:
             return None
-        return seq, None if flags & FLAG_TOMBSTONE else data[value_start:end]
+        if not flags:
+            return seq, data[value_start:end]
+        return seq, decode_value(flags, data[value_start:end])
 
     def decode(self) -> Block:
         """Every entry, as a :class:`Block` (for scans over a cached block)."""
@@ -291,11 +297,13 @@ def _parse(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
         key_start = pos + header_size
         value_start = key_start + key_len
         pos = value_start + value_len
-        if pos > entries_end or flags & ~FLAG_TOMBSTONE:
+        if pos > entries_end or flags & ~KNOWN_FLAGS:
             raise CorruptionError("data block: entry runs past the entries or has unknown flags")
         keys.append(raw[key_start:value_start])
         seqs.append(seq)
-        values.append(None if flags & FLAG_TOMBSTONE else raw[value_start:pos])
+        values.append(
+            raw[value_start:pos] if not flags else decode_value(flags, raw[value_start:pos])
+        )
     if pos != entries_end:
         raise CorruptionError("data block: entries do not fill the entry area")
     # The offsets array is not used here; its ends are checked (the whole of it is covered

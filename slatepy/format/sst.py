@@ -52,6 +52,7 @@ from slatepy.format.block import (
 from slatepy.format.bloom import BloomFilter, build_filter
 from slatepy.format.checksum import append_checksum, checksum
 from slatepy.format.compression import BlockCompressor, Compression, unframe_block
+from slatepy.format.kinds import RangeTombstone
 from slatepy.format.sst_index import (
     COMPRESSED_BLOCKS_VERSION,
     COUNT,
@@ -225,6 +226,7 @@ class SstBuilder:
         self._t_first_blocks: list[int] = []
         self._t_first_keys: list[bytes] = []
         self._decoded: list[Partition] = []
+        self._ranges: list[RangeTombstone] = []
 
     def add(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Add one entry (``value`` None for a tombstone)."""
@@ -249,6 +251,14 @@ class SstBuilder:
         self._max_seq = max(self._max_seq, seq)
         if block.encoded_size >= self._block_size:
             self._close_block()
+
+    def add_range_tombstone(self, tombstone: RangeTombstone) -> None:
+        """Record a range tombstone in the properties (any order; kept sorted by start). It
+        does not widen the SST's key range (readers find range tombstones in the properties
+        or the manifest's handle, not by key; RFC 0019), but counts in ``max_seq``: a writer
+        restarting continues seqs above it."""
+        self._ranges.append(tombstone)
+        self._max_seq = max(self._max_seq, tombstone.seq)
 
     def extend(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
         """Add many entries (no tombstones) in strictly increasing key order: the same bytes
@@ -403,6 +413,7 @@ class SstBuilder:
             data_size=data_end,
             compression=self._compression,
             uncompressed_size=self._raw_size if self._compressor is not None else 0,
+            range_tombstones=tuple(sorted(self._ranges, key=_range_order)),
         )
         offsets = [data_end + rel for rel in self._t_offsets]
         keys = self._t_first_keys
@@ -442,6 +453,10 @@ class SstBuilder:
             self._t_first_blocks,
         )
         return EncodedSst(data, SstMeta(sst_top, tuple(self._decoded)))
+
+
+def _range_order(t: RangeTombstone) -> tuple[bytes, bytes, int]:
+    return t.start, t.end, t.seq
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:

@@ -18,6 +18,7 @@ from slatepy.errors import CorruptionError
 from slatepy.format.bloom import BloomFilter
 from slatepy.format.checksum import CHECKSUM_SIZE, checksum, verify_checksummed
 from slatepy.format.compression import CODEC_IDS
+from slatepy.format.kinds import RangeTombstone, check_range_tombstones
 
 SST_MAGIC = b"SLATESST"
 SST_FORMAT_VERSION = 3
@@ -71,18 +72,28 @@ class SstProperties(msgspec.Struct, frozen=True, array_like=True):
     data_size: int
     compression: str = "none"
     uncompressed_size: int = 0
+    range_tombstones: tuple[RangeTombstone, ...] = ()
+    """Range tombstones written with this SST, by start key (RFC 0019); absent (so empty)
+    in SSTs written before they existed."""
 
 
 _V3_PROPS_FIELDS = 9
-"""The properties' fields before RFC 0018 added ``compression`` and ``uncompressed_size``."""
+"""The properties' fields before RFC 0018 (``compression``, ``uncompressed_size``) and RFC 0019
+(``range_tombstones``) added theirs."""
+_TRAILING_DEFAULTS = ("none", 0, ())
 
 
 def encode_props(props: SstProperties) -> bytes:
     """``props`` as msgpack, without trailing fields at their defaults (msgspec's
-    ``omit_defaults`` does not apply to array-like structs)."""
-    if props.compression == "none" and props.uncompressed_size == 0:
-        return msgspec.msgpack.encode(msgspec.structs.astuple(props)[:_V3_PROPS_FIELDS])
-    return msgspec.msgpack.encode(props)
+    ``omit_defaults`` does not apply to array-like structs): an SST that uses neither
+    compression nor range tombstones has the same bytes as before those fields existed."""
+    fields = msgspec.structs.astuple(props)
+    end = len(fields)
+    while end > _V3_PROPS_FIELDS:
+        if fields[end - 1] != _TRAILING_DEFAULTS[end - 1 - _V3_PROPS_FIELDS]:
+            break
+        end -= 1
+    return msgspec.msgpack.encode(fields[:end])
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +306,8 @@ def decode_top(footer: Footer, section: bytes | memoryview) -> SstTop:
             f"SST: version {footer.version} with compression {props.compression!r} in its "
             "properties"
         )
+    if not check_range_tombstones(props.range_tombstones):
+        raise CorruptionError("SST: a range tombstone's start is not below its end")
     if footer.version == 1:
         return _v1_top(footer, raw, props)
     return _v2_top(footer, raw[:top_len], props)

@@ -11,6 +11,7 @@ import msgspec
 
 from slatepy.errors import CorruptionError
 from slatepy.format.envelope import seal, unseal
+from slatepy.format.kinds import RangeTombstone
 
 MANIFEST_MAGIC = b"SLPM"
 MANIFEST_FORMAT_VERSION = 1
@@ -34,6 +35,9 @@ class SstHandle(msgspec.Struct, frozen=True):
     entry_count: int
     max_seq: int = 0
     global_seq: int = 0
+    range_tombstones: tuple[RangeTombstone, ...] = ()
+    """The SST's range tombstones (a copy of its properties'; RFC 0019), so that a reader
+    holds every range tombstone of its view without opening an SST."""
 
 
 class SortedRun(msgspec.Struct, frozen=True):

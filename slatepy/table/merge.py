@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
+from slatepy.format.kinds import Operands
 
 Combine = Callable[[Sequence[Entry]], Entry | None]
 """What the entries of one key (at least one, newest first) become: one entry to emit, or
@@ -93,6 +94,39 @@ def merge_newest(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
         if key != last:
             last = key
             yield key, -neg_seq, value
+
+
+def merge_folding(
+    sources: Iterable[Iterator[Entry]], fold: Callable[[list[Entry]], Entry | None]
+) -> Iterator[Entry]:
+    """:func:`merge_newest`, except that a key whose newest entry is merge operands has all
+    of its entries (newest first) passed to ``fold``, which says what to emit for it (RFC
+    0019). Keys of plain versions cost one class check more than in :func:`merge_newest`.
+    """
+    sources = list(sources)
+    if len(sources) == 1:  # one entry per key: nothing to fold across sources
+        yield from sources[0]
+        return
+    last: bytes | None = None
+    run: list[Entry] | None = None
+    for key, neg_seq, _, value in _ordered(sources):
+        if key != last:
+            if run is not None:
+                out = fold(run)
+                run = None
+                if out is not None:
+                    yield out
+            last = key
+            if value.__class__ is Operands:
+                run = [(key, -neg_seq, value)]
+            else:
+                yield key, -neg_seq, value
+        elif run is not None:
+            run.append((key, -neg_seq, value))
+    if run is not None:
+        out = fold(run)
+        if out is not None:
+            yield out
 
 
 def sum_diffs(run: Sequence[Entry]) -> Entry | None:

@@ -8,7 +8,12 @@ writer dropped without a flush) and clean reopens, with the store injecting the 
 outcomes of :mod:`slatepy.testing.faults`.
 
 The model (:class:`Model`) knows, per key, the last acknowledged value and the values whose
-fate is unknown (written but not acknowledged). Invariants checked:
+fate is unknown (written but not acknowledged), and when each TTL'd value expires on the
+workload's own clock (moved by ``tick``; the writer, readers and compactors all read it). A
+``delete_range`` is a delete of every model key in its range. Merge keys (``merge``: operands
+joined by a comma, :func:`concat`) are modelled apart, as the set of values they may hold: a
+write whose fate is unknown adds its outcome to the set rather than replacing it. Invariants
+checked:
 
 * every read returns the last acknowledged value or one of the unknown ones (nothing lost,
   nothing invented);
@@ -40,6 +45,8 @@ from slatepy.testing.faults import FaultyStore, uniform
 
 KEYS = [b"key%02d" % i for i in range(16)]
 BATCH_KEYS = [b"batch:%d" % i for i in range(4)]
+MERGE_KEYS = [b"merge%d" % i for i in range(3)]
+"""Keys only merged into (and range-deleted); they sort after ``KEYS``."""
 POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_sst_bytes=4096)
 OPEN_ATTEMPTS = 50
 PROGRESS_INTERVAL = 5.0
@@ -48,6 +55,11 @@ PROGRESS_INTERVAL = 5.0
 
 class Violation(AssertionError):
     """The database returned something the model says it must not."""
+
+
+def concat(key: bytes, existing: bytes | None, operands: list[bytes]) -> bytes:
+    """The workload's merge operator: operands joined by commas after the existing value."""
+    return b",".join(([] if existing is None else [existing]) + operands)
 
 
 def counter_of(value: bytes | None) -> int | None:
@@ -60,6 +72,10 @@ class Model:
 
     acked: dict[bytes, bytes | None] = field(default_factory=dict)
     unknown: dict[bytes, list[bytes | None]] = field(default_factory=dict)
+    expires: dict[bytes, float] = field(default_factory=dict)
+    """TTL'd values (each value is unique) and when they expire."""
+    now: float = 0.0
+    """The workload's clock, seconds."""
 
     def written(self, key: bytes, value: bytes | None) -> None:
         """A write was issued; until acknowledged its fate is unknown."""
@@ -70,7 +86,13 @@ class Model:
         self.unknown.pop(key, None)
 
     def allowed(self, key: bytes) -> list[bytes | None]:
-        return [self.acked.get(key), *self.unknown.get(key, [])]
+        return [self._live(v) for v in (self.acked.get(key), *self.unknown.get(key, []))]
+
+    def _live(self, value: bytes | None) -> bytes | None:
+        """``value`` as read now: None once its TTL ran out."""
+        if value is not None and self.now >= self.expires.get(value, float("inf")):
+            return None
+        return value
 
     def check(self, key: bytes, observed: bytes | None, who: str) -> None:
         if observed not in self.allowed(key):
@@ -127,11 +149,13 @@ class Torture:
             wal_write_attempts=2,
             request_attempts=2,
         )
-        self.model = Model()
+        self.model = Model(now=float(int(time.time())))
         self.report = Report()
         self.counter = 0
         self.pending: list[tuple[bytes, bytes | None]] = []  # unawaited, not yet flushed
         self.reader_seen: dict[bytes, int] = {}
+        self.merged: dict[bytes, set[bytes | None]] = {k: {None} for k in MERGE_KEYS}
+        """What each merge key may hold."""
         self.db: Db | None = None
         self.reader: DbReader | None = None
         self.snapshots: list[tuple[Snapshot, list[tuple[bytes, bytes]]]] = []
@@ -155,7 +179,12 @@ class Torture:
 
     def writer(self) -> Db:
         if self.db is None:
-            db = self._retry("open", lambda: Db.open(self.faulty, settings=self.settings))
+            db = self._retry(
+                "open",
+                lambda: Db.open(
+                    self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+                ),
+            )
             assert isinstance(db, Db)
             self.db = db
         return self.db
@@ -179,6 +208,10 @@ class Torture:
             self.report.failed["close"] += 1
         self.pending.clear()
 
+    def clock(self) -> float:
+        """The workload's wall clock (seconds): expiry is judged by it everywhere."""
+        return self.model.now
+
     # -- operations --------------------------------------------------------------------
     def _value(self, key: bytes) -> bytes:
         self.counter += 1
@@ -190,12 +223,25 @@ class Torture:
             self.report.acknowledged_writes += 1
         self.pending.clear()
 
-    def _write(self, ops: list[tuple[bytes, bytes | None]], durable: bool) -> None:
+    def _write(
+        self,
+        ops: list[tuple[bytes, bytes | None]],
+        durable: bool,
+        *,
+        ttl: int | None = None,
+        deleted_range: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        """Write ``ops`` (as the model sees them): a put (with ``ttl``), a delete, a batch of
+        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range)."""
         db = self.writer()
         for key, value in ops:
             self.model.written(key, value)
+            if ttl is not None and value is not None:
+                self.model.expires[value] = self.model.now + ttl
         try:
-            if len(ops) > 1:
+            if deleted_range is not None:
+                db.delete_range(*deleted_range, await_durable=durable)
+            elif len(ops) > 1:
                 batch = WriteBatch()
                 for key, value in ops:
                     assert value is not None  # batches here only put
@@ -204,7 +250,7 @@ class Torture:
             elif ops[0][1] is None:
                 db.delete(ops[0][0], await_durable=durable)
             else:
-                db.put(ops[0][0], ops[0][1], await_durable=durable)
+                db.put(ops[0][0], ops[0][1], await_durable=durable, ttl=ttl)
         except SlatepyError:
             self.report.failed["write"] += 1
             self.crash()  # a writer that could not make a write durable refuses all others
@@ -225,6 +271,50 @@ class Torture:
     def op_delete(self) -> None:
         self._write([(self.rng.choice(KEYS), None)], durable=self.rng.random() < 0.7)
 
+    def op_put_ttl(self) -> None:
+        key = self.rng.choice(KEYS)
+        ttl = self.rng.choice([1, 2, 5])
+        self._write([(key, self._value(key))], durable=self.rng.random() < 0.7, ttl=ttl)
+
+    def op_delete_range(self) -> None:
+        start, end = sorted(self.rng.sample(KEYS + MERGE_KEYS, 2))
+        ops: list[tuple[bytes, bytes | None]] = [(k, None) for k in KEYS if start <= k < end]
+        # Merge keys in the range may be deleted (the write's fate is unknown until awaited;
+        # their model only widens).
+        for key in MERGE_KEYS:
+            if start <= key < end:
+                self.merged[key].add(None)
+        durable = self.rng.random() < 0.7
+        if ops:
+            self._write(ops, durable=durable, deleted_range=(start, end))
+            return
+        try:
+            self.writer().delete_range(start, end, await_durable=durable)
+        except SlatepyError:
+            self.report.failed["write"] += 1
+            self.crash()
+
+    def op_merge(self) -> None:
+        """A durable merge into a merge key: on success the key holds every value it may
+        have held with the operand added; on failure that or what it was."""
+        key = self.rng.choice(MERGE_KEYS)
+        self.counter += 1
+        operand = b"%d" % self.counter
+        before = self.merged[key]
+        after: set[bytes | None] = {concat(key, value, [operand]) for value in before}
+        try:
+            self.writer().merge(key, operand)
+        except SlatepyError:
+            self.report.failed["write"] += 1
+            self.merged[key] = before | after
+            self.crash()
+            return
+        self.merged[key] = after
+
+    def op_tick(self) -> None:
+        """One second passes on the workload's clock (TTL'd values expire)."""
+        self.model.now += 1
+
     def op_batch(self) -> None:
         self.counter += 1
         self._write(
@@ -242,13 +332,20 @@ class Torture:
         self._acknowledge_pending()
 
     def op_get(self) -> None:
-        key = self.rng.choice(KEYS + BATCH_KEYS)
+        key = self.rng.choice(KEYS + BATCH_KEYS + MERGE_KEYS)
         try:
             value = self.writer().get(key)
         except SlatepyError:
             self.report.failed["get"] += 1
             return
-        self.model.check(key, value, "writer")
+        if key in self.merged:
+            self._check_merged(key, value, "writer")
+        else:
+            self.model.check(key, value, "writer")
+
+    def _check_merged(self, key: bytes, value: bytes | None, who: str) -> None:
+        if value not in self.merged[key]:
+            raise Violation(f"{who} read {key!r} = {value!r}; it may hold {self.merged[key]!r}")
 
     def op_scan(self) -> None:
         try:
@@ -261,6 +358,8 @@ class Torture:
     def _check_view(self, rows: dict[bytes, bytes], who: str) -> None:
         for key in KEYS + BATCH_KEYS:
             self.model.check(key, rows.get(key), who)
+        for key in MERGE_KEYS:
+            self._check_merged(key, rows.get(key), who)
         batch = {counter_of(rows.get(k)) for k in BATCH_KEYS}
         if len(batch) != 1:
             raise Violation(f"{who} saw a torn batch: {[rows.get(k) for k in BATCH_KEYS]}")
@@ -268,7 +367,9 @@ class Torture:
     def op_reader(self) -> None:
         try:
             if self.reader is None:
-                self.reader = DbReader.open(self.faulty, settings=self.settings)
+                self.reader = DbReader.open(
+                    self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+                )
             else:
                 self.reader.refresh()
             rows = dict(self.reader.scan())
@@ -277,6 +378,8 @@ class Torture:
             return
         self._check_view(rows, "reader")
         for key, value in rows.items():
+            if key in self.merged:
+                continue
             seen, now = self.reader_seen.get(key), counter_of(value)
             if seen is not None and now is not None and now < seen:
                 raise Violation(f"reader went back in time on {key!r}: {seen} -> {now}")
@@ -399,9 +502,13 @@ class Torture:
 
     def op_compact(self) -> None:
         try:
-            Compactor(self.faulty, settings=self.settings, policy=POLICY).run_until_idle(
-                max_rounds=8
-            )
+            Compactor(
+                self.faulty,
+                settings=self.settings,
+                policy=POLICY,
+                expiry_clock=self.clock,
+                merge_operator=concat,
+            ).run_until_idle(max_rounds=8)
         except FencedError:
             pass  # the previous compactor object lost its epoch to this one: expected
         except SlatepyError:
@@ -422,6 +529,10 @@ class Torture:
     WEIGHTS: tuple[tuple[str, int], ...] = (
         ("put", 30),
         ("delete", 8),
+        ("put_ttl", 6),
+        ("delete_range", 3),
+        ("merge", 8),
+        ("tick", 4),
         ("batch", 10),
         ("flush", 6),
         ("get", 15),
@@ -466,11 +577,13 @@ class Torture:
                 self.reader = None
             db = self.writer()
             rows = dict(db.scan())
-            for key, value in self.model.acked.items():
-                if rows.get(key) != value and rows.get(key) not in self.model.unknown.get(key, []):
+            for key in self.model.acked:
+                if rows.get(key) not in self.model.allowed(key):
                     self.report.lost_acknowledged_writes += 1
             self._check_view(rows, "fresh writer")
-            with DbReader.open(self.faulty, settings=self.settings) as reader:
+            with DbReader.open(
+                self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
+            ) as reader:
                 self._check_view(dict(reader.scan()), "fresh reader")
         finally:
             self.faulty.enabled = True

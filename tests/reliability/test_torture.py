@@ -58,6 +58,22 @@ class TortureMachine(RuleBasedStateMachine):
         self.torture.op_batch()
 
     @rule()
+    def put_ttl(self) -> None:
+        self.torture.op_put_ttl()
+
+    @rule()
+    def delete_range(self) -> None:
+        self.torture.op_delete_range()
+
+    @rule()
+    def merge(self) -> None:
+        self.torture.op_merge()
+
+    @rule()
+    def tick(self) -> None:
+        self.torture.op_tick()
+
+    @rule()
     def flush(self) -> None:
         self.torture.op_flush()
 
