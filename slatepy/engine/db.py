@@ -29,7 +29,7 @@ from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
-from slatepy.engine.snapshot import Snapshot, pin_manifest
+from slatepy.engine.snapshot import Snapshot, frozen_clock, pin_manifest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url
 from slatepy.engine.txn import ConflictTracker, Isolation, Transaction, check_isolation
@@ -484,7 +484,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             start,
             end,
             ranges=ranges,
-            clock=self._clock,
+            clock=frozen_clock(self._clock),
             merging=self._merging,
         )
 
@@ -493,8 +493,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         with self._lock:
             self._check_open()
             entries = self._memtable.range(start, end)
-            view = self._view
-        return View(self._tables, view, entries, start, end)
+            view, ranges = self._view, self._memtable.ranges
+        return View(self._tables, view, entries, start, end, ranges, self._clock, self._merging)
 
     def _version(self, key: bytes) -> Version | None:
         key = check_key(key)
@@ -502,11 +502,15 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._refresh_stale_view()
         version = self._memtable.get(key)
         view = self._view  # after the memtable: see get()
-        if version is not None and version[0] > view.last_ingest_seq:
+        if version is None or version[0] <= view.last_ingest_seq:
+            found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+            self._check_open()
+            version = newer_version(version, found)
+        if version is None or version[1] is None:
             return version
-        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
-        self._check_open()
-        return newer_version(version, found)
+        if version[1].__class__ is bytes and not self._memtable.ranges and not view_ranges(view):
+            return version
+        return version[0], self._get(key)  # an entry kind (RFC 0019): resolved as get does
 
     def snapshot(self) -> Snapshot:
         """A consistent read view that later writes, compaction and GC leave unchanged until
@@ -535,6 +539,8 @@ class Db(Closing, ReadSurface, WriteSurface):
                     memtable=memtable,
                     seq=seq,
                     pin=pin,
+                    clock=frozen_clock(self._clock),
+                    merging=self._merging,
                 )
             pin.release()  # a newer view was adopted in between: pin that one
             self._check_open()

@@ -13,8 +13,10 @@ tombstone filter (:func:`live_columns`), which is why :func:`batches` (``scan_ba
 beat a row-at-a-time scan (RFC 0020).
 
 Visibility lives in two functions, and only there: :func:`resolve_window` decides which
-version of a key a window of *several* sources yields (the newest; a tombstone too), and
-:func:`live_columns` decides, for *every* resolved row, what a reader sees (not tombstones).
+version of a key a window of *several* sources yields (the newest, a tombstone too; merge
+operands folded over the older ones), and :func:`live_columns` decides, for *every* resolved
+row, what a reader sees (not tombstones, nothing under a range tombstone, nothing expired:
+RFC 0019's kinds, through :func:`slatepy.table.visibility.live_entries`).
 A window that only one source contributes to skips :func:`resolve_window` (each source holds
 one version per key) and goes straight to :func:`live_columns`, so a per-row rule (an expiry,
 a lone merge operand) belongs there. Every read in this module (iterators, reverse scans,
@@ -23,6 +25,7 @@ batches, snapshots, transactions) goes through both.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,11 +34,15 @@ from operator import itemgetter
 from typing import Any, Literal
 
 from slatepy.engine.batch import check_key
+from slatepy.engine.view import scan_ranges
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
+from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest, SortedRun
 from slatepy.table.layout import compacted_path
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Columns, TableReader
+from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding, live_entries
 
 MEMTABLE_CHUNK = 4096
 """Memtable entries per column chunk (a memtable source's "block")."""
@@ -45,6 +52,9 @@ LiveColumns = tuple[list[bytes], list[bytes]]
 """``(keys, values)`` of live rows, in scan order."""
 
 _FIRST = itemgetter(0)
+_PLAIN = frozenset({bytes, type(None)})
+Fold = Callable[[list[Entry]], Entry | None]
+"""Folds one key's versions (newest first) whose newest are merge operands."""
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -82,19 +92,23 @@ def key_bounds(
     return lo, hi
 
 
-def resolve_window(parts: Sequence[tuple[int, Columns]], reverse: bool) -> Columns:
+def resolve_window(
+    parts: Sequence[tuple[int, Columns]], reverse: bool, fold: Fold | None = None
+) -> Columns:
     """The version each key of a merge window yields: the newest (highest seq; on a tie the
-    earlier source), tombstones included.
+    earlier source), tombstones included; a newest version of merge operands is ``fold``ed
+    with the key's older versions (newest first), as ``merge_folding`` does for scans.
 
     ``parts`` are ``(source index, columns)``, each in scan order, together holding every
-    version of their keys the view has. This is where a richer notion of "version" (TTL,
-    merge operands) decides what one key becomes.
+    version of their keys the view has.
     """
     rows: list[tuple[bytes, int, int, bytes | None]] = []
     for order, (keys, seqs, values) in parts:
         rows.extend(zip(keys, seqs, repeat(-order), values, strict=False))
     rows.sort()  # by key, then oldest first: the last row of each key wins
     winners = list(dict(zip(map(_FIRST, rows), rows, strict=True)).values())
+    if fold is not None and Operands in set(map(type, (r[3] for r in winners))):
+        winners = _folded(rows, winners, fold)
     if reverse:
         winners.reverse()
     keys = [r[0] for r in winners]
@@ -103,16 +117,44 @@ def resolve_window(parts: Sequence[tuple[int, Columns]], reverse: bool) -> Colum
     return keys, seqs, values
 
 
-def live_columns(columns: Columns) -> LiveColumns:
-    """The rows of resolved ``columns`` a reader sees: every one but the tombstones."""
-    keys, _, values = columns
+def _folded(
+    rows: list[tuple[bytes, int, int, bytes | None]],
+    winners: list[tuple[bytes, int, int, bytes | None]],
+    fold: Fold,
+) -> list[tuple[bytes, int, int, bytes | None]]:
+    """``winners`` with each merge-operand winner folded over its key's older ``rows``."""
+    out = []
+    for winner in winners:
+        if winner[3].__class__ is not Operands:
+            out.append(winner)
+            continue
+        key = winner[0]
+        lo = bisect_left(rows, key, key=_FIRST)
+        hi = bisect_right(rows, key, lo, key=_FIRST)
+        folded = fold([(k, seq, v) for k, seq, _, v in reversed(rows[lo:hi])])
+        if folded is not None:
+            out.append((key, folded[1], winner[2], folded[2]))
+    return out
+
+
+def live_columns(columns: Columns, kinds: Kinds | None = None) -> LiveColumns:
+    """The rows of resolved ``columns`` a reader sees: every one but the tombstones, and
+    with ``kinds`` (RFC 0019) none under a range tombstone, none expired, merge operands
+    over nothing folded alone (:func:`slatepy.table.visibility.live_entries`)."""
+    keys, seqs, values = columns
+    if kinds is not None and (kinds.ranges or not _PLAIN.issuperset(map(type, values))):
+        rows = zip(keys, seqs, values, strict=True)
+        pairs = list(live_entries(rows, kinds.ranges, kinds.clock, kinds.merging))
+        return [k for k, _ in pairs], [v for _, v in pairs]
     if None not in values:
         return keys, values  # type: ignore[return-value]  # no None: all bytes
     kept = [i for i, v in enumerate(values) if v is not None]
     return [keys[i] for i in kept], [values[i] for i in kept]  # type: ignore[misc]
 
 
-def merge_columns(sources: Sequence[Iterator[Columns]], reverse: bool) -> Iterator[Columns]:
+def merge_columns(
+    sources: Sequence[Iterator[Columns]], reverse: bool, fold: Fold | None = None
+) -> Iterator[Columns]:
     """Merge column streams (each in scan order, unique keys within a source; an earlier
     source wins a tie on seq) into one stream of resolved versions (:func:`resolve_window`)."""
     heads: list[_Head] = []
@@ -137,7 +179,7 @@ def merge_columns(sources: Sequence[Iterator[Columns]], reverse: bool) -> Iterat
         if len(parts) == 1:
             yield parts[0][1]
         elif parts:
-            yield resolve_window(parts, reverse)
+            yield resolve_window(parts, reverse, fold)
 
 
 class _Head:
@@ -252,13 +294,25 @@ def _run_columns(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Kinds:
+    """What entry kinds (RFC 0019) need to be resolved in a view: its range tombstones (the
+    memtable's, taken with its entries, and the manifest's), the clock expiry is judged by,
+    and the merge operator."""
+
+    ranges: RangeIndex = EMPTY
+    clock: Clock = time.time
+    merging: Merging = NO_MERGING
+
+
 @dataclass(slots=True)
 class View:
     """One consistent read view: frozen memtable entries over a manifest's SSTs.
 
     ``entries`` are the memtable's entries of ``[start, end)`` (tombstones included), taken
-    when the view was; they are never changed, so a view can be re-read (an iterator's
-    seek) and always gives the same state, for as long as the manifest's SSTs exist.
+    when the view was, with ``ranges``, the memtable's range tombstones then; they are never
+    changed, so a view can be re-read (an iterator's seek) and always gives the same state,
+    for as long as the manifest's SSTs exist.
     """
 
     tables: TableReader
@@ -266,6 +320,14 @@ class View:
     entries: list[Entry]
     start: bytes
     end: bytes | None
+    ranges: RangeIndex = EMPTY
+    clock: Clock = time.time
+    merging: Merging = NO_MERGING
+
+    def kinds(self, start: bytes, end: bytes | None) -> Kinds:
+        """The range tombstones over ``[start, end)`` (the memtable's and the manifest's)
+        with the view's clock and merge operator."""
+        return Kinds(scan_ranges(self.ranges, self.manifest, start, end), self.clock, self.merging)
 
     def columns(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[Columns]:
         """Resolved versions (tombstones included) of ``[start, end)`` within the view."""
@@ -280,12 +342,14 @@ class View:
         sources = compacted_sources(self.tables, self.manifest, start, end, reverse)
         if hi > lo:
             sources.insert(0, memtable_columns(entries[lo:hi], reverse))
-        return merge_columns(sources, reverse)
+        kinds = self.kinds(start, end)
+        return merge_columns(sources, reverse, folding(kinds.ranges, self.merging, complete=True))
 
     def live(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[LiveColumns]:
         """Live ``(keys, values)`` chunks of ``[start, end)`` in scan order."""
+        kinds = self.kinds(start, end)
         for columns in self.columns(start, end, reverse):
-            keys, values = live_columns(columns)
+            keys, values = live_columns(columns, kinds)
             if keys:
                 yield keys, values
 

@@ -199,7 +199,9 @@ class Memtable:
         (a snapshot's memtable, RFC 0020). Shallow: keys and values are immutable bytes, so
         copying the dict and the key lists is enough (a C-speed copy, no per-entry Python).
         Call it where writers are excluded (the writer's lock)."""
-        copy = Memtable()
+        copy = Memtable(self.merging)
+        copy.ranges = self.ranges  # replaced, never changed in place
+        copy._stacks = {key: list(chunks) for key, chunks in self._stacks.items()}
         copy._data = dict(self._data)
         copy._sorted = list(self._sorted)
         copy._new_keys = list(self._new_keys)

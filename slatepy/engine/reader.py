@@ -50,7 +50,7 @@ from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.iterator import View
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
-from slatepy.engine.snapshot import pin_manifest
+from slatepy.engine.snapshot import frozen_clock, pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.surface import ReadSurface, as_url
 from slatepy.engine.view import (
@@ -251,8 +251,8 @@ class DbReader(Closing, ReadSurface):
         with self._lock:
             self._check_open()
             entries = self._memtable.range(start, end)
-            view = self._view
-        return View(self._tables, view, entries, start, end)
+            view, ranges = self._view, self._memtable.ranges
+        return View(self._tables, view, entries, start, end, ranges, self._clock, self._merging)
 
     def snapshot(self) -> ReadSnapshot:
         """A consistent read view of what this reader sees now, unchanged by its later
@@ -283,6 +283,8 @@ class DbReader(Closing, ReadSurface):
             memtable=memtable,
             seq=seq,
             pin=pin,
+            clock=frozen_clock(self._clock),
+            merging=self._merging,
         )
 
     def __repr__(self) -> str:
@@ -358,7 +360,7 @@ class DbReader(Closing, ReadSurface):
             start,
             end,
             ranges=ranges,
-            clock=self._clock,
+            clock=frozen_clock(self._clock),
             merging=self._merging,
         )
 

@@ -37,12 +37,14 @@ from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.surface import ReadSurface, version_in
-from slatepy.engine.view import get_many_compacted, missing_sst, values_of
+from slatepy.engine.view import get_many_compacted, missing_sst, values_of, visible
 from slatepy.errors import ClosedError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.record import Snapshot as SnapshotRecord
 from slatepy.manifest.store import ManifestStore, StoredManifest
+from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import Clock, view_ranges
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,13 @@ class Pin:
         )
 
 
+def frozen_clock(clock: Clock) -> Clock:
+    """``clock`` stopped now: a snapshot judges expiry (RFC 0019) as of when it was taken, so
+    a value that expires later still reads the same in it, like every other write."""
+    moment = clock()
+    return lambda: moment
+
+
 def pin_manifest(
     manifests: ManifestStore, ttl: float, *, manifest_id: int | None = None
 ) -> tuple[Pin, StoredManifest]:
@@ -123,8 +132,12 @@ class Snapshot(ReadSurface):
         memtable: Memtable,
         seq: int,
         pin: Pin | None,
+        clock: Clock = time.time,
+        merging: Merging = NO_MERGING,
     ) -> None:
         self._url = url
+        self._clock = clock
+        self._merging = merging
         self._tables = tables
         self._manifest = manifest
         self._memtable = memtable
@@ -166,7 +179,14 @@ class Snapshot(ReadSurface):
             found = get_many_compacted(self._tables, view, rest)
         except NotFound as exc:
             raise missing_sst(exc) from exc
-        return values_of(keys, newer, found)
+        values = values_of(keys, newer, found)
+        if self._has_ranges():
+            return [self.get(k) for k in keys]
+        # Entry kinds (an expiry, merge operands) resolve one key at a time (RFC 0019).
+        return [
+            v if v is None or v.__class__ is bytes else self.get(k)
+            for k, v in zip(keys, values, strict=True)
+        ]
 
     def scan(
         self,
@@ -185,15 +205,40 @@ class Snapshot(ReadSurface):
         key = check_key(key)
         self._before_read()
         try:
-            return version_in(self._memtable, self._tables, self._manifest, key)
+            version = version_in(self._memtable, self._tables, self._manifest, key)
+            if version is None or (version[1].__class__ is bytes and not self._has_ranges()):
+                return version
+            value = visible(
+                key,
+                version,
+                self._memtable.ranges,
+                self._manifest,
+                self._clock,
+                merging=self._merging,
+                tables=self._tables,
+            )
         except NotFound as exc:
             raise missing_sst(exc) from exc
+        return version[0], value
+
+    def _has_ranges(self) -> bool:
+        """Whether range tombstones exist in the snapshot (reads then resolve them)."""
+        return bool(self._memtable.ranges) or bool(view_ranges(self._manifest))
 
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         self._before_read()
         with self._lock:
             entries = self._memtable.range(start, end)
-        return View(self._tables, self._manifest, entries, start, end)
+        return View(
+            self._tables,
+            self._manifest,
+            entries,
+            start,
+            end,
+            self._memtable.ranges,
+            self._clock,
+            self._merging,
+        )
 
     def _before_read(self) -> None:
         if self._closed:

@@ -41,7 +41,7 @@ from itertools import count, islice
 from typing import TYPE_CHECKING, Literal
 
 from slatepy.engine.batch import Op, check_key, check_range, check_value
-from slatepy.engine.iterator import check_limit, live_columns
+from slatepy.engine.iterator import Kinds, check_limit, live_columns
 from slatepy.errors import ClosedError, InvalidArgument, TransactionConflict
 
 if TYPE_CHECKING:
@@ -219,16 +219,20 @@ class Transaction:
             ((k, v) for k, v in self._writes.items() if k >= start and (end is None or k < end)),
             reverse=reverse,
         )
-        rows = _overlay(self._checked_rows(view.columns(start, end, reverse)), own, reverse)
+        rows = _overlay(
+            self._checked_rows(view.columns(start, end, reverse), view.kinds(start, end)),
+            own,
+            reverse,
+        )
         return rows if limit is None else islice(rows, limit)
 
     def _checked_rows(
-        self, chunks: Iterable[tuple[list[bytes], list[int], list[bytes | None]]]
+        self, chunks: Iterable[tuple[list[bytes], list[int], list[bytes | None]]], kinds: Kinds
     ) -> Iterator[tuple[bytes, bytes]]:
         for columns in chunks:
             if max(columns[1]) > self._start:
                 raise self._conflict("a key in the scanned range was written after the snapshot")
-            keys, values = live_columns(columns)
+            keys, values = live_columns(columns, kinds)
             yield from zip(keys, values, strict=True)
 
     def commit(self) -> None:
