@@ -179,14 +179,16 @@ class Snapshot(ReadSurface):
             found = get_many_compacted(self._tables, view, rest)
         except NotFound as exc:
             raise missing_sst(exc) from exc
-        values = values_of(keys, newer, found)
-        if self._has_ranges():
-            return [self.get(k) for k in keys]
-        # Entry kinds (an expiry, merge operands) resolve one key at a time (RFC 0019).
-        return [
-            v if v is None or v.__class__ is bytes else self.get(k)
-            for k, v in zip(keys, values, strict=True)
-        ]
+        return values_of(
+            keys,
+            newer,
+            found,
+            ranges=self._memtable.ranges,
+            view=view,
+            clock=self._clock,
+            merging=self._merging,
+            tables=self._tables,
+        )
 
     def scan(
         self,
