@@ -347,6 +347,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             seq = self._seq
             if self._txns.active:
                 self._txns.record(ops, seq)
+                if ranges:
+                    self._txns.record_ranges(ranges, seq)
             entries: list[Entry] = [(key, seq, value) for key, value in ops]
             if ranges:
                 tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]

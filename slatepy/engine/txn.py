@@ -63,6 +63,7 @@ class ConflictTracker:
         self._max_keys = max_keys
         self._last: dict[bytes, int] = {}
         self._log: deque[tuple[int, list[bytes]]] = deque()
+        self._ranges: list[tuple[bytes, bytes, int]] = []  # range deletes (RFC 0019), by seq
         self._open: dict[int, int] = {}  # transaction token -> start seq
         self._tokens = count(1)
         self.horizon = 0
@@ -82,6 +83,7 @@ class ConflictTracker:
         if not self._open:
             self._last.clear()
             self._log.clear()
+            self._ranges.clear()
             self.horizon = 0
             return
         self._trim(min(self._open.values()))
@@ -97,10 +99,16 @@ class ConflictTracker:
                 self.horizon = self._log[0][0]
                 self._drop_oldest()
 
+    def record_ranges(self, ranges: Sequence[tuple[bytes, bytes]], seq: int) -> None:
+        """Range deletes of ``[start, end)`` at ``seq``: a write to every key under them."""
+        self._ranges.extend((start, end, seq) for start, end in ranges)
+
     def _trim(self, below: int) -> None:
         """Drop records no open transaction can conflict with (seq <= ``below``)."""
         while self._log and self._log[0][0] <= below:
             self._drop_oldest()
+        if self._ranges:
+            self._ranges = [r for r in self._ranges if r[2] > below]
 
     def _drop_oldest(self) -> None:
         seq, keys = self._log.popleft()
@@ -110,13 +118,18 @@ class ConflictTracker:
                 del last[key]
 
     def written_after(self, key: bytes, seq: int) -> bool:
-        return self._last.get(key, 0) > seq
+        if self._last.get(key, 0) > seq:
+            return True
+        return any(s > seq and start <= key < end for start, end, s in self._ranges)
 
     def range_written_after(self, start: bytes, end: bytes | None, seq: int) -> bytes | None:
         """A key in ``[start, end)`` written after ``seq``, or None (a scan of the records)."""
         for key, written in self._last.items():
             if written > seq and key >= start and (end is None or key < end):
                 return key
+        for r_start, r_end, written in self._ranges:
+            if written > seq and r_end > start and (end is None or r_start < end):
+                return max(r_start, start)
         return None
 
 

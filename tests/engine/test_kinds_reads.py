@@ -121,3 +121,27 @@ def test_a_transaction_reads_and_scans_through_the_kinds(db: tuple[Db, Clock, Ob
         assert rows == [r for r in EXPECTED if r[0] < b"n"]
         txn.put(b"a2", b"new")
     assert handle.get(b"a2") == b"new"
+
+
+def test_a_range_delete_conflicts_with_transactions_that_wrote_or_read_under_it() -> None:
+    from slatepy.errors import TransactionConflict
+
+    with Db.open("memory://", settings=FAST) as handle:
+        handle.put(b"k1", b"v")
+        writer = handle.begin("snapshot")
+        writer.put(b"k1", b"mine")
+        reader = handle.begin("serializable")
+        assert reader.get(b"k2") is None
+        reader.put(b"other", b"x")
+        scanner = handle.begin("serializable")
+        assert list(scanner.scan(b"j", b"l")) == [(b"k1", b"v")]
+        scanner.put(b"other2", b"x")
+        untouched = handle.begin("serializable")
+        assert untouched.get(b"z") is None
+        untouched.put(b"z", b"x")
+        handle.delete_range(b"k", b"l")  # after all four began
+        for txn in (writer, reader, scanner):
+            with pytest.raises(TransactionConflict):
+                txn.commit()
+        untouched.commit()
+        assert handle.get(b"k1") is None and handle.get(b"z") == b"x"
