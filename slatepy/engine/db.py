@@ -40,6 +40,7 @@ from slatepy.engine.view import (
     newer_version,
     scan_merged,
     values_of,
+    view_ranges,
     visible,
 )
 from slatepy.engine.wal import WalWriter
@@ -65,7 +66,7 @@ from slatepy.store.url import open_store
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import EMPTY, Clock, now_ms, view_ranges
+from slatepy.table.visibility import EMPTY, Clock, now_ms
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor

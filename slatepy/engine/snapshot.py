@@ -37,14 +37,14 @@ from slatepy.engine.batch import check_key, check_range
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.surface import ReadSurface, version_in
-from slatepy.engine.view import get_many_compacted, missing_sst, values_of, visible
+from slatepy.engine.view import get_many_compacted, missing_sst, values_of, view_ranges, visible
 from slatepy.errors import ClosedError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.record import Snapshot as SnapshotRecord
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import Clock, view_ranges
+from slatepy.table.visibility import Clock
 
 log = logging.getLogger(__name__)
 

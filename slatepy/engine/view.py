@@ -8,6 +8,7 @@ reads, so the top-level indexes it keeps in memory follow the live SSTs (RFC 000
 
 from __future__ import annotations
 
+import contextlib
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,6 @@ from slatepy.table.visibility import (
     folding,
     live_entries,
     resolve,
-    view_ranges,
 )
 
 
@@ -302,3 +302,32 @@ def _run_sst_for(run: SortedRun, key: bytes) -> SstHandle | None:
     if i >= 0 and key <= run.ssts[i].last_key:
         return run.ssts[i]
     return None
+
+
+_VIEW_CACHE: dict[int, tuple[Manifest, RangeIndex]] = {}
+_VIEW_CACHE_SIZE = 16
+
+
+_last: tuple[Manifest | None, RangeIndex] = (None, EMPTY)
+
+
+def view_ranges(view: Manifest) -> RangeIndex:
+    """The range tombstones of every compacted SST of ``view`` (from the manifest's handles),
+    built once per view object and cached (:data:`EMPTY` when there are none)."""
+    global _last
+    last = _last
+    if last[0] is view:
+        return last[1]
+    cached = _VIEW_CACHE.get(id(view))
+    if cached is not None and cached[0] is view:
+        _last = cached
+        return cached[1]
+    tombstones = [t for h in view.l0 for t in h.range_tombstones]
+    tombstones += [t for run in view.sorted_runs for h in run.ssts for t in h.range_tombstones]
+    index = RangeIndex(tombstones) if tombstones else EMPTY
+    if len(_VIEW_CACHE) >= _VIEW_CACHE_SIZE:
+        # Another thread may evict first: the cache only needs to stay bounded.
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            _VIEW_CACHE.pop(next(iter(_VIEW_CACHE)))
+    _VIEW_CACHE[id(view)] = _last = (view, index)  # held, so its id is not reused
+    return index

@@ -20,14 +20,12 @@ one of the same seq came later in the same write batch and is kept.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone
-from slatepy.manifest.record import Manifest
 from slatepy.table.merge_operator import NO_MERGING, Merging, missing_operator
 
 Clock = Callable[[], float]
@@ -76,34 +74,6 @@ class RangeIndex:
 
 
 EMPTY = RangeIndex()
-
-_VIEW_CACHE: dict[int, tuple[Manifest, RangeIndex]] = {}
-_VIEW_CACHE_SIZE = 16
-
-
-_last: tuple[Manifest | None, RangeIndex] = (None, EMPTY)
-
-
-def view_ranges(view: Manifest) -> RangeIndex:
-    """The range tombstones of every compacted SST of ``view`` (from the manifest's handles),
-    built once per view object and cached (:data:`EMPTY` when there are none)."""
-    global _last
-    last = _last
-    if last[0] is view:
-        return last[1]
-    cached = _VIEW_CACHE.get(id(view))
-    if cached is not None and cached[0] is view:
-        _last = cached
-        return cached[1]
-    tombstones = [t for h in view.l0 for t in h.range_tombstones]
-    tombstones += [t for run in view.sorted_runs for h in run.ssts for t in h.range_tombstones]
-    index = RangeIndex(tombstones) if tombstones else EMPTY
-    if len(_VIEW_CACHE) >= _VIEW_CACHE_SIZE:
-        # Another thread may evict first: the cache only needs to stay bounded.
-        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-            _VIEW_CACHE.pop(next(iter(_VIEW_CACHE)))
-    _VIEW_CACHE[id(view)] = _last = (view, index)  # held, so its id is not reused
-    return index
 
 
 def combined(*indexes: RangeIndex) -> RangeIndex:
