@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS_PER_PASS = 16
 """Compactions in one pass before GC gets its turn and the interval sleep."""
+IDLE_MANIFEST_LOOK = 4
+"""While idle, every this many passes looks for a newer manifest (a GET); the others only
+HEAD the next WAL SST: new WAL is what a writer's compactor waits for, and what changes the
+work without WAL (an ingestion, another compactor) can wait a few ceilings."""
 
 
 class BackgroundCompactor:
@@ -65,6 +69,7 @@ class BackgroundCompactor:
             settings.compaction_interval,
             min(settings.compaction_max_interval, settings.compactor_lease / 2),
         )
+        self._idle_passes = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._woken_at = 0.0
@@ -90,7 +95,7 @@ class BackgroundCompactor:
                     self.fenced = False
                     self.taken_back += 1
                 if not self.fenced:
-                    worked = self._compact() > 0
+                    worked = self._compact(self._idle_passes % IDLE_MANIFEST_LOOK == 0) > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
             except FencedError as exc:
@@ -113,14 +118,17 @@ class BackgroundCompactor:
                 worked = True  # retry at the base interval, not after an idle back-off
             # A standby keeps to the base interval: it must see the holder's lease lapse.
             self.backoff.polled(changed=worked or self.fenced)
+            self._idle_passes = self._idle_passes + 1 if self.backoff.idle else 0
             self.passes += 1
 
-    def _compact(self) -> int:
+    def _compact(self, recheck_manifest: bool = True) -> int:
         """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran."""
         # Hand each published manifest to the writer at once: it prunes its memtable then,
         # which keeps the writer under max_unflushed_bytes while writes go on.
         for done in range(MAX_ROUNDS_PER_PASS):
-            if self._stop.is_set() or self.compactor.run_once() is None:
+            if self._stop.is_set():
+                return done
+            if self.compactor.run_once(recheck_manifest=recheck_manifest or done > 0) is None:
                 return done
             if self._on_publish:
                 self._on_publish(self.compactor.last_published.manifest)

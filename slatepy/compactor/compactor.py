@@ -145,15 +145,23 @@ class Compactor:
         than a few thousand merged entries, however large the compaction."""
         self._cancel.set()
 
-    def run_once(self) -> Plan | None:
+    def run_once(self, *, recheck_manifest: bool = True) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do.
+
+        Args:
+            recheck_manifest: Look for a newer manifest first (a GET); False plans on the
+                newest one seen, which is enough to find new WAL SSTs (the background loop
+                skips most manifest looks while idle: only ingestions and other compactors
+                change what there is to do without writing WAL).
 
         Raises:
             FencedError: another compactor holds the epoch now (this one may stand by:
                 :meth:`standby_check`).
             CompactionAbandoned: cancelled, or too slow to publish safely.
         """
-        stored = self.manifests.poll()
+        stored = (None if recheck_manifest else self.manifests.newest_seen()) or (
+            self.manifests.poll()
+        )
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
         todo, wal_sizes = self._plan(manifest)

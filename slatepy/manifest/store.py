@@ -107,6 +107,12 @@ class ManifestStore:
             self._confirmed_at = started
         return self._known
 
+    def newest_seen(self) -> StoredManifest | None:
+        """The newest manifest this store has read or written, if it still holds it decoded
+        (no request)."""
+        cached = self._cached
+        return cached if cached is not None and cached.id == self._known else None
+
     def poll(self) -> StoredManifest | None:
         """The newest manifest, as cheaply as can be trusted: GETs of the ids after the newest
         known, so a poll that finds nothing new costs one request and one that finds a new

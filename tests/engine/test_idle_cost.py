@@ -17,6 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from slatepy import Db, DbReader, Settings
+from slatepy.compactor.background import IDLE_MANIFEST_LOOK
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import POLL_PROBES, ManifestStore
 from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
@@ -169,6 +170,9 @@ def test_an_idle_writer_with_its_compactor_backs_off_and_wakes_on_the_next_write
         # GC passes', one per 0.8 s at most.
         assert idle_passes <= 2.0 / 0.4 + 2, idle_passes
         assert len(recording.since(start, "head")) <= idle_passes
+        # Only every IDLE_MANIFEST_LOOK-th idle pass looks for a newer manifest.
+        looks = [r for r in recording.since(start, "get") if r[2].startswith("manifest/")]
+        assert len(looks) <= idle_passes // IDLE_MANIFEST_LOOK + 2, (looks, idle_passes)
         lists = recording.since(start, "list")
         gc_passes = len({round(t, 2) for t, _, _ in lists})
         assert gc_passes <= 2.0 / 0.8 + 1, f"GC did not back off: {lists}"
