@@ -43,6 +43,7 @@ def workloads(engine: SlatepyEngine, keys: int) -> list[tuple[str, int, Callable
         ("batches of 1000, awaited", keys, lambda: engine.batches(batch_keys, VALUE, 1000)),
         ("gets, memtable", len(sample), lambda: engine.get_many(sample)),
         ("to_ssts (not compared)", 1, engine.to_ssts),
+        ("warming the caches (not compared)", len(sample), lambda: engine.get_many(sample)),
         ("gets, SSTs warm", len(sample), lambda: engine.get_many(sample)),
         ("full scan", 2 * keys, engine.scan_all),
     ]
