@@ -3,6 +3,13 @@
     pip install -e ".[bench]"
     python -m bench --keys 20000 --stores memory s3 --name compare
 
+and against RocksDB (``rocksdict``, default options) on a local directory (issue 16):
+
+    python -m bench --keys 200000 --stores file --engines slatepy slatedb rocksdict --repeat 3
+
+(``--repeat N`` runs every engine N times, interleaved, and reports each workload's median:
+the machine may be busy.)
+
 Workloads (16-byte keys, 100-byte values): puts without awaiting durability; batches of 1,000
 awaited; sequential durable puts (p50/p99); random gets from the memtable; random gets from
 SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get/put with 4
@@ -341,39 +348,68 @@ def run_engine(
 
 
 def markdown(run: dict[str, Any]) -> str:
+    """One row per workload: slatepy, then every other engine run and slatepy's ratio to it."""
+    others = list(dict.fromkeys(e for d in run["stores"].values() for e in d["engines"]))
+    others = [e for e in others if e != "slatepy"] or ["slatedb"]
+    head = "".join(f" {e} | {'ratio' if len(others) == 1 else f'slatepy / {e}'} |" for e in others)
+    repeats = run.get("repeat", 1)
     lines = [
-        f"Run `{run['command']}` on {run['machine']}, {run['date']}.",
+        f"Run `{run['command']}` on {run['machine']}, {run['date']}."
+        + (
+            f" Each time is the median of {repeats} runs (engines interleaved)."
+            if repeats > 1
+            else ""
+        ),
         "",
-        "| store | workload | slatepy | slatedb | ratio | slatepy requests and bytes / 1,000 ops |",
-        "|---|---|---|---|---|---|",
+        f"| store | workload | slatepy |{head} slatepy requests and bytes / 1,000 ops |",
+        "|---|---|---|" + "---|---|" * len(others) + "---|",
     ]
     for store, data in run["stores"].items():
-        ours, theirs = data["engines"].get("slatepy", {}), data["engines"].get("slatedb", {})
+        ours = data["engines"].get("slatepy", {})
         for workload, mine in ours.items():
-            other = theirs.get(workload)
-            # Reader lag is compared by its p50 (proxy table), not by its pace of writes.
-            ratio = f"{mine['rate'] / other['rate']:.1f}x" if other and "seen" not in mine else "-"
             rate = f"{mine['rate']:,.0f} {mine['unit']}"
             if "p50_ms" in mine:
                 rate += f" (p50 {mine['p50_ms']:.2f} ms, p99 {mine['p99_ms']:.2f} ms)"
             if "mb_per_s" in mine:
                 share = mine["mb_per_s"] / data["floor"].get("get_mb_per_s", float("nan"))
                 rate += f" ({mine['mb_per_s']:,.1f} MB/s, {share:.0%} of one large GET)"
-            their = (
-                "-"
-                if not other
-                else f"{other['rate']:,.0f} {other['unit']}"
-                + (f" (p50 {other['p50_ms']:.2f} ms)" if "p50_ms" in other else "")
-            )
+            cells = ""
+            for engine in others:
+                other = data["engines"].get(engine, {}).get(workload)
+                # Reader lag is compared by its p50 (proxy table), not by its pace of writes.
+                ratio = (
+                    f"{mine['rate'] / other['rate']:.2f}x" if other and "seen" not in mine else "-"
+                )
+                their = (
+                    "-"
+                    if not other
+                    else f"{other['rate']:,.0f} {other['unit']}"
+                    + (f" (p50 {other['p50_ms']:.2f} ms)" if "p50_ms" in other else "")
+                )
+                cells += f" {their} | {ratio} |"
             counted = mine.get("reader_requests_per_1000") or mine["requests_per_1000"]
             reqs = ", ".join(f"{k} {v:g}" for k, v in sorted(counted.items()))
-            lines.append(f"| {store} | {workload} | {rate} | {their} | {ratio} | {reqs or '-'} |")
+            lines.append(f"| {store} | {workload} | {rate} |{cells} {reqs or '-'} |")
         floor = data["floor"]
         lines.append(
             f"| {store} | raw conditional PUT / GET; one 32 MB GET | {floor['put_ms']:.3f} ms / "
-            f"{floor['get_ms']:.3f} ms; {floor.get('get_mb_per_s', 0):,.1f} MB/s | | | |"
+            f"{floor['get_ms']:.3f} ms; {floor.get('get_mb_per_s', 0):,.1f} MB/s |"
+            + " |"
+            * (2 * len(others) + 1)
         )
     return "\n".join(lines) + "\n"
+
+
+def median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine's results over repeated runs: each workload's run of median rate (an
+    odd count; the lower middle otherwise), with every run's rate under ``rates``."""
+    merged: dict[str, Any] = {}
+    for workload in runs[0]:
+        results = sorted((r[workload] for r in runs if workload in r), key=lambda r: r["rate"])
+        middle = dict(results[(len(results) - 1) // 2])
+        middle["rates"] = [r[workload]["rate"] for r in runs if workload in r]
+        merged[workload] = middle
+    return merged
 
 
 def _kinds(counts: dict[str, float]) -> str:
@@ -512,6 +548,12 @@ def main() -> None:
     parser.add_argument("--engines", nargs="+", default=["slatepy", "slatedb"])
     parser.add_argument("--name", default="latest")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every engine this many times (interleaved) and report each workload's median",
+    )
+    parser.add_argument(
         "--latency-ms",
         type=float,
         default=0.0,
@@ -553,11 +595,13 @@ def main() -> None:
                 *([f"--jitter-ms {args.jitter_ms:g}"] if args.jitter_ms is not None else []),
                 *([f"--lag-writes {args.lag_writes}"] if args.lag_writes != 20 else []),
                 *([f"--disk-cache {args.disk_cache}"] if args.disk_cache != "auto" else []),
+                *([f"--repeat {args.repeat}"] if args.repeat != 1 else []),
             ]
         ),
         "machine": f"{platform.machine()}, {platform.python_version()}, {platform.platform()}",
         "date": time.strftime("%Y-%m-%d"),
         "stores": {},
+        "repeat": args.repeat,
     }
     for store_name in args.stores:
         with store_location(store_name, args.latency_ms, args.disk_cache, args.jitter_ms) as fresh:
@@ -566,16 +610,26 @@ def main() -> None:
                 "floor": floor_ms(open_store(url, settings, create=True)),
                 "engines": {},
             }
-            for engine_name in args.engines:
-                url, settings = fresh(engine_name)
-                print(f"{store_name} / {engine_name} ...", flush=True)
-                data["engines"][engine_name] = run_engine(
-                    engine_name,
-                    url,
-                    settings,
-                    args.keys,
-                    proxy=fresh.proxy,
-                    lag_writes=args.lag_writes,
+            # RocksDB needs a local directory: rocksdict runs on the file store only.
+            engines = [e for e in args.engines if e != "rocksdict" or store_name == "file"]
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+            for repeat in range(args.repeat):
+                for engine_name in engines:
+                    url, settings = fresh(engine_name)
+                    print(f"{store_name} / {engine_name} ({repeat + 1}) ...", flush=True)
+                    runs[engine_name].append(
+                        run_engine(
+                            engine_name,
+                            url,
+                            settings,
+                            args.keys,
+                            proxy=fresh.proxy,
+                            lag_writes=args.lag_writes,
+                        )
+                    )
+            for engine_name, results in runs.items():
+                data["engines"][engine_name] = (
+                    results[0] if args.repeat == 1 else median_runs(results)
                 )
             run["stores"][store_name] = data
     RESULTS.mkdir(exist_ok=True)

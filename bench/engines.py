@@ -1,8 +1,9 @@
-"""The two engines behind one set of bulk operations, each driven the way its users drive it.
+"""The engines behind one set of bulk operations, each driven the way its users drive it.
 
 slatepy is synchronous: plain loops. SlateDB's Python package (``slatedb`` 0.17, a Rust core
 behind asyncio bindings) is asynchronous: its operations run as ``async`` loops inside one
-event loop, so neither engine pays for the other's calling convention.
+event loop, so neither engine pays for the other's calling convention. RocksDB through
+``rocksdict`` (synchronous, a Rust binding over the C++ library) runs on the file store only.
 """
 
 from __future__ import annotations
@@ -363,7 +364,134 @@ class SlatedbEngine:
         self.loop.close()
 
 
-ENGINES = {"slatepy": SlatepyEngine, "slatedb": SlatedbEngine}
+class RocksdictEngine:
+    """RocksDB through ``rocksdict`` (0.3), on a local directory, with its default options.
+
+    A write that "awaits durability" is one with ``WriteOptions.sync`` (the WAL fsynced
+    before it returns); unawaited puts use the default write options (WAL written, not
+    synced) and end with one synced WAL flush, as slatepy's end with ``flush``. Only the
+    file store applies: RocksDB does not run on object storage."""
+
+    name = "rocksdict"
+    metrics = None  # no object store: nothing to count
+
+    def __init__(self, url: str, settings: Settings) -> None:
+        from rocksdict import Rdict, WriteOptions
+
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise SystemExit(f"rocksdict runs on the file store only, not {parts.scheme!r}")
+        self.path = parts.path
+        self.db: Any = Rdict(self.path)
+        self._sync: Any = WriteOptions()
+        self._sync.sync = True
+
+    def put_many(self, keys: Sequence[bytes], value: bytes) -> None:
+        put = self.db.put
+        for key in keys:
+            put(key, value)
+        self.db.flush_wal(True)
+
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+        from rocksdict import WriteBatch as RocksBatch
+
+        for first in range(0, len(keys), size):
+            batch = RocksBatch()
+            for key in keys[first : first + size]:
+                batch.put(key, value)
+            self.db.write(batch, self._sync)
+
+    def durable_puts(self, keys: Sequence[bytes], value: bytes) -> list[float]:
+        latencies = []
+        for key in keys:
+            start = time.perf_counter()
+            self.db.put(key, value, self._sync)
+            latencies.append(time.perf_counter() - start)
+        return latencies
+
+    def get_many(self, keys: Sequence[bytes]) -> int:
+        get = self.db.get
+        return sum(get(key) is not None for key in keys)
+
+    def to_ssts(self) -> None:
+        """Flush the memtable to an SST and compact everything into the last level."""
+        self.db.flush(True)
+        self.db.compact_range(None, None)
+
+    def scan_all(self) -> int:
+        return sum(1 for _ in self.db.items())
+
+    def mixed(self, keys: Sequence[bytes], value: bytes, ops: int, threads: int) -> None:
+        def work(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(ops // threads):
+                key = rng.choice(keys)
+                if rng.random() < 0.8:
+                    self.db.get(key)
+                else:
+                    self.db.put(key, value)
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        self.db.flush_wal(True)
+
+    def concurrent_durable_puts(
+        self, keys: Sequence[bytes], value: bytes, writers: int
+    ) -> list[float]:
+        """``writers`` threads, each putting its share of ``keys`` with a synced WAL."""
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def work(mine: Sequence[bytes]) -> None:
+            for key in mine:
+                start = time.perf_counter()
+                self.db.put(key, value, self._sync)
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+
+        threads = [threading.Thread(target=work, args=(keys[w::writers],)) for w in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return latencies
+
+    def _reader(self) -> Any:
+        """A read-only instance opened now on the same directory (its own caches, cold)."""
+        from rocksdict import AccessType, Rdict
+
+        return Rdict(self.path, access_type=AccessType.read_only())
+
+    def fresh_reader_gets(self, keys: Sequence[bytes]) -> tuple[int, dict[str, int]]:
+        reader = self._reader()
+        try:
+            return sum(reader.get(key) is not None for key in keys), {}
+        finally:
+            reader.close()
+
+    def fresh_reader_scan(self) -> tuple[int, int, float]:
+        """A full scan by a new read-only instance: ``(rows, 0, seconds)``."""
+        reader = self._reader()
+        try:
+            start = time.perf_counter()
+            rows = sum(1 for _ in reader.items())
+            return rows, 0, time.perf_counter() - start
+        finally:
+            reader.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+
+ENGINES: dict[str, Any] = {
+    "slatepy": SlatepyEngine,
+    "slatedb": SlatedbEngine,
+    "rocksdict": RocksdictEngine,
+}
 
 
 def _lag_writes(
