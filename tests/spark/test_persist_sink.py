@@ -269,4 +269,7 @@ def test_a_driver_killed_inside_commit_and_mid_stream_ends_exactly_once(tmp_path
     assert third.returncode == 0 and "DONE" in out, out
     counts, upper = shard_rows(url)
     assert counts == {key: 1 for key in expected}
-    assert upper == 6  # batch i appended at [i, i + 1): the replay of 0 appended nothing
+    # Batch i appended at [i, i + 1), the replay of 0 appending nothing. Usually 6 batches,
+    # one file each; a restart may plan the files left differently, so count Spark's commits.
+    commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    assert upper == max(commits) + 1 <= 6
