@@ -383,13 +383,21 @@ class Db(Closing, ReadSurface, WriteSurface):
             if value.__class__ is not Operands:
                 return visible(key, version, ranges, view, self._clock)
             return self._get_merged(key)
-        # No version, or one older than an ingestion, which may hold a newer one.
-        found = self._read(lambda v: get_compacted(self._tables, v, key), view)
+        # No version, or one older than an ingestion, which may hold a newer one. Read
+        # directly (no closure per get); a gone SST goes through _read's refresh and retry.
+        try:
+            found = get_compacted(self._tables, view, key)
+        except NotFound:
+            found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
         self._check_open()
         version = newer_version(version, found)
-        if version is not None and version[1].__class__ is Operands:
-            return self._get_merged(key)
+        if version is not None:
+            value = version[1]
+            if value.__class__ is bytes and ranges is EMPTY and view_ranges(self._view) is EMPTY:
+                return value  # a plain value nothing can cover: what visible() would return
+            if value.__class__ is Operands:
+                return self._get_merged(key)
         return visible(key, version, ranges, self._view, self._clock)
 
     def _get_merged(self, key: bytes) -> bytes | None:

@@ -20,41 +20,51 @@ RFC 0019's kinds, through :func:`slatepy.table.visibility.live_entries`).
 A window that only one source contributes to skips :func:`resolve_window` (each source holds
 one version per key) and goes straight to :func:`live_columns`, so a per-row rule (an expiry,
 a lone merge operand) belongs there. Every read in this module (iterators, reverse scans,
-batches, snapshots, transactions) goes through both.
+batches, snapshots, transactions), and ``Db.scan`` (:func:`slatepy.engine.view.scan_merged`),
+goes through both; they live in :mod:`slatepy.engine.columns`.
 """
 
 from __future__ import annotations
 
 import time
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import islice
 from typing import Any, Literal
 
 from slatepy.engine.batch import check_key
-from slatepy.engine.view import scan_ranges
+from slatepy.engine.columns import (
+    _FIRST,
+    MEMTABLE_CHUNK,
+    Kinds,
+    LiveColumns,
+    live_columns,
+    memtable_columns,
+    merge_columns,
+    resolve_window,
+)
+from slatepy.engine.view import compacted_sources, scan_ranges
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
-from slatepy.format.kinds import Operands
-from slatepy.manifest.record import Manifest, SortedRun
-from slatepy.table.layout import compacted_path
+from slatepy.manifest.record import Manifest
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Columns, TableReader
-from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding, live_entries
+from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding
 
-MEMTABLE_CHUNK = 4096
-"""Memtable entries per column chunk (a memtable source's "block")."""
+__all__ = [
+    "MEMTABLE_CHUNK",
+    "Kinds",
+    "LiveColumns",
+    "compacted_sources",
+    "live_columns",
+    "memtable_columns",
+    "merge_columns",
+    "resolve_window",
+]
+
 DEFAULT_BATCH_SIZE = 1024
 BatchFormat = Literal["rows", "columns", "arrow"]
-LiveColumns = tuple[list[bytes], list[bytes]]
-"""``(keys, values)`` of live rows, in scan order."""
-
-_FIRST = itemgetter(0)
-_PLAIN = frozenset({bytes, type(None)})
-Fold = Callable[[list[Entry]], Entry | None]
-"""Folds one key's versions (newest first) whose newest are merge operands."""
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -90,219 +100,6 @@ def key_bounds(
         else:
             raise InvalidArgument(f"scan start {lo!r} is after end {hi!r}")
     return lo, hi
-
-
-def resolve_window(
-    parts: Sequence[tuple[int, Columns]], reverse: bool, fold: Fold | None = None
-) -> Columns:
-    """The version each key of a merge window yields: the newest (highest seq; on a tie the
-    earlier source), tombstones included; a newest version of merge operands is ``fold``ed
-    with the key's older versions (newest first), as ``merge_folding`` does for scans.
-
-    ``parts`` are ``(source index, columns)``, each in scan order, together holding every
-    version of their keys the view has.
-    """
-    rows: list[tuple[bytes, int, int, bytes | None]] = []
-    for order, (keys, seqs, values) in parts:
-        rows.extend(zip(keys, seqs, repeat(-order), values, strict=False))
-    rows.sort()  # by key, then oldest first: the last row of each key wins
-    winners = list(dict(zip(map(_FIRST, rows), rows, strict=True)).values())
-    if fold is not None and Operands in set(map(type, (r[3] for r in winners))):
-        winners = _folded(rows, winners, fold)
-    if reverse:
-        winners.reverse()
-    keys = [r[0] for r in winners]
-    seqs = [r[1] for r in winners]
-    values = [r[3] for r in winners]
-    return keys, seqs, values
-
-
-def _folded(
-    rows: list[tuple[bytes, int, int, bytes | None]],
-    winners: list[tuple[bytes, int, int, bytes | None]],
-    fold: Fold,
-) -> list[tuple[bytes, int, int, bytes | None]]:
-    """``winners`` with each merge-operand winner folded over its key's older ``rows``."""
-    out = []
-    for winner in winners:
-        if winner[3].__class__ is not Operands:
-            out.append(winner)
-            continue
-        key = winner[0]
-        lo = bisect_left(rows, key, key=_FIRST)
-        hi = bisect_right(rows, key, lo, key=_FIRST)
-        folded = fold([(k, seq, v) for k, seq, _, v in reversed(rows[lo:hi])])
-        if folded is not None:
-            out.append((key, folded[1], winner[2], folded[2]))
-    return out
-
-
-def live_columns(columns: Columns, kinds: Kinds | None = None) -> LiveColumns:
-    """The rows of resolved ``columns`` a reader sees: every one but the tombstones, and
-    with ``kinds`` (RFC 0019) none under a range tombstone, none expired, merge operands
-    over nothing folded alone (:func:`slatepy.table.visibility.live_entries`)."""
-    keys, seqs, values = columns
-    if kinds is not None and (kinds.ranges or not _PLAIN.issuperset(map(type, values))):
-        rows = zip(keys, seqs, values, strict=True)
-        pairs = list(live_entries(rows, kinds.ranges, kinds.clock, kinds.merging))
-        return [k for k, _ in pairs], [v for _, v in pairs]
-    if None not in values:
-        return keys, values  # type: ignore[return-value]  # no None: all bytes
-    kept = [i for i, v in enumerate(values) if v is not None]
-    return [keys[i] for i in kept], [values[i] for i in kept]  # type: ignore[misc]
-
-
-def merge_columns(
-    sources: Sequence[Iterator[Columns]], reverse: bool, fold: Fold | None = None
-) -> Iterator[Columns]:
-    """Merge column streams (each in scan order, unique keys within a source; an earlier
-    source wins a tie on seq) into one stream of resolved versions (:func:`resolve_window`)."""
-    heads: list[_Head] = []
-    for order, source in enumerate(sources):
-        head = _Head(order, source)
-        if head.advance():
-            heads.append(head)
-    while heads:
-        if len(heads) == 1:
-            head = heads[0]
-            yield head.rest()
-            yield from head.source  # one source: its versions are already one per key
-            return
-        # Every source's entries up to the nearest chunk end are in hand: merge those.
-        bound = max(h.keys[-1] for h in heads) if reverse else min(h.keys[-1] for h in heads)
-        parts: list[tuple[int, Columns]] = []
-        for head in heads:
-            taken = head.take_through(bound, reverse)
-            if taken is not None:
-                parts.append((head.order, taken))
-        heads = [h for h in heads if h.pos < len(h.keys) or h.advance()]
-        if len(parts) == 1:
-            yield parts[0][1]
-        elif parts:
-            yield resolve_window(parts, reverse, fold)
-
-
-class _Head:
-    """A source's current chunk and the position consumed in it."""
-
-    __slots__ = ("keys", "order", "pos", "seqs", "source", "values")
-
-    def __init__(self, order: int, source: Iterator[Columns]) -> None:
-        self.order = order
-        self.source = source
-        self.keys: list[bytes] = []
-        self.seqs: list[int] = []
-        self.values: list[bytes | None] = []
-        self.pos = 0
-
-    def advance(self) -> bool:
-        """Load the next non-empty chunk; False when the source is exhausted."""
-        for keys, seqs, values in self.source:
-            if keys:
-                self.keys, self.seqs, self.values, self.pos = keys, seqs, values, 0
-                return True
-        return False
-
-    def rest(self) -> Columns:
-        pos = self.pos
-        if pos == 0:
-            return self.keys, self.seqs, self.values
-        return self.keys[pos:], self.seqs[pos:], self.values[pos:]
-
-    def take_through(self, bound: bytes, reverse: bool) -> Columns | None:
-        """The chunk's entries from the position up to and including ``bound`` (in scan
-        order); None if there are none."""
-        keys, pos = self.keys, self.pos
-        cut = _descending_cut(keys, bound, pos) if reverse else bisect_right(keys, bound, pos)
-        if cut == pos:
-            return None
-        self.pos = cut
-        if pos == 0 and cut == len(keys):
-            return keys, self.seqs, self.values
-        return keys[pos:cut], self.seqs[pos:cut], self.values[pos:cut]
-
-
-def _descending_cut(keys: list[bytes], bound: bytes, lo: int) -> int:
-    """In descending ``keys``, the index after the last key >= ``bound`` (from ``lo``)."""
-    hi = len(keys)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if keys[mid] >= bound:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def memtable_columns(entries: Sequence[Entry], reverse: bool) -> Iterator[Columns]:
-    """Key-sorted memtable entries as column chunks in scan order."""
-    n = len(entries)
-    starts = range(0, n, MEMTABLE_CHUNK)
-    for first in reversed(starts) if reverse else starts:
-        chunk = entries[first : first + MEMTABLE_CHUNK]
-        if reverse:
-            chunk = chunk[::-1]
-        keys, seqs, values = (list(c) for c in zip(*chunk, strict=True))
-        yield keys, seqs, values
-
-
-def _stamped(columns: Iterator[Columns], global_seq: int) -> Iterator[Columns]:
-    """An ingested SST's columns with its global seq on every entry (RFC 0016)."""
-    if not global_seq:
-        return columns
-    return ((k, [global_seq] * len(k), v) for k, _, v in columns)
-
-
-def compacted_sources(
-    tables: TableReader, view: Manifest, start: bytes, end: bytes | None, reverse: bool
-) -> list[Iterator[Columns]]:
-    """Column streams (newest source first) of ``start <= key < end`` in ``view``'s SSTs."""
-    if tables.followed is not view:
-        tables.retain(view, [compacted_path(h.id) for h in _handles(view)])
-    sources = [
-        _stamped(
-            tables.scan_columns(
-                compacted_path(h.id), start, end, size=h.object_size, reverse=reverse
-            ),
-            h.global_seq,
-        )
-        for h in view.l0
-    ]
-    sources += [_run_columns(tables, run, start, end, reverse) for run in view.sorted_runs]
-    return sources
-
-
-def _handles(view: Manifest) -> list[Any]:
-    return [*view.l0, *(h for run in view.sorted_runs for h in run.ssts)]
-
-
-def _run_columns(
-    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None, reverse: bool
-) -> Iterator[Columns]:
-    """A sorted run's columns in ``[start, end)``, SST after SST (backwards for reverse)."""
-    handles = [h for h in run.ssts if h.last_key >= start and (end is None or h.first_key < end)]
-    if reverse:
-        handles.reverse()
-    for i, handle in enumerate(handles):
-        yield from tables.scan_columns(
-            compacted_path(handle.id),
-            start,
-            end,
-            size=handle.object_size,
-            continued=i > 0,
-            reverse=reverse,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Kinds:
-    """What entry kinds (RFC 0019) need to be resolved in a view: its range tombstones (the
-    memtable's, taken with its entries, and the manifest's), the clock expiry is judged by,
-    and the merge operator."""
-
-    ranges: RangeIndex = EMPTY
-    clock: Clock = time.time
-    merging: Merging = NO_MERGING
 
 
 @dataclass(slots=True)

@@ -14,21 +14,20 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from slatepy.engine.columns import Kinds, _stamped, live_columns, memtable_columns, merge_columns
 from slatepy.engine.memtable import Version
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.layout import compacted_path
-from slatepy.table.merge import merge_folding, stamped
 from slatepy.table.merge_operator import NO_MERGING, Merging
-from slatepy.table.reader import TableReader
+from slatepy.table.reader import Columns, TableReader
 from slatepy.table.visibility import (
     EMPTY,
     Clock,
     RangeIndex,
     combined,
     folding,
-    live_entries,
     resolve,
 )
 
@@ -46,31 +45,88 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
     """The newest ``(seq, value)`` of ``key`` in the compacted SSTs of ``view``."""
     if tables.followed is not view:
         _follow(tables, view)
+    plan = _last_plan
+    if plan.view is not view:
+        plan = _plan_for(view)
+    get = tables.get
     # L0 is newest first, so the first hit is the newest version, unless an ingested SST
     # is there: its global seq need not follow L0's order (a WAL compaction published after
     # an ingestion holds older writes), so then every L0 SST is asked and the highest seq
     # wins (the first on a tie: two ingestions of one global seq, the later one in front).
-    ingested = view.l0_has_ingested()
-    best: Version | None = None
-    for handle in view.l0:
-        if handle.first_key <= key <= handle.last_key:
-            found = tables.get(compacted_path(handle.id), key, size=handle.object_size)
-            if found is not None:
-                if handle.global_seq:
-                    found = (handle.global_seq, found[1])
-                if not ingested:
-                    return found
-                if best is None or found[0] > best[0]:
-                    best = found
-    if best is not None:
-        return best
-    for run in view.sorted_runs:
-        in_run = _run_sst_for(run, key)
-        if in_run is not None:
-            found = tables.get(compacted_path(in_run.id), key, size=in_run.object_size)
+    if plan.l0:
+        best: Version | None = None
+        for first_key, last_key, path, size, global_seq in plan.l0:
+            if first_key <= key <= last_key:
+                found = get(path, key, size=size)
+                if found is not None:
+                    if global_seq:
+                        found = (global_seq, found[1])
+                    if not plan.ingested:
+                        return found
+                    if best is None or found[0] > best[0]:
+                        best = found
+        if best is not None:
+            return best
+    for first_keys, last_keys, paths, sizes in plan.runs:
+        i = bisect_right(first_keys, key) - 1
+        if i >= 0 and key <= last_keys[i]:
+            found = get(paths[i], key, size=sizes[i])
             if found is not None:
                 return found
     return None
+
+
+class _GetPlan:
+    """What a get reads of one view, precomputed once per view: each L0 SST's key range,
+    path, size and global seq, and each sorted run's first keys, last keys, paths and
+    sizes as parallel lists (so finding a run's SST is one C bisect)."""
+
+    __slots__ = ("ingested", "l0", "runs", "view")
+
+    def __init__(self, view: Manifest | None) -> None:
+        self.view = view
+        self.l0: list[tuple[bytes, bytes, str, int, int]] = []
+        self.runs: list[tuple[list[bytes], list[bytes], list[str], list[int]]] = []
+        self.ingested = False
+        if view is None:
+            return
+        self.ingested = view.l0_has_ingested()
+        self.l0 = [
+            (h.first_key, h.last_key, compacted_path(h.id), h.object_size, h.global_seq)
+            for h in view.l0
+        ]
+        self.runs = [
+            (
+                [h.first_key for h in run.ssts],
+                [h.last_key for h in run.ssts],
+                [compacted_path(h.id) for h in run.ssts],
+                [h.object_size for h in run.ssts],
+            )
+            for run in view.sorted_runs
+            if run.ssts
+        ]
+
+
+_last_plan = _GetPlan(None)
+
+
+_PLANS: dict[int, _GetPlan] = {}
+
+
+def _plan_for(view: Manifest) -> _GetPlan:
+    """The get plan of ``view``: built once per view object and cached (several views may
+    be read in turn: a writer's and a reader's, snapshots), the last one checked first."""
+    global _last_plan
+    plan = _PLANS.get(id(view))
+    if plan is None or plan.view is not view:
+        plan = _GetPlan(view)
+        if len(_PLANS) >= _VIEW_CACHE_SIZE:
+            # Another thread may evict first: the cache only needs to stay bounded.
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[id(view)] = plan  # holds the view, so its id is not reused
+    _last_plan = plan
+    return plan
 
 
 def versions_compacted(tables: TableReader, view: Manifest, key: bytes) -> list[Version]:
@@ -216,17 +272,23 @@ def scan_ranges(ranges: RangeIndex, view: Manifest, start: bytes, end: bytes | N
     return both if both is EMPTY else both.overlapping(start, end)
 
 
-def scan_compacted(
-    tables: TableReader, view: Manifest, start: bytes, end: bytes | None
-) -> list[Iterator[Entry]]:
-    """Entry streams (newest source first) of ``start <= key < end`` in ``view``."""
+def compacted_sources(
+    tables: TableReader, view: Manifest, start: bytes, end: bytes | None, reverse: bool
+) -> list[Iterator[Columns]]:
+    """Column streams (newest source first) of ``start <= key < end`` in ``view``'s SSTs,
+    each in scan order (descending keys with ``reverse``)."""
     if tables.followed is not view:
         _follow(tables, view)
     sources = [
-        stamped(tables.scan(compacted_path(h.id), start, end, size=h.object_size), h.global_seq)
+        _stamped(
+            tables.scan_columns(
+                compacted_path(h.id), start, end, size=h.object_size, reverse=reverse
+            ),
+            h.global_seq,
+        )
         for h in view.l0
     ]
-    sources += [_scan_run(tables, run, start, end) for run in view.sorted_runs]
+    sources += [_run_columns(tables, run, start, end, reverse) for run in view.sorted_runs]
     return sources
 
 
@@ -245,13 +307,26 @@ def scan_merged(
     newest version of each key winning; tombstones hide what they shadow, and so do range
     tombstones (``ranges``: the memtable's; the view's are added here) and expiry
     (:func:`slatepy.table.visibility.live_entries`); merge operands fold over what is below
-    them (``merging``)."""
-    sources = scan_compacted(tables, view, start, end)
+    them (``merging``).
+
+    The sources are merged a block at a time (:func:`~slatepy.engine.columns.merge_columns`,
+    the path of the iterators and ``scan_batches``): a block only one source covers (a
+    compacted database) reaches the caller as one ``zip`` of its keys and values, with no
+    per-row Python between the decoded block and the caller.
+    """
+    sources = compacted_sources(tables, view, start, end, False)
     if newer:
-        sources.insert(0, iter(newer))
+        sources.insert(0, memtable_columns(newer, False))
     index = scan_ranges(ranges, view, start, end)
-    merged = merge_folding(sources, folding(index, merging, complete=True))
-    return live_entries(merged, index, clock, merging)
+    kinds = Kinds(index, clock, merging)
+    merged = merge_columns(sources, False, folding(index, merging, complete=True))
+    return _live_rows(merged, kinds)
+
+
+def _live_rows(merged: Iterator[Columns], kinds: Kinds) -> Iterator[tuple[bytes, bytes]]:
+    for columns in merged:
+        keys, values = live_columns(columns, kinds)
+        yield from zip(keys, values, strict=True)
 
 
 def compacted_ids(view: Manifest) -> set[str]:
@@ -259,28 +334,39 @@ def compacted_ids(view: Manifest) -> set[str]:
     return {h.id for h in (*view.l0, *(h for run in view.sorted_runs for h in run.ssts))}
 
 
-def _scan_run(
-    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None
-) -> Iterator[Entry]:
-    """The run's entries in ``[start, end)``, SST after SST. While one SST is read, the next
-    is opened in a background thread (its top level is one GET), and it is read in large
-    chunks from its start: the scan is long by then (see ``TableReader.scan``)."""
+def _run_columns(
+    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None, reverse: bool
+) -> Iterator[Columns]:
+    """A sorted run's columns in ``[start, end)``, SST after SST (backwards for reverse).
+    Forward, while one SST is read the next is opened in a background thread (its top
+    level is one GET), and it is read in large chunks from its start: the scan is long by
+    then (see ``TableReader.scan``)."""
     first = max(0, bisect_right(run.ssts, start, key=_first_key) - 1)
-    handles = [h for h in run.ssts[first:] if end is None or h.first_key < end]
+    handles = [
+        h for h in run.ssts[first:] if h.last_key >= start and (end is None or h.first_key < end)
+    ]
+    if reverse:
+        handles.reverse()
     pool: ThreadPoolExecutor | None = None
-    continued = False
     try:
         for i, handle in enumerate(handles):
-            if handle.last_key < start:
-                continue
-            if i + 1 < len(handles) and not tables.is_open(compacted_path(handles[i + 1].id)):
+            if (
+                not reverse
+                and i + 1 < len(handles)
+                and not tables.is_open(compacted_path(handles[i + 1].id))
+            ):
                 following = handles[i + 1]
                 if pool is None:
                     pool = ThreadPoolExecutor(1, thread_name_prefix="slatepy-read-ahead")
                 pool.submit(tables.top, compacted_path(following.id), size=following.object_size)
-            path = compacted_path(handle.id)
-            yield from tables.scan(path, start, end, size=handle.object_size, continued=continued)
-            continued = True
+            yield from tables.scan_columns(
+                compacted_path(handle.id),
+                start,
+                end,
+                size=handle.object_size,
+                continued=i > 0,
+                reverse=reverse,
+            )
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

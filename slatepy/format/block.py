@@ -282,7 +282,59 @@ def decode_block(data: bytes | memoryview, *, indexed: bool = True) -> Block:
     return _parse(raw, count, entries_end, indexed=indexed)
 
 
+_UNIFORM: dict[tuple[int, int], struct.Struct] = {}
+"""Whole-entry layouts (header, key, value) by ``(key_len, value_len)``, for
+:func:`_parse_uniform`; bounded, as a store may mix many entry sizes."""
+_UNIFORM_MAX = 256
+
+
 def _parse(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
+    uniform = _parse_uniform(raw, count, entries_end, indexed)
+    if uniform is not None:
+        return uniform
+    return _parse_entries(raw, count, entries_end, indexed=indexed)
+
+
+def _parse_uniform(raw: bytes, count: int, entries_end: int, indexed: bool) -> Block | None:
+    """The block decoded in one ``struct.iter_unpack`` (C) when every entry is a plain
+    value with the first entry's key and value lengths (fixed-size keys and values: the
+    common case), else None (then :func:`_parse_entries` decodes it, and reports any
+    corruption).
+
+    It decodes exactly what the entry walk would: entries of one size sit at multiples of
+    it, so when the entry area is ``count`` of them and every parsed header repeats the
+    lengths and has no flags, each entry was parsed where the walk would have parsed it.
+    """
+    if entries_end < _HEADER_SIZE:
+        return None
+    _, key_len, value_len, _ = ENTRY_HEADER.unpack_from(raw, 0)
+    if (_HEADER_SIZE + key_len + value_len) * count != entries_end or not value_len:
+        return None
+    layout = _UNIFORM.get((key_len, value_len))
+    if layout is None:
+        if len(_UNIFORM) >= _UNIFORM_MAX:
+            _UNIFORM.clear()
+        layout = _UNIFORM[key_len, value_len] = struct.Struct(f"<BHIQ{key_len}s{value_len}s")
+    flags, key_lens, value_lens, seqs, keys, values = zip(
+        *layout.iter_unpack(memoryview(raw)[:entries_end]), strict=True
+    )
+    if (
+        any(flags)
+        or key_lens.count(key_len) != count
+        or value_lens.count(value_len) != count
+        or (
+            indexed
+            and OFFSET.unpack_from(raw, entries_end + OFFSET.size * (count - 1))[0]
+            != entries_end - layout.size
+        )
+        or (indexed and OFFSET.unpack_from(raw, entries_end)[0] != 0)
+    ):
+        return None
+    return Block(list(keys), list(seqs), list(values), (key_len + value_len) * count)
+
+
+def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
+    """Decode entry by entry (any mix of sizes and kinds), checking the framing."""
     keys: list[bytes] = []
     seqs: list[int] = []
     values: list[bytes | None] = []

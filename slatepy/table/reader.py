@@ -22,7 +22,7 @@ Costs, whatever the size of the SST (RFC 0009):
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -247,16 +247,29 @@ class TableReader:
         Args:
             size: The object's size if known (see :meth:`top`); used only to open the SST.
         """
+        # Flattened (the warm path of every get): the range check, the partition and block
+        # bisects and the cached block's search inline, as SstTop.may_hold/partition_for,
+        # Partition.block_for and Block.get do them.
         top = self._tops.get(path) or self.top(path, size=size)
-        if not top.may_hold(key):
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None or not first <= key <= last:
             return None
-        part = self.partition(path, top, top.partition_for(key))
-        j = part.block_for(key)
-        if j is None:
+        p = bisect_right(top.first_keys, key) - 1
+        p = max(p, 0)
+        part = self._metas.get((path, p))
+        if part.__class__ is not Partition:
+            part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
+        j = bisect_right(part.first_keys, key) - 1
+        if j < 0:
             return None
         block = self._blocks.get((path, part.first_block + j))
-        if type(block) is Block:  # the warm path: searching the block beats the filter
-            return block.get(key)
+        if block.__class__ is Block:  # the warm path: searching the block beats the filter
+            keys = block.keys
+            i = bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return block.seqs[i], block.values[i]
+            return None
         # The filter is asked only before a block would be read (or is not decoded yet): in
         # Python its hashing and probing cost more than a bisect of a cached block.
         if block is None and not part.may_contain(key):
@@ -388,14 +401,20 @@ class TableReader:
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
-        key = (path, index)
-        found = self._metas.get(key)
+        found = self._metas.get((path, index))
         if isinstance(found, Partition):
             return found
+        return self._load_partition(path, top, index, found)
+
+    def _load_partition(
+        self, path: str, top: SstTop, index: int, found: bytes | memoryview | None
+    ) -> Partition:
+        """Partition ``index``, decoded from what the meta cache held for it (``found``: its
+        raw bytes, or None: then read with one ranged GET) and cached."""
         if found is None:
             found = self._read(path, top.offsets[index], top.offsets[index + 1], "partition_reads")
         part = self._decode_partition(path, top, index, found)
-        self._metas.put(key, part, part.size_in_memory)
+        self._metas.put((path, index), part, part.size_in_memory)
         return part
 
     def _block(
