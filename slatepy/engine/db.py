@@ -388,7 +388,12 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _apply_one(self, key: bytes, value: bytes | None, await_durable: bool) -> None:
         """:meth:`_apply` of one put or delete (not a merge, not in a transaction's commit),
         without building a batch: the path of every single write."""
-        self._backpressure()
+        compactor = self._compactor
+        # _backpressure's conditions, tested here first: most writes have nothing to do.
+        if (compactor is not None and compactor.backoff.idle) or (
+            self._memtable.size_bytes >= self._wake_bytes
+        ):
+            self._backpressure()
         with self._lock:
             if self._closed:
                 self._check_open()
