@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
 from slatepy.errors import InvalidArgument
@@ -10,6 +11,8 @@ from slatepy.format.kinds import Expiring, Operands
 
 Op = tuple[bytes, bytes | None]
 """``(key, value)``; value None deletes the key."""
+
+_VALUE = itemgetter(1)
 
 
 def check_key(key: object) -> bytes:
@@ -120,7 +123,7 @@ class WriteBatch:
 
     @property
     def has_merges(self) -> bool:
-        return any(value.__class__ is Operands for _, value in self._ops)
+        return Operands in set(map(type, map(_VALUE, self._ops)))  # C-level: once a batch
 
     def delete_range(self, start: bytes, end: bytes) -> WriteBatch:
         """Delete every key ``start <= key < end`` (as of this batch)."""

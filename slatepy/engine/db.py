@@ -142,6 +142,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         )
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         self._wake_bytes = settings.max_unflushed_bytes // 2  # see _backpressure
+        self._pruned = threading.Event()  # set when a new view pruned the memtable
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
             # The one upward import: the writer composes a compactor when asked to
@@ -649,10 +650,17 @@ class Db(Closing, ReadSurface, WriteSurface):
         deadline = time.monotonic() + self._settings.write_stall_timeout
         while time.monotonic() < deadline:
             self._check_open()
+            self._pruned.clear()
             self.refresh()  # adopts compactions published by any compactor
             if self._memtable.size_bytes < self._settings.max_unflushed_bytes:
                 return
-            time.sleep(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            # The in-process compactor's publication prunes the memtable (_apply_manifest)
+            # and ends the wait at once; another compactor's is found by the next refresh.
+            # A wait that short may end before the wake before it can be repeated, so the
+            # stalled writer keeps its compactor awake (still once per flush_interval).
+            if self._compactor is not None:
+                self._compactor.wake(min_interval=self._settings.flush_interval)
+            self._pruned.wait(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
         raise WriteStalled(
             f"{self._memtable.size_bytes} bytes are written but not compacted "
             f"(max_unflushed_bytes={self._settings.max_unflushed_bytes}) and compaction did "
@@ -680,6 +688,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
             if compacted:
                 self._memtable.prune(max(compacted))
+                self._pruned.set()
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)
                 self._wal.max_seq_by_id.pop(wal_id, None)
