@@ -11,9 +11,11 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
 
-from slatepy.config import Settings
+from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import (
     WriteBatch,
@@ -72,6 +74,9 @@ if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
 
 T = TypeVar("T")
+
+_KEY, _VALUE = itemgetter(0), itemgetter(1)
+_TOMBSTONE = type(None)
 
 STALL_POLL_SECONDS = 0.05
 SNAPSHOT_ATTEMPTS = 5
@@ -136,6 +141,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             merging=self._merging,
         )
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
+        self._wake_bytes = settings.max_unflushed_bytes // 2  # see _backpressure
+        self._pruned = threading.Event()  # set when a new view pruned the memtable
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
             # The one upward import: the writer composes a compactor when asked to
@@ -270,15 +277,19 @@ class Db(Closing, ReadSurface, WriteSurface):
         that much time has passed on the database's clock, and compaction drops it
         (RFC 0019).
         """
-        key, value = check_key(key), check_value(value)
+        # check_key/check_value's fast paths inlined: the single put is the hottest call.
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_SIZE:
+            key = check_key(key)
+        if type(value) is not bytes or len(value) > MAX_VALUE_SIZE:
+            value = check_value(value)
         ttl = self._settings.default_ttl if ttl is None else check_ttl(ttl)
         if ttl is not None:
             value = expiring(value, ttl, now_ms(self._clock))
-        self._apply([(key, value)], await_durable)
+        self._apply_one(key, value, await_durable)
 
     def delete(self, key: bytes, *, await_durable: bool = True) -> None:
         """Remove ``key`` (a tombstone until compaction drops it)."""
-        self._apply([(check_key(key), None)], await_durable)
+        self._apply_one(check_key(key), None, await_durable)
 
     def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
         """Add ``operand`` to ``key``: reads see the merge operator's result of every operand
@@ -327,18 +338,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         """Write ``ops`` and the range deletes ``ranges`` as one atomic batch; ``check`` (a
         transaction's validation) runs under the writer's lock just before, so no write lands
         between it and the batch."""
-        unflushed = self._memtable.size_bytes
-        compactor = self._compactor
-        if compactor is not None:
-            if compactor.backoff.idle:  # writes again after an idle spell: compact soon
-                compactor.note_activity()
-            if unflushed >= self._settings.max_unflushed_bytes // 2:
-                # Half the budget used: compact now rather than at the next interval, so
-                # writes seldom reach the bound and wait (the compactor wakes at most once
-                # per flush_interval, when WAL SSTs it can compact may exist).
-                compactor.wake(min_interval=self._settings.flush_interval)
-        if unflushed >= self._settings.max_unflushed_bytes:
-            self._wait_for_compaction()
+        self._backpressure()
         with self._lock:
             self._check_open()
             self._wal.check()
@@ -350,17 +350,79 @@ class Db(Closing, ReadSurface, WriteSurface):
                 self._txns.record(ops, seq)
                 if ranges:
                     self._txns.record_ranges(ranges, seq)
-            entries: list[Entry] = [(key, seq, value) for key, value in ops]
-            if ranges:
-                tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
-                generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
-                self._memtable.apply(entries, tombstones)
-            else:
-                # One WAL generation holds the whole batch, so it lands in one SST (atomic).
-                generation = self._wal.append(entries, awaited=await_durable)
-                self._memtable.apply(entries)
+            generation = None
+            if not ranges and len(ops) > 1:
+                generation = self._append_puts(ops, seq, await_durable)
+            if generation is None:
+                entries: list[Entry] = [(key, seq, value) for key, value in ops]
+                if ranges:
+                    tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
+                    generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
+                    self._memtable.apply(entries, tombstones)
+                else:
+                    # One WAL generation holds the whole batch, so it lands in one SST.
+                    generation = self._wal.append(entries, awaited=await_durable)
+                    self._memtable.apply(entries)
         if await_durable:
             self._wal.flush(generation, only_this=True)
+
+    def _append_puts(
+        self, ops: list[tuple[bytes, bytes | None]], seq: int, await_durable: bool
+    ) -> int | None:
+        """Add a batch to the WAL buffer and the memtable if it holds only puts (no deletes
+        or merges): one dict of versions updates both at C speed, the last op on a key
+        winning as entry by entry. Returns the WAL generation, or None (not only puts:
+        nothing done). Called under the writer's lock."""
+        values = list(map(_VALUE, ops))
+        kinds = set(map(type, values))
+        if _TOMBSTONE in kinds or Operands in kinds:
+            return None
+        keys = list(map(_KEY, ops))
+        versions: dict[bytes, Version] = dict(
+            zip(keys, zip(repeat(seq), values))  # noqa: B905 (repeat is endless)
+        )
+        payload = sum(map(len, keys)) + sum(map(len, values))
+        generation = self._wal.append_versions(versions, len(ops), payload, awaited=await_durable)
+        self._memtable.apply_versions(versions)
+        return generation
+
+    def _apply_one(self, key: bytes, value: bytes | None, await_durable: bool) -> None:
+        """:meth:`_apply` of one put or delete (not a merge, not in a transaction's commit),
+        without building a batch: the path of every single write."""
+        compactor = self._compactor
+        # _backpressure's conditions, tested here first: most writes have nothing to do.
+        if (compactor is not None and compactor.backoff.idle) or (
+            self._memtable.size_bytes >= self._wake_bytes
+        ):
+            self._backpressure()
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            seq = self._seq + SEQ_STEP
+            # Before anything changes: raises the WAL's fatal error, as _apply's check does.
+            generation = self._wal.append_one(key, seq, value, awaited=await_durable)
+            self._seq = seq
+            if self._txns.active:
+                self._txns.record(((key, value),), seq)
+            self._memtable.put(key, seq, value)
+        if await_durable:
+            self._wal.flush(generation, only_this=True)
+
+    def _backpressure(self) -> None:
+        """Before a write: keep the compactor busy while writes come, and wait while the
+        memtable holds ``max_unflushed_bytes`` or more."""
+        unflushed = self._memtable.size_bytes
+        compactor = self._compactor
+        if compactor is not None:
+            if compactor.backoff.idle:  # writes again after an idle spell: compact soon
+                compactor.note_activity()
+            if unflushed >= self._wake_bytes:
+                # Half the budget used: compact now rather than at the next interval, so
+                # writes seldom reach the bound and wait (the compactor wakes at most once
+                # per flush_interval, when WAL SSTs it can compact may exist).
+                compactor.wake(min_interval=self._settings.flush_interval)
+        if unflushed >= self._settings.max_unflushed_bytes:
+            self._wait_for_compaction()
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         """The value of ``key``, or ``default`` if it is absent or deleted."""
@@ -596,10 +658,17 @@ class Db(Closing, ReadSurface, WriteSurface):
         deadline = time.monotonic() + self._settings.write_stall_timeout
         while time.monotonic() < deadline:
             self._check_open()
+            self._pruned.clear()
             self.refresh()  # adopts compactions published by any compactor
             if self._memtable.size_bytes < self._settings.max_unflushed_bytes:
                 return
-            time.sleep(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            # The in-process compactor's publication prunes the memtable (_apply_manifest)
+            # and ends the wait at once; another compactor's is found by the next refresh.
+            # A wait that short may end before the wake before it can be repeated, so the
+            # stalled writer keeps its compactor awake (still once per flush_interval).
+            if self._compactor is not None:
+                self._compactor.wake(min_interval=self._settings.flush_interval)
+            self._pruned.wait(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
         raise WriteStalled(
             f"{self._memtable.size_bytes} bytes are written but not compacted "
             f"(max_unflushed_bytes={self._settings.max_unflushed_bytes}) and compaction did "
@@ -627,6 +696,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
             if compacted:
                 self._memtable.prune(max(compacted))
+                self._pruned.set()
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)
                 self._wal.max_seq_by_id.pop(wal_id, None)

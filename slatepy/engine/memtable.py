@@ -17,6 +17,9 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Sequence
+from functools import partial
+from itertools import compress
+from operator import is_not, itemgetter, not_
 
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands, RangeTombstone
@@ -37,6 +40,9 @@ really holds: with 16-byte keys and 100-byte values the old estimate (payload + 
 
 VALUE_OVERHEAD = 48
 """A value's ``bytes`` header (33) and the allocator's rounding; a tombstone has none."""
+
+
+_VALUE = itemgetter(1)
 
 
 def value_cost(value: bytes | None) -> int:
@@ -141,6 +147,35 @@ class Memtable:
                     )
                 for key, seq, value in entries:
                     self.put(key, seq, value)
+            finally:
+                self._batching = False
+
+    def apply_versions(self, versions: dict[bytes, Version]) -> None:
+        """Record a batch of versions with values (no tombstones, no merge operands), visible
+        to :meth:`get` all at once like :meth:`apply`, by C-level maps and one
+        ``dict.update`` rather than a :meth:`put` per entry; the same entries, key order of
+        new keys and ``size_bytes`` as :meth:`apply`."""
+        data = self._data
+        olds = list(map(data.get, versions))
+        new_keys = list(compress(versions, map(not_, olds)))  # a version tuple is truthy
+        old_values = list(filter(partial(is_not, None), map(_VALUE, filter(None, olds))))
+        values = list(map(_VALUE, versions.values()))
+        added = (
+            ENTRY_OVERHEAD * len(new_keys)
+            + sum(map(len, new_keys))
+            + VALUE_OVERHEAD * (len(values) - len(old_values))
+            + sum(map(len, values))
+            - sum(map(len, old_values))
+        )
+        with self._batch_lock:
+            self._batching = True
+            try:
+                if self._stacks:  # plain values end a key's stack of operands (see put)
+                    for key in versions:
+                        self._stacks.pop(key, None)
+                data.update(versions)
+                self._new_keys += new_keys
+                self.size_bytes += added
             finally:
                 self._batching = False
 

@@ -207,7 +207,10 @@ def test_get_never_sees_half_a_batch(backend: Backend) -> None:
                 assert resume.wait(WAIT)
 
     db._memtable.__class__ = PausingMemtable
-    writer, _ = run_in_thread(lambda: db.write(WriteBatch().put(b"k1", b"new").put(b"k2", b"new")))
+    # The delete keeps the batch on the entry-by-entry path (Memtable.apply) this pauses;
+    # a batch of puts alone is one dict.update under the same lock (Memtable.apply_versions).
+    batch = WriteBatch().put(b"k1", b"new").put(b"k2", b"new").delete(b"k3")
+    writer, _ = run_in_thread(lambda: db.write(batch))
     assert paused.wait(WAIT)
     getter, seen = run_in_thread(lambda: (db.get(b"k1"), db.get(b"k2")))
     getter.join(0.5)  # with the fix the getter waits for the batch; before, it returned
