@@ -6,6 +6,7 @@ import argparse
 import datetime as dt
 import importlib
 import logging
+import signal
 import sys
 
 from slatepy.compactor import BackgroundCompactor, Compactor
@@ -147,7 +148,14 @@ def run_compactor(
         f"compactor epoch {compactor.epoch} on {store.url}: compacting every "
         f"{settings.compaction_interval} s, collecting garbage every {settings.gc_interval} s"
     )
+    # A service manager stops it with SIGTERM: leave as on Ctrl-C (abandon the compaction in
+    # progress, hand the lease back) instead of dying with the lease held until it lapses.
+    signal.signal(signal.SIGTERM, _interrupt)
     BackgroundCompactor(compactor, gc=GarbageCollector(store, settings=settings)).run_forever()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def gc(
