@@ -10,7 +10,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
@@ -21,7 +21,6 @@ from slatepy.engine.batch import (
     WriteBatch,
     check_delete_range,
     check_key,
-    check_range,
     check_ttl,
     check_value,
     expiring,
@@ -31,7 +30,7 @@ from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
-from slatepy.engine.snapshot import Snapshot, frozen_clock, pin_manifest
+from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url
 from slatepy.engine.txn import ConflictTracker, Isolation, Transaction, check_isolation
@@ -40,7 +39,6 @@ from slatepy.engine.view import (
     get_many_compacted,
     missing_sst,
     newer_version,
-    scan_merged,
     values_of,
     view_ranges,
     visible,
@@ -68,7 +66,7 @@ from slatepy.store.url import open_store
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import EMPTY, Clock, now_ms
+from slatepy.table.visibility import EMPTY, Clock, frozen_clock, now_ms
 
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
@@ -527,39 +525,6 @@ class Db(Closing, ReadSurface, WriteSurface):
             return read(self._view)
         except NotFound as exc:
             raise missing_sst(exc) from exc
-
-    def scan(
-        self,
-        start: bytes = b"",
-        end: bytes | None = None,
-        *,
-        reverse: bool = False,
-        limit: int | None = None,
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all),
-        descending with ``reverse``, at most ``limit`` of them.
-
-        The result is a consistent view taken when ``scan`` is called.
-        """
-        if reverse or limit is not None:
-            return self._scan_ordered(start, end, reverse, limit)
-        check_range(start, end)
-        self._refresh_stale_view()
-        with self._lock:
-            self._check_open()
-            entries = self._memtable.range(start, end)
-            view = self._view
-            ranges = self._memtable.ranges
-        return scan_merged(
-            self._tables,
-            entries,
-            view,
-            start,
-            end,
-            ranges=ranges,
-            clock=frozen_clock(self._clock),
-            merging=self._merging,
-        )
 
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         self._refresh_stale_view()

@@ -39,18 +39,18 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import msgspec
 
 from slatepy.config import Settings
-from slatepy.engine.batch import check_key, check_range
+from slatepy.engine.batch import check_key
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.iterator import View
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
-from slatepy.engine.snapshot import frozen_clock, pin_manifest
+from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.surface import ReadSurface, as_url
 from slatepy.engine.view import (
@@ -58,7 +58,6 @@ from slatepy.engine.view import (
     get_many_compacted,
     missing_sst,
     newer_version,
-    scan_merged,
     values_of,
     visible,
 )
@@ -74,7 +73,7 @@ from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import Clock
+from slatepy.table.visibility import Clock, frozen_clock
 
 T = TypeVar("T")
 
@@ -334,35 +333,6 @@ class DbReader(Closing, ReadSurface):
             return read(self._view)
         except NotFound as exc:
             raise missing_sst(exc) from exc
-
-    def scan(
-        self,
-        start: bytes = b"",
-        end: bytes | None = None,
-        *,
-        reverse: bool = False,
-        limit: int | None = None,
-    ) -> Iterator[tuple[bytes, bytes]]:
-        """``(key, value)`` with ``start <= key < end`` in key order (descending with
-        ``reverse``, at most ``limit``), from one consistent view."""
-        if reverse or limit is not None:
-            return self._scan_ordered(start, end, reverse, limit)
-        check_range(start, end)
-        with self._lock:
-            self._check_open()
-            entries = self._memtable.range(start, end)
-            view = self._view
-            ranges = self._memtable.ranges
-        return scan_merged(
-            self._tables,
-            entries,
-            view,
-            start,
-            end,
-            ranges=ranges,
-            clock=frozen_clock(self._clock),
-            merging=self._merging,
-        )
 
     def refresh(self) -> None:
         """Poll now: apply new WAL SSTs and adopt a newer compacted state if there is one.

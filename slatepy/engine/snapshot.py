@@ -87,13 +87,6 @@ class Pin:
         )
 
 
-def frozen_clock(clock: Clock) -> Clock:
-    """``clock`` stopped now: a snapshot judges expiry (RFC 0019) as of when it was taken, so
-    a value that expires later still reads the same in it, like every other write."""
-    moment = clock()
-    return lambda: moment
-
-
 def pin_manifest(
     manifests: ManifestStore, ttl: float, *, manifest_id: int | None = None
 ) -> tuple[Pin, StoredManifest]:

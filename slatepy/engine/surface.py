@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, Self
 
-from slatepy.engine.batch import WriteBatch, check_key
+from slatepy.engine.batch import WriteBatch, check_key, check_range
 from slatepy.engine.iterator import (
     DEFAULT_BATCH_SIZE,
     BatchFormat,
@@ -27,10 +27,11 @@ from slatepy.engine.iterator import (
     rows_or_batches,
 )
 from slatepy.engine.memtable import Memtable, Version
-from slatepy.engine.view import get_compacted, newer_version
+from slatepy.engine.view import get_compacted, newer_version, scan_merged
 from slatepy.manifest.record import Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.table.reader import TableReader
+from slatepy.table.visibility import frozen_clock
 
 
 class KeyValue(NamedTuple):
@@ -89,6 +90,32 @@ class ReadSurface:
         """
         lo, hi = key_bounds(start, end, prefix)
         return DbIterator(self._view_for(lo, hi), lo, hi, reverse=reverse)
+
+    def scan(
+        self,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` pairs with ``start <= key < end`` in key order (end None = all),
+        descending with ``reverse``, at most ``limit`` of them, from one consistent view
+        taken when ``scan`` is called (expiry judged as of then)."""
+        if reverse or limit is not None:
+            return self._scan_ordered(start, end, reverse, limit)
+        check_range(start, end)
+        view = self._view_for(start, end)
+        return scan_merged(
+            view.tables,
+            view.entries,
+            view.manifest,
+            start,
+            end,
+            ranges=view.ranges,
+            clock=frozen_clock(view.clock),
+            merging=view.merging,
+        )
 
     def _scan_ordered(
         self, start: bytes, end: bytes | None, reverse: bool, limit: int | None

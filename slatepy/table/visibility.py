@@ -34,6 +34,13 @@ Clock = Callable[[], float]
 Version = tuple[int, bytes | None]
 
 
+def frozen_clock(clock: Clock) -> Clock:
+    """``clock`` stopped now: a snapshot (or one scan) judges expiry as of when it was taken,
+    so a value that expires later still reads the same in it, like every other write."""
+    moment = clock()
+    return lambda: moment
+
+
 def now_ms(clock: Clock = time.time) -> int:
     return int(clock() * 1000)
 
