@@ -11,7 +11,9 @@ and against RocksDB (``rocksdict``, default options) on a local directory (issue
 the machine may be busy.)
 
 Workloads (16-byte keys, 100-byte values): puts without awaiting durability; batches of 1,000
-awaited; sequential durable puts (p50/p99); random gets from the memtable; random gets from
+awaited (each durable before the next: RocksDB's ``sync``) and not awaited (RocksDB's default
+write options; one flush at the end); sequential durable puts (p50/p99); random gets of
+recent writes (slatepy's memtable keeps them, ``memtable_retain_bytes``); random gets from
 SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get/put with 4
 workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
 ``minio`` (the MinIO of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each
@@ -257,7 +259,14 @@ def run_engine(
         measure(
             "batches of 1000, awaited",
             keys,
-            lambda: engine.batches(batch_keys, VALUE, 1000),
+            lambda: engine.batches(batch_keys, VALUE, 1000, True),
+            "rows/s",
+        )
+        loose_keys = [b"c" + k[1:] for k in all_keys]
+        measure(
+            "batches of 1000, not awaited",
+            keys,
+            lambda: engine.batches(loose_keys, VALUE, 1000, False),
             "rows/s",
         )
         durable = [b"d" + k[1:] for k in all_keys[: min(200, keys)]]
@@ -265,7 +274,7 @@ def run_engine(
             "durable puts", len(durable), lambda: engine.durable_puts(durable, VALUE)
         )
         results["durable puts"].update(p50_ms=median_ms(latencies), p99_ms=p99_ms(latencies))
-        total = keys * 2 + len(durable)  # rows written so far
+        total = keys * 3 + len(durable)  # rows written so far
         if proxy:
             for writers in (8, 64):
                 # Each writer puts at least 3; together about as many as the one writer did.

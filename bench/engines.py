@@ -43,12 +43,14 @@ class SlatepyEngine:
             self.db.put(key, value, await_durable=False)
         self.db.flush()
 
-    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int, awaited: bool) -> None:
         for first in range(0, len(keys), size):
             batch = WriteBatch()
             for key in keys[first : first + size]:
                 batch.put(key, value)
-            self.db.write(batch)
+            self.db.write(batch, await_durable=awaited)
+        if not awaited:
+            self.db.flush()
 
     def durable_puts(self, keys: Sequence[bytes], value: bytes) -> list[float]:
         latencies = []
@@ -62,9 +64,11 @@ class SlatepyEngine:
         return sum(self.db.get(key) is not None for key in keys)
 
     def to_ssts(self) -> None:
-        """Move everything written into SSTs and drop it from memory."""
+        """Move everything written into SSTs and drop it from memory: the writer would keep
+        recent writes in its memtable (``memtable_retain_bytes``), so it is reopened."""
         Compactor(self.store, settings=self.settings).run_until_idle()
-        self.db.refresh()
+        self.db.close()
+        self.db = Db.open(self.store, settings=self.settings)
 
     def scan_all(self) -> int:
         return sum(1 for _ in self.db.scan())
@@ -206,7 +210,7 @@ class SlatedbEngine:
 
         self._run(go())
 
-    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int, awaited: bool) -> None:
         from slatedb.uniffi import WriteBatch as SdbBatch
 
         async def go() -> None:
@@ -215,7 +219,10 @@ class SlatedbEngine:
                 for key in keys[first : first + size]:
                     batch.put(key, value)
                 handle = await self.db.write(batch)
-                await handle.await_durable()
+                if awaited:
+                    await handle.await_durable()
+            if not awaited:
+                await self.db.flush()
 
         self._run(go())
 
@@ -392,14 +399,19 @@ class RocksdictEngine:
             put(key, value)
         self.db.flush_wal(True)
 
-    def batches(self, keys: Sequence[bytes], value: bytes, size: int) -> None:
+    def batches(self, keys: Sequence[bytes], value: bytes, size: int, awaited: bool) -> None:
         from rocksdict import WriteBatch as RocksBatch
 
         for first in range(0, len(keys), size):
             batch = RocksBatch()
             for key in keys[first : first + size]:
                 batch.put(key, value)
-            self.db.write(batch, self._sync)
+            if awaited:
+                self.db.write(batch, self._sync)
+            else:
+                self.db.write(batch)  # the default options: the WAL written, not synced
+        if not awaited:
+            self.db.flush_wal(True)
 
     def durable_puts(self, keys: Sequence[bytes], value: bytes) -> list[float]:
         latencies = []

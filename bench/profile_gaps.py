@@ -40,7 +40,7 @@ def workloads(engine: SlatepyEngine, keys: int) -> list[tuple[str, int, Callable
     sample = sample[: min(keys, 10_000)]
     return [
         ("puts (not awaited)", keys, lambda: engine.put_many(all_keys, VALUE)),
-        ("batches of 1000, awaited", keys, lambda: engine.batches(batch_keys, VALUE, 1000)),
+        ("batches of 1000, awaited", keys, lambda: engine.batches(batch_keys, VALUE, 1000, True)),
         ("gets, memtable", len(sample), lambda: engine.get_many(sample)),
         ("to_ssts (not compared)", 1, engine.to_ssts),
         ("warming the caches (not compared)", len(sample), lambda: engine.get_many(sample)),

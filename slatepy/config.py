@@ -42,7 +42,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             manifest; a new writer fences with that many consecutive SSTs).
         max_unflushed_bytes: Memory of written-but-not-yet-compacted data (the writer's
             memtable, Python's per-entry overhead included; RFC 0011) at which writes block
-            until compaction catches up.
+            until compaction catches up. 512 MiB by default (SlateDB's is 1 GiB): about
+            1.6 million entries of 16-byte keys and 100-byte values.
+        memtable_retain_bytes: Memory of compacted writes the writer keeps in its memtable
+            so that reads of recent data stay in memory, as a RocksDB or SlateDB memtable
+            serves them until it is flushed; the oldest go first. None (the default) is half
+            of ``max_unflushed_bytes``; 0 releases writes as soon as they are compacted. At
+            most half of ``max_unflushed_bytes``.
         write_stall_timeout: Seconds a blocked write waits for compaction before it fails
             with ``WriteStalled``.
         wal_write_attempts: Attempts for one WAL SST write after indefinite store failures.
@@ -146,7 +152,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
     max_parallel_writes: int = 1
-    max_unflushed_bytes: int = 64 * 1024 * 1024
+    max_unflushed_bytes: int = 512 * 1024 * 1024
+    memtable_retain_bytes: int | None = None
     write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8
     store_timeout: float = 30.0
@@ -206,6 +213,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (
                 self.max_unflushed_bytes >= self.flush_bytes,
                 "max_unflushed_bytes must be >= flush_bytes",
+            ),
+            (
+                self.memtable_retain_bytes is None
+                or 0 <= self.memtable_retain_bytes <= self.max_unflushed_bytes // 2,
+                "memtable_retain_bytes must be in [0, max_unflushed_bytes / 2]",
             ),
             (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),

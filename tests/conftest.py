@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -153,8 +154,15 @@ if os.environ.get("SLATEPY_TEST_S3_ENDPOINT"):
 
 
 def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    # Tests drive compaction themselves, so the writer's own compactor is off.
-    fast = Settings(flush_interval=0.02, compactor="off")
+    # Tests drive compaction themselves, so the writer's own compactor is off; and the
+    # writer keeps nothing compacted in memory, so its reads after a compaction read SSTs
+    # (tests/engine/test_retention.py covers keeping them).
+    common: dict[str, Any] = {
+        "flush_interval": 0.02,
+        "compactor": "off",
+        "memtable_retain_bytes": 0,
+    }
+    fast = Settings(**common)
     if name == "memory":
         return Backend(name, "memory://", fast, open_store("memory://"))
     if name == "file":
@@ -164,8 +172,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     if name == "azure":
         settings = azure_settings(
             request.getfixturevalue("azure_endpoint"),
-            flush_interval=0.02,
-            compactor="off",
+            **common,
             disk_cache_dir=cache,
         )
         return Backend(name, f"az://{TEST_BUCKET}/{prefix}", settings)
@@ -173,8 +180,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
         endpoint = request.getfixturevalue("s3_endpoint")
         settings = s3_settings(
             endpoint,
-            flush_interval=0.02,
-            compactor="off",
+            **common,
             cas="dynamodb",
             dynamodb_table=TEST_TABLE,
             dynamodb_endpoint=endpoint.url,
@@ -190,7 +196,7 @@ def make_backend(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     return Backend(
         name,
         f"s3://{TEST_BUCKET}/{prefix}",
-        s3_settings(endpoint, flush_interval=0.02, compactor="off", disk_cache_dir=cache),
+        s3_settings(endpoint, **common, disk_cache_dir=cache),
     )
 
 

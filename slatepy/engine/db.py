@@ -140,6 +140,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         )
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         self._wake_bytes = settings.max_unflushed_bytes // 2  # see _backpressure
+        retain = settings.memtable_retain_bytes
+        self._retain_bytes = self._wake_bytes if retain is None else retain
         self._pruned = threading.Event()  # set when a new view pruned the memtable
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
@@ -660,7 +662,11 @@ class Db(Closing, ReadSurface, WriteSurface):
             known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
             if compacted:
-                self._memtable.prune(max(compacted))
+                self._memtable.prune(
+                    max(compacted),
+                    retain_bytes=self._retain_bytes,
+                    floor_seq=manifest.last_ingest_seq,
+                )
                 self._pruned.set()
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)

@@ -64,7 +64,9 @@ class Memtable:
     __slots__ = (
         "_batch_lock",
         "_batching",
+        "_compacted",
         "_data",
+        "_floor",
         "_new_keys",
         "_sorted",
         "_stacks",
@@ -80,6 +82,8 @@ class Memtable:
         self._sorted: list[bytes] = []
         self._new_keys: list[bytes] = []
         self.size_bytes = 0
+        self._compacted = 0  # max_seq of the last prune
+        self._floor = 0  # the highest floor_seq a prune applied
         self.ranges: RangeIndex = EMPTY
         """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
         reader that took it holds a consistent set."""
@@ -179,12 +183,41 @@ class Memtable:
             finally:
                 self._batching = False
 
-    def prune(self, max_seq: int) -> int:
-        """Drop versions with ``seq <= max_seq`` (they now live in compacted SSTs).
+    def prune(self, max_seq: int, *, retain_bytes: int = 0, floor_seq: int = 0) -> int:
+        """Drop versions with ``seq <= max_seq`` (they now live in compacted SSTs), but keep
+        the newest of them while the memtable holds at most ``retain_bytes``.
+
+        Kept compacted versions serve reads of recent writes from memory, as a RocksDB or
+        SlateDB memtable does until it is flushed (RFC 0011, "Retention"). Only plain values
+        and point tombstones newer than ``floor_seq`` (the view's last ingestion, which may
+        hold newer versions) are kept, and none once a compacted range tombstone is pruned:
+        compaction may then drop the tombstone with what it covers, and a kept version under
+        it would come back. Stacked merge operands are always pruned exactly, or a read
+        would fold them twice. Over ``retain_bytes``, the oldest compacted versions go until
+        a quarter of it is free, so that the next few writes do not pay for another pass.
 
         Returns how many keys were dropped.
         """
-        kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
+        cutoff = max_seq  # compacted versions at or below it go
+        ranges_pruned = any(t.seq <= max_seq for t in self.ranges.tombstones)
+        if retain_bytes and not ranges_pruned:
+            newest_dropped = self._retention_cutoff(max_seq, retain_bytes)
+            floor_applied = floor_seq <= min(self._floor, self._compacted)
+            if newest_dropped < 0 and not self._stacks and floor_applied:
+                # Nothing to drop, so no pass: an earlier pass applied this floor to the
+                # versions compacted before, and those compacted since are above it.
+                self._compacted = max_seq
+                return 0
+            cutoff = max(floor_seq, newest_dropped)
+        self._floor, self._compacted = max(self._floor, floor_seq), max_seq
+        if cutoff < max_seq:
+            kept = {
+                k: v
+                for k, v in self._data.items()
+                if v[0] > max_seq or (v[0] > cutoff and v[1].__class__ is not Operands)
+            }
+        else:
+            kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
         dropped = len(self._data) - len(kept)
         if self._stacks:
             # Stacked operands: those of compacted writes are in the compacted state now.
@@ -210,6 +243,20 @@ class Memtable:
                 ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in self.ranges.tombstones
             )
         return dropped
+
+    def _retention_cutoff(self, max_seq: int, retain_bytes: int) -> int:
+        """The highest seq of compacted versions to drop so that about three quarters of
+        ``retain_bytes`` stay held (-1: drop none). Entries are assumed of equal cost: the
+        number dropped is proportional to the bytes over."""
+        size = self.size_bytes
+        if size <= retain_bytes:
+            return -1
+        compacted = sorted(v[0] for v in self._data.values() if v[0] <= max_seq)
+        if not compacted:
+            return -1
+        over = size - retain_bytes * 3 // 4
+        count = min(len(compacted), -(-len(self._data) * over // size))
+        return compacted[count - 1]
 
     def get(self, key: bytes) -> Version | None:
         if self._batching:

@@ -211,7 +211,8 @@ def test_a_transaction_older_than_the_horizon_conflicts() -> None:
 
 def test_a_delete_compacted_away_after_the_snapshot_still_conflicts() -> None:
     store = open_store("memory://")
-    with Db.open(store, settings=OFF) as db:
+    released = Settings(compactor="off", flush_interval=0.01, memtable_retain_bytes=0)
+    with Db.open(store, settings=released) as db:  # nothing compacted kept in memory
         db[b"k"] = b"1"
         compact(store, OFF, TO_RUN, db)
         txn = db.begin()
