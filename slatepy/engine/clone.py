@@ -37,7 +37,7 @@ import msgspec
 from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.errors import AlreadyExists, InvalidArgument, NotFound, SlatepyError
-from slatepy.manifest.record import ExternalDb, Manifest
+from slatepy.manifest.record import CLONE_CHECKPOINT_PREFIX, ExternalDb, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
@@ -91,13 +91,13 @@ def clone(
             path="manifest/",
         )
     made = checkpoints.create_checkpoint(
-        source, settings, name=f"clone:{target.url}", of=checkpoint
+        source, settings, name=CLONE_CHECKPOINT_PREFIX + target.url, of=checkpoint
     )
     held: list[tuple[ObjectStore, str]] = [(source, made.id)]
     try:
         base = ManifestStore(source).read(made.manifest_id)
         _copy_wal(source, target, base.wal_id_last_compacted, made.wal_id)
-        inherited = _hold_inherited(base, f"clone:{target.url}", settings, held)
+        inherited = _hold_inherited(base, CLONE_CHECKPOINT_PREFIX + target.url, settings, held)
         first = _clone_manifest(base, made, source.url, inherited)
         if own.put_after(0, first) is None:
             raise AlreadyExists(
