@@ -109,17 +109,20 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
         lines.append(f"  {h.id} {handles_summary((h,))}")
         if n < limit:
             lines.append(f"    {sst_summary(tables, compacted_path(h.id), size=h.object_size)}")
+    referenced = {h.id for h in (*m.l0, *(h for run in m.sorted_runs for h in run.ssts))}
     for e in m.external_dbs:
-        if not e.sst_ids:
+        used = len(referenced.intersection(e.sst_ids))
+        if used:
             lines.append(
-                f"  shares no SST of {e.url} any more: GC's next pass releases its checkpoint "
-                f"{e.checkpoint_id} there"
+                f"  shares {used} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
+                f"manifest {e.manifest_id})"
             )
-            continue
-        lines.append(
-            f"  shares {len(e.sst_ids)} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
-            f"manifest {e.manifest_id})"
-        )
+        else:  # RFC 0017, "Releasing the source"
+            lines.append(
+                f"  shares no SST of {e.url} any more: GC releases its checkpoint "
+                f"{e.checkpoint_id} there once no active manifest (older ones in their "
+                "gc_min_age grace, snapshots, checkpoints) reads one either"
+            )
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
