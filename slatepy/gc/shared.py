@@ -148,9 +148,15 @@ def prune_shared(
             that its manifest still names).
     """
     needed = needed_shared(active)
+    current = active[decided_on]
+    checked = set(active)
+    if all(e.sst_ids for e in current.external_dbs) and (
+        shrink_shared(current, needed, decided_on=decided_on, checked=checked, now_s=now_s) is None
+    ):
+        return ()  # the usual pass: nothing to cut, nothing to release, no request
     shrunk = manifests.update(
         lambda latest, _: shrink_shared(
-            latest, needed, decided_on=decided_on, checked=set(active), now_s=now_s
+            latest, needed, decided_on=decided_on, checked=checked, now_s=now_s
         )
     )
     released: set[Released] = set()
