@@ -475,3 +475,21 @@ def test_a_clone_of_a_clone_releases_its_own_checkpoints_and_then_its_source_doe
     for url, expected in ((middle_url, middle_model), (last_url, last_model)):
         with DbReader.open(url, settings=settings) as reader:
             assert dict(reader.scan()) == expected
+
+
+def test_a_clone_that_shares_no_sst_releases_its_checkpoint_at_its_first_gc(
+    backend: Backend,
+) -> None:
+    """A source with nothing compacted yet: the clone copied the WAL, so its checkpoint
+    holds nothing the clone reads."""
+    dst_url = elsewhere(backend)
+    with Db.open(backend.target(), settings=backend.settings) as db:
+        model = fill(db, b"wal", range(10))
+        made = clone(backend.url, dst_url, settings=backend.settings)
+        dst = open_store(dst_url, backend.settings)
+        assert externals(dst) == [(backend.url, made.id, 0)]
+        report = GarbageCollector(dst, settings=backend.settings).collect()  # default min_age
+        assert report.released == ((backend.url, made.id),) and externals(dst) == []
+        assert db.list_checkpoints() == []
+    with DbReader.open(dst_url, settings=backend.settings) as reader:
+        assert dict(reader.scan()) == model
