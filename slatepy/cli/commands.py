@@ -182,8 +182,15 @@ def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
         "(the current manifest, its SSTs and the WAL not yet compacted)",
         *(
             f"shared: {count} SSTs, {human_bytes(size)} read from {url} (a clone's; its "
-            "checkpoint there keeps them, and this GC never deletes them)"
+            "checkpoint there keeps them, and this GC never deletes them; it releases the "
+            "checkpoint once compactions have rewritten them all)"
             for url, count, size in report.shared
+        ),
+        *(
+            f"{'would release' if report.dry_run else 'released'} checkpoint {checkpoint_id} "
+            f"in {url}: the clone reads nothing there any more, so that database's GC may "
+            "collect what only the clone shared"
+            for url, checkpoint_id in report.released
         ),
         report.held_summary(),
     ]
@@ -243,7 +250,8 @@ def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> 
     for external in holders:
         print(
             f"{external.url} keeps checkpoint {external.checkpoint_id} for the clone (it never "
-            f"expires): after deleting the clone, run "
+            "expires; the clone's GC releases it once its compactions have rewritten every "
+            "SST it shares): if you delete the clone before that, run "
             f"`slatepy checkpoint delete {external.url} {external.checkpoint_id}`"
         )
 

@@ -11,7 +11,7 @@ from slatepy.config import Settings
 from slatepy.engine.clone import with_external
 from slatepy.gc import GarbageCollector
 from slatepy.gc.describe import human_bytes
-from slatepy.manifest.record import SstHandle
+from slatepy.manifest.record import CHECKPOINT, SstHandle, clone_of
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore
@@ -97,17 +97,32 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
             else dt.datetime.fromtimestamp(s.expire_time_s, dt.UTC).isoformat()
         )
         kind = f" checkpoint {s.name!r} wal_id={s.wal_id}" if s.kind == "checkpoint" else ""
-        lines.append(f"    {s.id}{kind} manifest={s.manifest_id} expires={expiry}")
+        held = ""
+        if s.kind == CHECKPOINT and (clone := clone_of(s.name)) is not None:
+            held = (
+                f" (held by the clone {clone}: its GC releases it once the clone's compactions "
+                "have rewritten every SST it shares)"
+            )
+        lines.append(f"    {s.id}{kind} manifest={s.manifest_id} expires={expiry}{held}")
     lines.append(f"L0: {len(m.l0)} SSTs")
     for n, h in enumerate(m.l0):
         lines.append(f"  {h.id} {handles_summary((h,))}")
         if n < limit:
             lines.append(f"    {sst_summary(tables, compacted_path(h.id), size=h.object_size)}")
+    referenced = {h.id for h in (*m.l0, *(h for run in m.sorted_runs for h in run.ssts))}
     for e in m.external_dbs:
-        lines.append(
-            f"  shares {len(e.sst_ids)} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
-            f"manifest {e.manifest_id})"
-        )
+        used = len(referenced.intersection(e.sst_ids))
+        if used:
+            lines.append(
+                f"  shares {used} SSTs of {e.url} (its checkpoint {e.checkpoint_id}, "
+                f"manifest {e.manifest_id})"
+            )
+        else:  # RFC 0017, "Releasing the source"
+            lines.append(
+                f"  shares no SST of {e.url} any more: GC releases its checkpoint "
+                f"{e.checkpoint_id} there once no active manifest (older ones in their "
+                "gc_min_age grace, snapshots, checkpoints) reads one either"
+            )
     lines.append(f"sorted runs: {len(m.sorted_runs)} (newest first)")
     lines += [f"  run {run.id}: {handles_summary(run.ssts)}" for run in m.sorted_runs]
     wal = NumberedObjects(store, WAL_DIR, WAL_SUFFIX)
@@ -131,6 +146,10 @@ def inspect(store: ObjectStore, *, limit: int = 20, settings: Settings | None = 
     )
     reasons = Counter(d.reason for d in report.deletions)
     lines += [f"  {count} x {reason}" for reason, count in sorted(reasons.items())]
+    lines += [
+        f"GC would release checkpoint {checkpoint_id} in {url} (the clone reads nothing there)"
+        for url, checkpoint_id in report.released
+    ]
     lines.append(
         f"GC live: {report.live_objects} objects, {human_bytes(report.live_bytes)}; "
         f"{report.held_summary()}"

@@ -12,11 +12,12 @@ From then on the clone is a database of its own: its writer, compactor and GC wr
 and delete only under ``dst``. Reads of the shared SSTs go to the source's store
 (:class:`~slatepy.table.external.ExternalSsts`, installed by :func:`with_external` wherever a
 database's store is opened). The source's GC keeps them because the clone's checkpoint
-keeps the manifest that references them; the clone's GC never sees them (it lists ``dst``).
-Once the clone's compactions have rewritten every shared SST, it no longer reads the source
-at all, but the checkpoint stays until deleted.
+keeps the manifest that references them; the clone's GC never deletes them (it lists
+``dst``). Once the clone's compactions have rewritten every shared SST and no active
+manifest of the clone references one, the clone's GC drops the source from
+``external_dbs`` and releases the checkpoint (:mod:`slatepy.gc.shared`).
 
-Deleting a clone: delete its objects, then the checkpoint in the source
+Deleting a clone before that: delete its objects, then the checkpoint in the source
 (``slatepy checkpoint delete SRC ID``; its name is ``clone:DST``), so the source's GC can
 collect what only the clone used. A clone of a clone also holds a checkpoint of its own in
 each store its source shares SSTs from (so it outlives its source); its manifest's
@@ -37,7 +38,7 @@ import msgspec
 from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.errors import AlreadyExists, InvalidArgument, NotFound, SlatepyError
-from slatepy.manifest.record import ExternalDb, Manifest
+from slatepy.manifest.record import CLONE_CHECKPOINT_PREFIX, ExternalDb, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
@@ -91,13 +92,13 @@ def clone(
             path="manifest/",
         )
     made = checkpoints.create_checkpoint(
-        source, settings, name=f"clone:{target.url}", of=checkpoint
+        source, settings, name=CLONE_CHECKPOINT_PREFIX + target.url, of=checkpoint
     )
     held: list[tuple[ObjectStore, str]] = [(source, made.id)]
     try:
         base = ManifestStore(source).read(made.manifest_id)
         _copy_wal(source, target, base.wal_id_last_compacted, made.wal_id)
-        inherited = _hold_inherited(base, f"clone:{target.url}", settings, held)
+        inherited = _hold_inherited(base, CLONE_CHECKPOINT_PREFIX + target.url, settings, held)
         first = _clone_manifest(base, made, source.url, inherited)
         if own.put_after(0, first) is None:
             raise AlreadyExists(

@@ -23,6 +23,12 @@ last): it expires after ``ttl`` and the next manifest update drops it. A scan th
 longer than ``ttl`` may find SSTs collected and fails with ``CorruptionError``/``NotFound``;
 raise ``ttl`` for such scans. :func:`release_snapshot` drops it early.
 
+A clone (RFC 0017) reads the SSTs it shares from its source's store: open the store with
+:func:`open_pinned_store` (the routing store under the usual stack) in the planner and in
+every task. The pin also keeps the clone's source checkpoint: its snapshot keeps the pinned
+manifest active, and the clone's GC releases the checkpoint only once no active manifest
+references a shared SST.
+
 Partitioning: :func:`split_points` proposes boundaries from the first keys of the manifest's
 compacted SSTs, so a task reads whole SSTs (each read opens few objects) and a key range
 prunes the SSTs outside it.
@@ -39,6 +45,7 @@ import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine.batch import check_range
+from slatepy.engine.clone import with_external
 from slatepy.engine.startup import replay
 from slatepy.engine.view import missing_sst, scan_merged
 from slatepy.errors import InvalidArgument, NotFound
@@ -46,6 +53,7 @@ from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
+from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.reader import TableReader
 
@@ -66,6 +74,13 @@ class PinnedSnapshot:
     wal_id: int
     snapshot_id: str
     expire_time_s: int
+
+
+def open_pinned_store(url: str, settings: Settings) -> ObjectStore:
+    """The store a planner or task of a pinned scan reads ``url`` through: the usual stack
+    (retries, metrics, disk cache) over the store, reading a clone's shared SSTs where they
+    live (:func:`~slatepy.engine.clone.with_external`). Call ``drain()`` when done."""
+    return open_stack(with_external(url, settings), settings)
 
 
 def pin_snapshot(

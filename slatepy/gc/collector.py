@@ -6,6 +6,7 @@ that is still whole; the next pass finishes the job. Deleting a missing object s
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -24,10 +25,12 @@ from slatepy.gc.rules import (
     select_garbage,
     spare_published,
 )
+from slatepy.gc.shared import OpenSource, Released, needed_shared, prune_shared, to_release
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.retry import with_retries
+from slatepy.store.url import open_store
 from slatepy.table.layout import COMPACTED_DIR, WAL_DIR
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,10 @@ class GcReport:
     shared: tuple[tuple[str, int, int], ...] = ()
     """A clone's SSTs that live in other stores: ``(source url, SSTs, bytes)`` the current
     manifest references there (RFC 0017). Not this store's to collect."""
+    released: tuple[Released, ...] = ()
+    """A clone's checkpoints in its sources that the pass released (a dry run: would
+    release), ``(source url, checkpoint id)``: no active manifest reads an SST there any
+    more (:mod:`slatepy.gc.shared`)."""
 
     @property
     def bytes(self) -> int:
@@ -128,6 +135,8 @@ class GarbageCollector:
             compactor of the database (a compactor publishes outputs up to half of its own
             ``gc_min_age`` old); a smaller value is only safe when no compactor is running.
         clock: Returns the current UTC time (tests move it forward).
+        open_source: How a clone's collector opens its source by URL to release its
+            checkpoint there (default: ``open_store`` with these settings, with retries).
     """
 
     def __init__(
@@ -137,11 +146,14 @@ class GarbageCollector:
         settings: Settings | None = None,
         min_age: float | None = None,
         clock: Clock = utc_now,
+        open_source: OpenSource | None = None,
     ) -> None:
         settings = settings or Settings()
         self.store = with_retries(
             store, settings.request_attempts, give_up_after=settings.store_timeout
         )
+        self._settings = settings
+        self._open_source = open_source or self._open
         self.min_age = settings.gc_min_age if min_age is None else min_age
         self._clock = clock
         self._manifests = ManifestStore(
@@ -214,10 +226,12 @@ class GarbageCollector:
             sum(m.size for m in live),
             now,
             shared_ssts(current.manifest),
+            tuple(to_release(current.manifest, needed_shared(active))) if dry_run else (),
         )
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
+            report = self._release_sources(report, active, now)
             log.info(
                 "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s); %s",
                 self.store.url,
@@ -229,6 +243,32 @@ class GarbageCollector:
                 report.held_summary(),
             )
         return report
+
+    def _release_sources(
+        self, report: GcReport, active: dict[int, Manifest], now: dt.datetime
+    ) -> GcReport:
+        """A clone's pass: stop sharing what no active manifest reads and release the
+        source checkpoints nothing needs (:mod:`slatepy.gc.shared`). Free for a database
+        that is not a clone (no manifest of it has ``external_dbs``)."""
+        if not active[report.current_manifest].external_dbs:
+            return report
+        released = prune_shared(
+            self._manifests,
+            active,
+            decided_on=report.current_manifest,
+            now_s=now.timestamp(),
+            open_source=self._open_source,
+            attempts=self._settings.manifest_update_attempts,
+        )
+        return dataclasses.replace(report, released=released)
+
+    def _open(self, url: str) -> ObjectStore:
+        settings = self._settings
+        return with_retries(
+            open_store(url, settings),
+            settings.request_attempts,
+            give_up_after=settings.store_timeout,
+        )
 
     def _fence(self, decided_on: int, deletions: list[Deletion]) -> tuple[int, list[Deletion]]:
         """Write a fence manifest, then spare what the manifests since ``decided_on`` publish.

@@ -10,6 +10,9 @@ import datetime as dt
 from collections.abc import Sequence
 
 from slatepy.gc.holds import Hold, HoldSummary
+from slatepy.manifest.record import CLONE_CHECKPOINT_PREFIX
+
+CLONE_RELEASES = "held by a clone: its GC releases it once it reads nothing here"
 
 
 def human_bytes(size: int) -> str:
@@ -50,7 +53,9 @@ def describe_hold(hold: Hold, *, now: dt.datetime | None) -> str:
     if hold.collectable_at is not None:
         at = f"collectable {when(hold.collectable_at, now)}"
     elif hold.reason == "checkpoint":
-        at = "until the checkpoint is deleted"
+        at = "until " + (
+            "the clone's GC releases it" if _by_clone(hold.detail) else "the checkpoint is deleted"
+        )
     else:
         at = "not by time"
     return f"{hold.path}  ({human_bytes(hold.size)}, {_reason(hold.reason)}: {hold.detail}, {at})"
@@ -61,8 +66,11 @@ def _one(s: HoldSummary, now: dt.datetime | None) -> str:
     if s.reason == "min_age":
         return f"{count} by gc_min_age ({_span(s, now, 'collectable from')})"
     if s.reason in ("snapshot", "checkpoint"):
-        if s.forever:
-            expiry = "no expiry: delete it to release" if s.reason == "checkpoint" else "never"
+        if s.forever and s.reason == "checkpoint":
+            release = CLONE_RELEASES if _by_clone(s.detail) else "delete it to release"
+            expiry = f"no expiry: {release}"
+        elif s.forever:
+            expiry = "never"
         else:
             assert s.latest is not None
             expiry = f"expires {when(s.latest, now)}"
@@ -70,6 +78,11 @@ def _one(s: HoldSummary, now: dt.datetime | None) -> str:
     if s.latest is None:
         return f"{count} kept: {s.detail}"
     return f"{count} kept: {s.detail} ({_span(s, now, 'until')})"
+
+
+def _by_clone(detail: str) -> bool:
+    """Whether a checkpoint hold's detail (``id (name)``) names a clone's checkpoint."""
+    return f"({CLONE_CHECKPOINT_PREFIX}" in detail
 
 
 def _span(s: HoldSummary, now: dt.datetime | None, lead: str) -> str:

@@ -49,6 +49,16 @@ class SortedRun(msgspec.Struct, frozen=True):
 
 CHECKPOINT = "checkpoint"
 """``Snapshot.kind`` of a checkpoint; readers' and writers' snapshots are ``"snapshot"``."""
+CLONE_CHECKPOINT_PREFIX = "clone:"
+"""A checkpoint named ``clone:{url}`` is held by the clone at ``url`` (RFC 0017): the
+clone's GC releases it once the clone reads nothing of this database any more."""
+
+
+def clone_of(snapshot_name: str) -> str | None:
+    """The URL of the clone holding a checkpoint of this name, None if it is no clone's."""
+    if snapshot_name.startswith(CLONE_CHECKPOINT_PREFIX):
+        return snapshot_name[len(CLONE_CHECKPOINT_PREFIX) :]
+    return None
 
 
 class Snapshot(msgspec.Struct, frozen=True):

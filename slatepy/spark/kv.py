@@ -28,6 +28,7 @@ The scan reads one snapshot: planning pins the newest manifest and its WAL prefi
 snapshot that expires after ``snapshotTtl`` seconds (``slatepy.engine.pinned``), and splits
 the key range into partitions along the manifest's SST boundaries (at most
 ``maxPartitions``). Each task reads its range of that same view and returns Arrow batches.
+A clone (RFC 0017) reads like any database: the SSTs it shares are read from its source.
 
 Options (names are case-insensitive, values strings):
 
@@ -62,7 +63,13 @@ from pyspark.sql.types import StructType
 
 from slatepy.config import Settings
 from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
-from slatepy.engine.pinned import PinnedSnapshot, pin_snapshot, scan_pinned, split_points
+from slatepy.engine.pinned import (
+    PinnedSnapshot,
+    open_pinned_store,
+    pin_snapshot,
+    scan_pinned,
+    split_points,
+)
 from slatepy.errors import InvalidArgument, NotFound
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
@@ -192,7 +199,7 @@ class KvReader(DataSourceReader):
 
     def partitions(self) -> list[KvPartition]:
         settings = Settings.from_env()
-        store = open_stack(self.url, settings)
+        store = open_pinned_store(self.url, settings)  # a clone: reads its shared SSTs too
         try:
             pinned, manifest = pin_snapshot(store, settings, ttl=self.ttl)
         finally:
@@ -211,7 +218,7 @@ class KvReader(DataSourceReader):
         if partition.end is not None and partition.end <= partition.start:
             return
         settings = Settings.from_env()
-        store = open_stack(self.url, settings)
+        store = open_pinned_store(self.url, settings)
         schema = self.codec.arrow_schema()
         try:
             pairs: list[tuple[bytes, bytes]] = []

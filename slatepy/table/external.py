@@ -9,8 +9,12 @@ clone does can write or delete under the source's location.
 
 Which ids are external is learnt lazily: ``locate`` is called once, on the first read of a
 compacted SST the own store does not have, so a database that is not a clone pays nothing.
-External SSTs never exist in the own store (ids are fresh uuids), and a clone's set of
-external SSTs is fixed when it is made, so the map, once loaded, never goes stale.
+External SSTs never exist in the own store (ids are fresh uuids), and nothing adds an
+external SST to a clone after it is made, so the map, once loaded, never misses one a
+process of the clone can still read. It may only hold too many: the clone's GC drops the
+ids no active manifest references any more (and then the whole entry, releasing the
+source's checkpoint; RFC 0017), and a map loaded before that keeps routing ids that nothing
+reads.
 """
 
 from __future__ import annotations

@@ -24,9 +24,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slatepy import Db, Settings, WriteBatch
+from slatepy import Db, Settings, WriteBatch, clone
 from slatepy.compactor import Compactor
 from slatepy.compactor.planner import CompactionPolicy
+from slatepy.engine.clone import with_external
 from slatepy.errors import InvalidArgument
 from slatepy.manifest.store import ManifestStore
 from slatepy.spark.codec import Column, RowCodec
@@ -189,3 +190,35 @@ def test_a_prefix_reads_the_keys_that_start_with_it(tmp_path: Path) -> None:
     keys = [k for b in batches for k in b.column(0).to_pylist()]
     assert keys == [f"user{i:05d}" for i in range(1000, 2000)]
     assert batches[0].schema == reader.codec.arrow_schema()
+
+
+@pytest.mark.spark
+def test_a_read_of_a_clone_sees_its_shared_and_its_own_ssts(spark: Any, tmp_path: Path) -> None:
+    """A clone's shared SSTs live in its source's store: planning and every task read them
+    there (RFC 0017), next to the clone's own SSTs and WAL."""
+    src, dst = f"file://{tmp_path}/src", f"file://{tmp_path}/dst"
+    rows = {i: (f"src{i}", float(i)) for i in range(3000)}
+    with Db.open(src, settings=OFF) as db:
+        put_rows(db, rows)
+    policy = CompactionPolicy(l0_trigger=1, target_sst_bytes=32 * 1024)
+    Compactor(open_store(src), settings=OFF, policy=policy).run_until_idle()
+    clone(src, dst, settings=OFF)
+    with Db.open(dst, settings=OFF) as db:
+        own = {i: ("clone", -1.0) for i in range(-20, 3020, 7)}
+        put_rows(db, own)
+        rows |= own
+    keep_runs = CompactionPolicy(l0_trigger=100)  # the WAL into an L0 SST of the clone's own
+    Compactor(with_external(dst, OFF), settings=OFF, policy=keep_runs).run_until_idle()
+    with Db.open(dst, settings=OFF) as db:
+        newest = {i: ("wal", -2.0) for i in range(1, 3000, 500)}
+        put_rows(db, newest)
+        rows |= newest
+    stored = ManifestStore(open_store(dst)).load()
+    assert stored is not None
+    m = stored.manifest
+    shared = {i for e in m.external_dbs for i in e.sst_ids}
+    assert len(m.sorted_runs[0].ssts) >= 2 and {h.id for h in m.sorted_runs[0].ssts} <= shared
+    assert len(m.l0) == 1 and m.l0[0].id not in shared
+    df = read(spark, dst)
+    assert df.rdd.getNumPartitions() >= 2
+    assert rows_of(df) == rows
