@@ -301,9 +301,10 @@ class Transaction:
             lambda: list(self.sync.scan(start, end, reverse=reverse, limit=limit))
         )
 
-    async def commit(self) -> None:
-        """Apply the writes atomically and durably, or raise ``TransactionConflict``."""
-        await asyncio.to_thread(self.sync.commit)
+    async def commit(self, *, await_durable: bool = True) -> None:
+        """Apply the writes atomically, or raise ``TransactionConflict``; with
+        ``await_durable=False`` return before they are durable (see the sync ``commit``)."""
+        await asyncio.to_thread(self.sync.commit, await_durable=await_durable)
 
     async def rollback(self) -> None:
         """Discard the writes."""
