@@ -121,7 +121,8 @@ class ConflictTracker:
     def written_after(self, key: bytes, seq: int) -> bool:
         if self._last.get(key, 0) > seq:
             return True
-        return any(s > seq and start <= key < end for start, end, s in self._ranges)
+        ranges = self._ranges  # tested first: a generator per call costs more than the check
+        return bool(ranges) and any(s > seq and start <= key < end for start, end, s in ranges)
 
     def range_written_after(self, start: bytes, end: bytes | None, seq: int) -> bytes | None:
         """A key in ``[start, end)`` written after ``seq``, or None (a scan of the records)."""
