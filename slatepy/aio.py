@@ -205,7 +205,7 @@ class Db(_AsyncReads):
 
     @property
     def wal_id_last_compacted(self) -> int:
-        """The newest WAL SST whose writes are in compacted SSTs (see the sync property)."""
+        """The WAL prefix that compaction has folded into the read view's SSTs."""
         return self.sync.wal_id_last_compacted
 
     @property
@@ -281,17 +281,17 @@ class DbReader(_AsyncReads):
 
     @property
     def manifest_id(self) -> int:
-        """The manifest the reader's view comes from."""
+        """The manifest this reader's snapshot holds."""
         return self.sync.manifest_id
 
     @property
     def wal_id(self) -> int:
-        """The newest WAL SST the reader has applied."""
+        """The last WAL SST applied (every SST up to it is visible)."""
         return self.sync.wal_id
 
     @property
     def snapshot_id(self) -> str:
-        """The id of the reader's snapshot in the manifest ("" if it registers none)."""
+        """The id of this reader's snapshot in the manifest ("" for a read-only reader)."""
         return self.sync.snapshot_id
 
     @property
