@@ -1,121 +1,76 @@
-"""Transactions per second of SlateDB's Python package (``slatedb`` 0.17), on the file store,
-for comparison with slatepy's ``db.begin()`` once it exists (issue 16: slatepy >= 10x).
+"""SlateDB's side of ``bench.txn``: the same transfer workload on SlateDB's Python package
+(``slatedb`` 0.17, a Rust core behind asyncio bindings).
 
-    python -m bench.txn_slatedb --accounts 1000 --txns 2000
+    python -m bench.txn_slatedb --stores file --clients 1 4
 
-Workload: read-modify-write transfers. Each transaction reads two random accounts (8-byte
-little-endian balances), moves 1 from one to the other, writes both and commits. Three
-ways: one task, commits not awaited (``commit()`` returns once the transaction is applied);
-one task, each commit awaited durable (``await_durable`` on its handle: SlateDB flushes its
-WAL on a timer, so this is bound by that tick); and ``--workers`` concurrent tasks with
-unawaited commits, where conflicting transactions fail at commit and are retried (the retries
-are counted). The sum of balances is checked at the end. Isolation: ``--isolation`` snapshot
-(default) or serializable.
+is ``python -m bench.txn --engines slatedb`` with the same options (SlateDB alone).
+``clients`` asyncio tasks in one event loop each run transfers for the run's length: begin,
+two ``get``s, two ``put``s, ``commit()`` (and, when durable, ``await_durable()`` on the write
+handle it returns); a conflict raises ``Error.Transaction`` at commit and the transfer is
+retried.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
-import struct
-import tempfile
+import sys
 import time
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-RESULTS = Path(__file__).parent / "results"
-BALANCE = struct.Struct("<q")
-START = 1_000
-
-
-def account(i: int) -> bytes:
-    return b"acct%012d" % i
+from bench.txn import BALANCE, START, Workload, account, moved, pair, result
 
 
-async def transfer(db: Any, level: Any, rng: random.Random, accounts: int, durable: bool) -> int:
-    """One transfer, retried until it commits; returns the number of conflicts met."""
-    from slatedb.uniffi import Error
-
-    conflicts = 0
-    a, b = rng.sample(range(accounts), 2)
-    while True:
-        txn = await db.begin(level)
-        try:
-            va, vb = await txn.get(account(a)), await txn.get(account(b))
-            assert va is not None and vb is not None
-            await txn.put(account(a), BALANCE.pack(BALANCE.unpack(va)[0] - 1))
-            await txn.put(account(b), BALANCE.pack(BALANCE.unpack(vb)[0] + 1))
-            handle = await txn.commit()
-        except Error.Transaction:
-            conflicts += 1
-            continue
-        if durable and handle is not None:
-            await handle.await_durable()
-        return conflicts
-
-
-async def run(accounts: int, txns: int, durable_txns: int, workers: int, isolation: str) -> dict:
-    from slatedb.uniffi import DbBuilder, IsolationLevel, ObjectStore, WriteBatch
+def slatedb_run(url: str, w: Workload) -> dict[str, Any]:
+    """``w.clients`` tasks doing transfers for ``w.seconds`` on a fresh SlateDB database at
+    ``url`` (``memory://`` or ``file:///...``)."""
+    from slatedb.uniffi import DbBuilder, Error, IsolationLevel, ObjectStore, WriteBatch
 
     level = {
         "snapshot": IsolationLevel.SNAPSHOT,
         "serializable": IsolationLevel.SERIALIZABLE_SNAPSHOT,
-    }[isolation]
-    results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        # SlateDB takes the store root from the URL and the path within it separately.
-        db = await DbBuilder(f"{tmp.strip('/')}/db", ObjectStore.resolve("file:///")).build()
+    }[w.isolation]
+    durable, accounts = w.mode == "durable", w.accounts
+    # As bench.engines: SlateDB resolves the store root from the URL, the path separately.
+    parts = urlsplit(url)
+    path = parts.path.strip("/") or "db"
+    store = ObjectStore.resolve(f"{parts.scheme}://{parts.netloc}/")
+
+    async def run() -> dict[str, Any]:
+        db: Any = await DbBuilder(path, store).build()
         try:
             batch = WriteBatch()
             for i in range(accounts):
                 batch.put(account(i), BALANCE.pack(START))
             await (await db.write(batch)).await_durable()
+            done = conflicts = 0
+            deadline = time.monotonic() + w.seconds
 
-            async def measure(name: str, count: int, go: Any) -> None:
-                start = time.perf_counter()
-                conflicts = await go()
-                elapsed = time.perf_counter() - start
-                results[name] = {
-                    "txns": count,
-                    "seconds": elapsed,
-                    "txns_per_s": count / elapsed,
-                    "conflicts": conflicts,
-                }
-                print(
-                    f"{name}: {count / elapsed:,.0f} txn/s "
-                    f"({count} in {elapsed:.2f} s, {conflicts} conflicts)",
-                    flush=True,
-                )
+            async def work(c: int) -> None:
+                nonlocal done, conflicts
+                rng = random.Random(c)
+                while time.monotonic() < deadline:
+                    src, dst = pair(rng, accounts)
+                    while True:
+                        txn = await db.begin(level)
+                        try:
+                            new_src, new_dst = moved(await txn.get(src), await txn.get(dst))
+                            await txn.put(src, new_src)
+                            await txn.put(dst, new_dst)
+                            handle = await txn.commit()
+                        except Error.Transaction:
+                            conflicts += 1
+                            continue
+                        if durable and handle is not None:
+                            await handle.await_durable()
+                        break
+                    done += 1
 
-            async def sequential(count: int, durable: bool) -> int:
-                rng = random.Random(1)
-                return sum(
-                    [await transfer(db, level, rng, accounts, durable) for _ in range(count)]
-                )
-
-            async def concurrent() -> int:
-                async def worker(seed: int) -> int:
-                    rng = random.Random(seed)
-                    return sum(
-                        [
-                            await transfer(db, level, rng, accounts, False)
-                            for _ in range(txns // workers)
-                        ]
-                    )
-
-                return sum(await asyncio.gather(*(worker(w) for w in range(workers))))
-
-            await measure("1 task, commit not awaited", txns, lambda: sequential(txns, False))
-            await measure(
-                "1 task, commit awaited durable",
-                durable_txns,
-                lambda: sequential(durable_txns, True),
-            )
-            await measure(
-                f"{workers} tasks, commit not awaited", txns // workers * workers, concurrent
-            )
+            started = time.perf_counter()
+            await asyncio.gather(*(work(c) for c in range(w.clients)))
+            await db.flush()
+            elapsed = time.perf_counter() - started
             total = 0
             for i in range(accounts):
                 value = await db.get(account(i))
@@ -124,32 +79,15 @@ async def run(accounts: int, txns: int, durable_txns: int, workers: int, isolati
             assert total == START * accounts, total
         finally:
             await db.shutdown()
-    return results
+        return result(done, elapsed, conflicts)
+
+    return asyncio.run(run())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--accounts", type=int, default=1000)
-    parser.add_argument("--txns", type=int, default=2000)
-    parser.add_argument("--durable-txns", type=int, default=30)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--isolation", choices=["snapshot", "serializable"], default="snapshot")
-    parser.add_argument("--name", default="txn-slatedb")
-    args = parser.parse_args()
-    results = asyncio.run(
-        run(args.accounts, args.txns, args.durable_txns, args.workers, args.isolation)
-    )
-    RESULTS.mkdir(exist_ok=True)
-    command = (
-        f"python -m bench.txn_slatedb --accounts {args.accounts} --txns {args.txns} "
-        f"--durable-txns {args.durable_txns} --workers {args.workers} --isolation {args.isolation}"
-    )
-    (RESULTS / f"{args.name}.json").write_text(
-        json.dumps({"command": command, "results": results}, indent=1)
-    )
-    print(f"wrote bench/results/{args.name}.json")
+    from bench.txn import main as txn_main
+
+    txn_main(["--engines", "slatedb", "--name", "txn-slatedb", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

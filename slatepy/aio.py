@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from slatepy.config import Settings
 from slatepy.engine.batch import WriteBatch
+from slatepy.engine.checkpoint import Checkpoint
+from slatepy.engine.clone import clone as sync_clone
 from slatepy.engine.db import Db as SyncDb
 from slatepy.engine.iterator import DEFAULT_BATCH_SIZE, BatchFormat
 from slatepy.engine.reader import DbReader as SyncDbReader
@@ -33,6 +36,30 @@ from slatepy.store.metrics import StoreMetrics
 from slatepy.table.merge_operator import MergeOperator
 
 _END = object()
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _in_thread(
+    method: Callable[Concatenate[Any, P], R],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """An async method that runs the sync handle's method of the same name on a worker
+    thread: ``put = _in_thread(SyncDb.put)`` is ``async def put(self, ...)`` with
+    ``SyncDb.put``'s parameters, result type and docstring (``help()`` and
+    ``inspect.signature`` show them), so forwarding methods are not written out one by one.
+
+    The method is looked up on ``self.sync`` at each call, so a subclass's override (e.g.
+    ``CheckpointReader.refresh``) is the one that runs.
+    """
+    name = method.__name__
+
+    async def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+
+    functools.update_wrapper(
+        call, method, assigned=("__name__", "__qualname__", "__doc__"), updated=()
+    )
+    return call
 
 
 class _AsyncReads:
@@ -127,11 +154,16 @@ class _AsyncReads:
 
 
 class Db(_AsyncReads):
-    """Async wrapper around :class:`slatepy.engine.db.Db`; open with ``await Db.open(...)``."""
+    """Async wrapper around :class:`slatepy.engine.db.Db`; open with ``await Db.open(...)``.
+
+    Every method that does I/O is awaitable and runs the sync one on a worker thread, with
+    its parameters and docstring; ``begin`` and the properties do no I/O and are plain.
+    """
 
     sync: SyncDb
 
     def __init__(self, db: SyncDb) -> None:
+        """Wrap an open sync ``Db`` (``await Db.open(...)`` opens one and wraps it)."""
         self.sync = db
 
     @classmethod
@@ -157,6 +189,11 @@ class Db(_AsyncReads):
         )
 
     @property
+    def url(self) -> str:
+        """The database's location."""
+        return self.sync.url
+
+    @property
     def epoch(self) -> int:
         """This writer's epoch."""
         return self.sync.epoch
@@ -165,6 +202,16 @@ class Db(_AsyncReads):
     def metrics(self) -> StoreMetrics:
         """Object-store requests made so far (no I/O: not awaitable)."""
         return self.sync.metrics
+
+    @property
+    def wal_id_last_compacted(self) -> int:
+        """The WAL prefix that compaction has folded into the read view's SSTs."""
+        return self.sync.wal_id_last_compacted
+
+    @property
+    def next_wal_id(self) -> int:
+        """The WAL id the next flush writes."""
+        return self.sync.next_wal_id
 
     async def snapshot(self) -> Snapshot:
         """A consistent, unchanging read view (see :meth:`slatepy.engine.db.Db.snapshot`)."""
@@ -175,43 +222,20 @@ class Db(_AsyncReads):
         commit on a clean exit and roll back on an exception."""
         return Transaction(self.sync.begin(isolation))
 
-    async def put(
-        self,
-        key: bytes,
-        value: bytes,
-        *,
-        await_durable: bool = True,
-        ttl: float | None = None,
-    ) -> None:
-        """Set ``key`` to ``value`` (expiring after ``ttl`` seconds if given); with
-        ``await_durable``, return once it is in the WAL."""
-        await asyncio.to_thread(self.sync.put, key, value, await_durable=await_durable, ttl=ttl)
-
-    async def merge(self, key: bytes, operand: bytes, *, await_durable: bool = True) -> None:
-        """Add a merge operand for ``key`` (see :meth:`slatepy.engine.db.Db.merge`)."""
-        await asyncio.to_thread(self.sync.merge, key, operand, await_durable=await_durable)
-
-    async def delete_range(self, start: bytes, end: bytes, *, await_durable: bool = True) -> None:
-        """Delete every key in ``[start, end)`` (see :meth:`slatepy.engine.db.Db.delete_range`)."""
-        await asyncio.to_thread(self.sync.delete_range, start, end, await_durable=await_durable)
-
-    async def delete(self, key: bytes, *, await_durable: bool = True) -> None:
-        """Remove ``key`` (a tombstone until compaction drops it)."""
-        await asyncio.to_thread(self.sync.delete, key, await_durable=await_durable)
-
-    async def write(self, batch: WriteBatch, *, await_durable: bool = True) -> None:
-        """Apply ``batch`` atomically."""
-        await asyncio.to_thread(self.sync.write, batch, await_durable=await_durable)
-
-    async def flush(self) -> None:
-        """Make every write made so far durable."""
-        await asyncio.to_thread(self.sync.flush)
-
-    async def refresh(self) -> None:
-        """Adopt compactions published since open."""
-        await asyncio.to_thread(self.sync.refresh)
+    put = _in_thread(SyncDb.put)
+    merge = _in_thread(SyncDb.merge)
+    delete = _in_thread(SyncDb.delete)
+    delete_range = _in_thread(SyncDb.delete_range)
+    write = _in_thread(SyncDb.write)
+    flush = _in_thread(SyncDb.flush)
+    refresh = _in_thread(SyncDb.refresh)
+    create_checkpoint = _in_thread(SyncDb.create_checkpoint)
+    list_checkpoints = _in_thread(SyncDb.list_checkpoints)
+    refresh_checkpoint = _in_thread(SyncDb.refresh_checkpoint)
+    delete_checkpoint = _in_thread(SyncDb.delete_checkpoint)
 
     def __repr__(self) -> str:
+        """``aio.`` and the sync handle's repr."""
         return f"aio.{self.sync!r}"
 
 
@@ -222,6 +246,7 @@ class DbReader(_AsyncReads):
     sync: SyncDbReader
 
     def __init__(self, reader: SyncDbReader) -> None:
+        """Wrap an open sync ``DbReader`` (``await DbReader.open(...)`` opens one)."""
         self.sync = reader
 
     @classmethod
@@ -231,10 +256,22 @@ class DbReader(_AsyncReads):
         *,
         settings: Settings | None = None,
         read_only: bool = False,
+        checkpoint: str | None = None,
+        clock: Callable[[], float] | None = None,
+        merge_operator: MergeOperator | None = None,
     ) -> DbReader:
-        """:meth:`slatepy.engine.reader.DbReader.open` on a worker thread."""
+        """:meth:`slatepy.engine.reader.DbReader.open` on a worker thread (``checkpoint``:
+        read that checkpoint, a fixed view)."""
         return cls(
-            await asyncio.to_thread(SyncDbReader.open, url, settings=settings, read_only=read_only)
+            await asyncio.to_thread(
+                SyncDbReader.open,
+                url,
+                settings=settings,
+                read_only=read_only,
+                checkpoint=checkpoint,
+                clock=clock,
+                merge_operator=merge_operator,
+            )
         )
 
     @property
@@ -242,15 +279,34 @@ class DbReader(_AsyncReads):
         """Object-store requests made so far (no I/O: not awaitable)."""
         return self.sync.metrics
 
+    @property
+    def manifest_id(self) -> int:
+        """The manifest this reader's snapshot holds."""
+        return self.sync.manifest_id
+
+    @property
+    def wal_id(self) -> int:
+        """The last WAL SST applied (every SST up to it is visible)."""
+        return self.sync.wal_id
+
+    @property
+    def snapshot_id(self) -> str:
+        """The id of this reader's snapshot in the manifest ("" for a read-only reader)."""
+        return self.sync.snapshot_id
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the reader writes nothing to the store (see the sync ``open``)."""
+        return self.sync.read_only
+
     async def snapshot(self) -> Snapshot:
         """A read view fixed at what the reader sees now (see the sync ``snapshot``)."""
         return Snapshot(await asyncio.to_thread(self.sync.snapshot))
 
-    async def refresh(self) -> None:
-        """Poll now: apply new WAL SSTs and adopt a newer compacted state."""
-        await asyncio.to_thread(self.sync.refresh)
+    refresh = _in_thread(SyncDbReader.refresh)
 
     def __repr__(self) -> str:
+        """``aio.`` and the sync handle's repr."""
         return f"aio.{self.sync!r}"
 
 
@@ -261,6 +317,7 @@ class Snapshot(_AsyncReads):
     sync: SyncSnapshot
 
     def __init__(self, snapshot: SyncSnapshot) -> None:
+        """Wrap a sync ``Snapshot`` (``await db.snapshot()`` takes one)."""
         self.sync = snapshot
 
     @property
@@ -268,17 +325,35 @@ class Snapshot(_AsyncReads):
         """The sequence number of the newest write the snapshot sees."""
         return self.sync.seq
 
+    @property
+    def snapshot_id(self) -> str:
+        """The id of the snapshot's pin in the manifest ("" when unpinned)."""
+        return self.sync.snapshot_id
+
+    def __repr__(self) -> str:
+        """``aio.`` and the sync snapshot's repr."""
+        return f"aio.{self.sync!r}"
+
 
 class Transaction:
     """Async wrapper around :class:`slatepy.engine.txn.Transaction` (await one call at a
     time: a transaction is used by one task)."""
 
     def __init__(self, txn: SyncTransaction) -> None:
+        """Wrap a sync ``Transaction`` (``db.begin()`` starts one)."""
         self.sync = txn
 
-    async def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        """The value of ``key`` as the transaction sees it; see the sync ``get``."""
-        return await asyncio.to_thread(self.sync.get, key, default)
+    @property
+    def isolation(self) -> Isolation:
+        """``"snapshot"`` or ``"serializable"``."""
+        return self.sync.isolation
+
+    @property
+    def start_seq(self) -> int:
+        """The transaction's snapshot: it sees every write up to this seq, none after."""
+        return self.sync.start_seq
+
+    get = _in_thread(SyncTransaction.get)
 
     def put(self, key: bytes, value: bytes) -> None:
         """Buffer ``key = value`` (no I/O: not awaitable)."""
@@ -301,13 +376,8 @@ class Transaction:
             lambda: list(self.sync.scan(start, end, reverse=reverse, limit=limit))
         )
 
-    async def commit(self) -> None:
-        """Apply the writes atomically and durably, or raise ``TransactionConflict``."""
-        await asyncio.to_thread(self.sync.commit)
-
-    async def rollback(self) -> None:
-        """Discard the writes."""
-        await asyncio.to_thread(self.sync.rollback)
+    commit = _in_thread(SyncTransaction.commit)
+    rollback = _in_thread(SyncTransaction.rollback)
 
     async def __aenter__(self) -> Self:
         """``async with`` the transaction: committed on a clean exit, else rolled back."""
@@ -322,6 +392,10 @@ class Transaction:
         """Commit, or roll back when the block raised."""
         await asyncio.to_thread(self.sync.__exit__, exc_type, exc, tb)
 
+    def __repr__(self) -> str:
+        """``aio.`` and the sync transaction's repr."""
+        return f"aio.{self.sync!r}"
+
 
 class WalReader:
     """Async form of :class:`slatepy.engine.wal_reader.WalReader` (change data capture):
@@ -333,6 +407,7 @@ class WalReader:
     """
 
     def __init__(self, reader: SyncWalReader) -> None:
+        """Wrap a sync ``WalReader`` (``await WalReader.open(url)`` makes one)."""
         self.sync = reader
 
     @classmethod
@@ -377,4 +452,27 @@ class WalReader:
         await self.close()
 
 
-__all__ = ["Db", "DbReader", "KeyValue", "Snapshot", "Transaction", "WalReader", "WriteBatch"]
+async def clone(
+    src: str | ObjectStore,
+    dst: str | ObjectStore,
+    *,
+    checkpoint: str | None = None,
+    settings: Settings | None = None,
+) -> Checkpoint:
+    """:func:`slatepy.clone` on a worker thread: a new database at ``dst`` holding the
+    source's data (its durable state now, or ``checkpoint``), sharing its SSTs; returns the
+    checkpoint registered in the source for the clone."""
+    return await asyncio.to_thread(sync_clone, src, dst, checkpoint=checkpoint, settings=settings)
+
+
+__all__ = [
+    "Checkpoint",
+    "Db",
+    "DbReader",
+    "KeyValue",
+    "Snapshot",
+    "Transaction",
+    "WalReader",
+    "WriteBatch",
+    "clone",
+]

@@ -213,11 +213,6 @@ class DbReader(Closing, ReadSurface):
     def metrics(self) -> StoreMetrics:
         return self._store.metrics
 
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        """The value of ``key`` as of the reader's latest refresh, or ``default``."""
-        version = self._version(key)
-        return default if version is None else version[1]
-
     def _version(self, key: bytes) -> tuple[int, bytes] | None:
         """``(seq, value)`` of what a read of ``key`` returns (None: absent, deleted or
         expired); ``seq`` is the newest version's."""

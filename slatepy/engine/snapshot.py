@@ -153,13 +153,6 @@ class Snapshot(ReadSurface):
         """The id of the pin in the manifest ("" when unpinned: a read-only reader's)."""
         return "" if self._pin is None else self._pin.snapshot_id
 
-    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        """The value of ``key`` in the snapshot, or ``default`` if absent or deleted."""
-        version = self._version(key)
-        if version is None or version[1] is None:
-            return default
-        return version[1]
-
     def get_many(self, keys: Iterable[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in order (None where absent or deleted)."""
         keys = [check_key(k) for k in keys]

@@ -3,8 +3,8 @@
 ``Db``, ``DbReader`` and ``Snapshot`` each know how to take one consistent view
 (:meth:`ReadSurface._view_for`) and the newest version of one key
 (:meth:`ReadSurface._version`); everything here (iterators, reverse and limited scans,
-prefix scans, batched scans, ``get_key_value``, the mapping protocol) is built on those two,
-so the handles cannot drift apart (RFC 0020).
+prefix scans, batched scans, ``get``, ``get_key_value``, the mapping protocol) is built on
+those two, so the handles cannot drift apart (RFC 0020). ``Db`` keeps a faster ``get``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,12 @@ class ReadSurface:
         raise NotImplementedError
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        raise NotImplementedError
+        """The value of ``key`` in this handle's view, or ``default`` if it is absent,
+        deleted or expired (``Db`` overrides it with its memtable fast path)."""
+        version = self._version(key)
+        if version is None or version[1] is None:
+            return default
+        return version[1]
 
     def iter(
         self,

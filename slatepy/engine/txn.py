@@ -2,9 +2,10 @@
 
 A transaction starts at the writer's current sequence number ``S`` (its snapshot), buffers
 its writes, and reads through to the database with its own writes laid over. At commit its
-writes go through the same path as ``Db.write(batch)`` (one WAL generation: atomic and
-durable alike), after a validation that runs under the writer's lock, so no other write can
-land between the check and the apply:
+writes go through the same path as ``Db.write(batch)`` (one WAL generation: atomic, and
+durable when ``commit()`` returns unless called with ``await_durable=False``), after a
+validation that runs under the writer's lock, so no other write can land between the check
+and the apply:
 
 * both isolations: *write-write*: a key it writes was written by someone else after ``S``;
 * ``"serializable"`` also *read-write*: a key it read, or a key in a range it scanned, was
@@ -120,7 +121,8 @@ class ConflictTracker:
     def written_after(self, key: bytes, seq: int) -> bool:
         if self._last.get(key, 0) > seq:
             return True
-        return any(s > seq and start <= key < end for start, end, s in self._ranges)
+        ranges = self._ranges  # tested first: a generator per call costs more than the check
+        return bool(ranges) and any(s > seq and start <= key < end for start, end, s in ranges)
 
     def range_written_after(self, start: bytes, end: bytes | None, seq: int) -> bytes | None:
         """A key in ``[start, end)`` written after ``seq``, or None (a scan of the records)."""
@@ -248,8 +250,16 @@ class Transaction:
             keys, values = live_columns(columns, kinds)
             yield from zip(keys, values, strict=True)
 
-    def commit(self) -> None:
-        """Apply the writes atomically and durably, unless a conflict is found.
+    def commit(self, *, await_durable: bool = True) -> None:
+        """Apply the writes atomically, unless a conflict is found.
+
+        Args:
+            await_durable: Return only once the writes are in the WAL (the default). With
+                False, as ``Db.write(batch, await_durable=False)``: the writes are visible at
+                once and become durable, all together, at the next WAL flush (the
+                ``flush_interval`` tick, a durable write, ``db.flush()`` or ``close()``); a
+                crash before that loses the whole transaction, never part of it. The
+                conflict check is the same either way.
 
         Raises:
             TransactionConflict: see the module docstring; nothing was applied.
@@ -258,7 +268,7 @@ class Transaction:
         self._check_open()
         try:
             if self._writes:
-                self._db._apply(list(self._writes.items()), True, check=self._validate)
+                self._db._apply(list(self._writes.items()), await_durable, check=self._validate)
             self._state = "committed"
         finally:
             if self._state == "open":

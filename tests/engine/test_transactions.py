@@ -5,12 +5,14 @@ misuse fails with typed errors."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 
+import msgspec
 import pytest
 
-from slatepy import ClosedError, Db, InvalidArgument, Settings, TransactionConflict
+from slatepy import ClosedError, Db, DbReader, InvalidArgument, Settings, TransactionConflict
 from slatepy.engine.txn import ConflictTracker
 from slatepy.store import open_store
 from tests.conftest import Backend
@@ -221,3 +223,124 @@ def test_a_delete_compacted_away_after_the_snapshot_still_conflicts() -> None:
         assert db._version(b"k") is None  # no version left to show the delete
         with pytest.raises(TransactionConflict):
             txn.get(b"k")
+
+
+def test_an_unawaited_commit_is_visible_at_once_and_durable_at_the_flush(
+    backend: Backend,
+) -> None:
+    idle = msgspec.structs.replace(backend.settings, flush_interval=60)  # no tick flushes it
+    with Db.open(backend.target(), settings=idle) as db:
+        db[b"a"] = b"1"
+        puts = db.metrics.requests("put")
+        with db.begin() as txn:
+            txn.put(b"a", b"%d" % (int(txn.get(b"a") or b"0") + 1))
+            for i in range(10):
+                txn.put(b"k%d" % i, b"v")
+            txn.commit(await_durable=False)
+        assert db[b"a"] == b"2" and len(list(db.scan(b"k"))) == 10  # visible at once
+        assert db.metrics.requests("put") == puts  # nothing written yet
+        with DbReader.open(backend.target(), settings=idle) as reader:
+            assert reader.get(b"a") == b"1"  # other processes see only the WAL
+        db.flush()
+        assert db.metrics.requests("put") == puts + 1  # the whole transaction in one WAL SST
+        db._crash()
+    with Db.open(backend.target(), settings=idle) as db:
+        assert db[b"a"] == b"2" and len(list(db.scan(b"k"))) == 10
+        db.begin().commit(await_durable=False)  # no writes: nothing to do
+        txn = db.begin()
+        txn.put(b"b", b"3")
+        txn.commit(await_durable=False)
+    with Db.open(backend.target(), settings=idle) as db:  # close() flushed it
+        assert db[b"b"] == b"3"
+
+
+def test_a_crash_before_the_flush_loses_the_unawaited_transaction_whole() -> None:
+    store = open_store("memory://")
+    idle = Settings(compactor="off", flush_interval=60)
+    db = Db.open(store, settings=idle)
+    db[b"durable"] = b"1"
+    txn = db.begin()
+    for i in range(10):
+        txn.put(b"k%d" % i, b"v")
+    txn.commit(await_durable=False)
+    db._crash()
+    with Db.open(store, settings=idle) as db:
+        assert db[b"durable"] == b"1" and list(db.scan(b"k")) == []
+
+
+def test_crashes_at_any_moment_keep_each_unawaited_transaction_whole() -> None:
+    """Unawaited commits while another thread seals WAL generations as fast as it can (the
+    GIL switching every microsecond), then a crash: after recovery each transaction is all
+    there or not at all. A commit reaching the WAL as several generations shows up here."""
+    rng = random.Random(16)
+    idle = Settings(compactor="off", flush_interval=60)  # only the flusher thread seals
+    deadline = time.monotonic() + 20
+    partial: list[int] = []
+    survived = lost = 0
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _round in range(4):
+            store = open_store("memory://")
+            db = Db.open(store, settings=idle)
+            stop = threading.Event()
+
+            def flusher(db: Db = db, stop: threading.Event = stop) -> None:
+                while not stop.is_set() and time.monotonic() < deadline:
+                    db.flush()
+
+            thread = threading.Thread(target=flusher)
+            thread.start()
+            crash_after = rng.randint(50, 150)
+            for t in range(crash_after):
+                txn = db.begin()
+                txn.put(b"last", b"%d" % t)
+                for j in range(8):
+                    txn.put(b"t%04d/%d" % (t, j), b"%d" % t)
+                txn.commit(await_durable=False)
+            stop.set()
+            thread.join(timeout=10)
+            for t in range(crash_after, crash_after + 5):  # these stay in the buffer
+                txn = db.begin()
+                txn.put(b"t%04d/0" % t, b"lost")
+                txn.put(b"t%04d/1" % t, b"lost")
+                txn.commit(await_durable=False)
+            db._crash()
+            with Db.open(store, settings=idle) as db:
+                rows = dict(db.scan(b"t"))
+                last = db.get(b"last")
+                for t in range(crash_after):
+                    present = sum(b"t%04d/%d" % (t, j) in rows for j in range(8))
+                    if present not in (0, 8):
+                        partial.append(t)
+                    survived += present == 8
+                lost += sum(
+                    b"lost" not in (rows.get(b"t%04d/0" % t), rows.get(b"t%04d/1" % t))
+                    for t in range(crash_after, crash_after + 5)
+                )
+                if last is not None:  # the newest surviving transaction is whole
+                    assert all(b"t%04d/%d" % (int(last), j) in rows for j in range(8))
+    finally:
+        sys.setswitchinterval(switch)
+    assert partial == []
+    assert survived > 0 and lost == 20  # flushed ones came back, the buffered ones did not
+
+
+@pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
+def test_unawaited_commits_still_conflict(isolation: str) -> None:
+    with Db.open("memory://", settings=OFF) as db:
+        db[b"counter"] = b"0"
+        t1, t2 = db.begin(isolation), db.begin(isolation)  # type: ignore[arg-type]
+        for txn in (t1, t2):
+            txn.put(b"counter", b"%d" % (int(txn.get(b"counter") or b"0") + 1))
+        t1.commit(await_durable=False)
+        with pytest.raises(TransactionConflict, match="run the transaction again"):
+            t2.commit(await_durable=False)
+        assert db[b"counter"] == b"1"
+        t3 = db.begin(isolation)  # type: ignore[arg-type]
+        t3.put(b"counter", b"9")
+        t4 = db.begin(isolation)  # type: ignore[arg-type]
+        t4.put(b"other", b"x")
+        t4.commit(await_durable=False)  # disjoint keys: no conflict
+        t3.commit(await_durable=False)
+        assert db[b"counter"] == b"9" and db[b"other"] == b"x"
