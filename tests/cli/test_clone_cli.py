@@ -11,6 +11,7 @@ from slatepy.cli.main import main
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.engine.clone import with_external
 from slatepy.store import open_store
+from tests.cli.output import held_line, run
 
 OFF = Settings(compactor="off", flush_interval=0.02)
 FULL = CompactionPolicy(l0_trigger=1, size_ratio=1e9)
@@ -98,13 +99,3 @@ def test_gc_and_inspect_say_a_clone_holds_the_checkpoint_until_its_gc_releases_i
     assert "clone" not in run(capsys, "inspect", src)
     with DbReader.open(dst, settings=OFF) as reader:
         assert dict(reader.scan()) == {b"k%02d" % i: b"v" for i in range(20)} | {b"k01": b"clone"}
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    capsys.readouterr()
-    assert main(list(args)) == 0, capsys.readouterr().err
-    return capsys.readouterr().out
-
-
-def held_line(out: str) -> str:
-    return next(line for line in out.splitlines() if "held back:" in line)

@@ -11,6 +11,7 @@ import pytest
 from slatepy import Db, DbReader, Settings
 from slatepy.cli.main import main
 from slatepy.store import ObjectStore, open_store
+from tests.cli.output import held_line, run
 
 OFF = Settings(compactor="off", flush_interval=0.02)
 
@@ -26,16 +27,6 @@ def _write_and_compact(url: str, rounds: int = 3, *, value: bytes = b"v" * 200) 
 
 def _objects(store: ObjectStore) -> dict[str, int]:
     return {m.path: m.size for m in store.list("")}
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    capsys.readouterr()
-    assert main(list(args)) == 0, capsys.readouterr().err
-    return capsys.readouterr().out
-
-
-def held_line(out: str) -> str:
-    return next(line for line in out.splitlines() if "held back:" in line)
 
 
 def test_gc_after_compact_says_what_waits_for_gc_min_age_and_until_when(
