@@ -228,8 +228,8 @@ def test_a_reader_applies_nothing_of_a_damaged_wal_sst(backend: Backend) -> None
     db.put(b"before", b"1")
     reader = DbReader.open(backend.target(), settings=settings)
     batch = WriteBatch()
-    for i in range(40):
-        batch.put(b"key%03d" % i, b"v" * 40)
+    for i in range(3000):  # WAL SSTs have blocks of at least 64 KiB (WAL_BLOCK_BYTES)
+        batch.put(b"key%04d" % i, b"v" * 100)
     db.write(batch)
     wal = NumberedObjects(backend.store(), WAL_DIR, WAL_SUFFIX)
     wal_id = db.next_wal_id - 1
@@ -241,7 +241,7 @@ def test_a_reader_applies_nothing_of_a_damaged_wal_sst(backend: Backend) -> None
     backend.store().put(wal.path(wal_id), bytes(data))
     with pytest.raises(CorruptionError) as caught:
         reader.refresh()
-    assert reader.get(b"key000") is None, "the first blocks of a torn batch were applied"
+    assert reader.get(b"key0000") is None, "the first blocks of a torn batch were applied"
     assert caught.value.path == wal.path(wal_id)
     assert reader.get(b"before") == b"1"
     reader.close()
