@@ -29,7 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, Entry, IndexedBlock, decode_block, open_block
+from slatepy.format.block import Block, Entry, IndexedBlock, open_block
+from slatepy.format.columnar import RawColumnarBlock, open_columnar
 from slatepy.format.compression import unframe_block
 from slatepy.format.sst import (
     FOOTER_SIZE,
@@ -37,6 +38,7 @@ from slatepy.format.sst import (
     SstTop,
     decode_footer,
     decode_partition,
+    decode_stored_block,
     decode_top,
 )
 from slatepy.store.base import ObjectStore
@@ -60,6 +62,9 @@ this lie between them: a wasted 32 KiB costs less than a request's latency and f
 Columns = tuple[list[bytes], list[int], list[bytes | None]]
 """Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries (read only:
 they may be the cached block's own lists)."""
+Cached = Block | IndexedBlock | RawColumnarBlock
+"""What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
+_RAW = (IndexedBlock, RawColumnarBlock)
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -152,7 +157,7 @@ class TableReader:
         self.store = store
         blocks = cache_bytes if block_cache_bytes is None else block_cache_bytes
         metas = max(cache_bytes // 8, 1 << 20) if meta_cache_bytes is None else meta_cache_bytes
-        self._blocks: LruCache[Block | IndexedBlock] = LruCache(blocks)
+        self._blocks: LruCache[Cached] = LruCache(blocks)
         # Decoded partitions, or their raw bytes when they came with an SST's tail and are
         # not decoded yet (decoding verifies them).
         self._metas: LruCache[Partition | bytes] = LruCache(metas)
@@ -333,10 +338,10 @@ class TableReader:
 
     def _blocks_for(
         self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
-    ) -> dict[int, Block | IndexedBlock]:
+    ) -> dict[int, Cached]:
         """The blocks ``where`` names (SST-wide index → its partition and place there):
         cached ones as they are, the others read together in coalesced GETs and cached."""
-        blocks: dict[int, Block | IndexedBlock] = {}
+        blocks: dict[int, Cached] = {}
         missing: list[int] = []
         for b in sorted(where):
             block = self._blocks.get((path, b))
@@ -350,8 +355,8 @@ class TableReader:
             spans.append((part.offsets[j], part.offsets[j + 1]))
         for b, data in zip(missing, self._read_coalesced(path, spans, "block_reads"), strict=True):
             part, j = where[b]
-            block = self._new_block(path, top, part, j, data)
-            self._blocks.put((path, b), block, block.size_in_memory)
+            block, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put((path, b), cached, cached.size_in_memory)
             blocks[b] = block
         return blocks
 
@@ -390,14 +395,19 @@ class TableReader:
 
     def _new_block(
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
-    ) -> Block | IndexedBlock:
-        """Block ``j`` of ``part``, read for point lookups: raw and verified (version 3),
-        else decoded."""
+    ) -> tuple[Block | IndexedBlock, Cached]:
+        """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
+        cache. Raw and verified (versions 3 and 4), both; decoded and raw (version 5: it is
+        decoded to be searched anyway, in C); decoded (legacy blocks), both."""
         index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
         framed = top.compressed_blocks
         if top.indexed_blocks:
-            return _open_block(path, index, first_key, data, offset=offset, framed=framed)
-        return _decode_block(path, index, first_key, data, indexed=False, offset=offset)
+            opened = _open_block(path, index, first_key, data, offset=offset, framed=framed)
+            return opened, opened
+        if top.columnar_blocks:
+            return _open_columnar(path, index, first_key, data, offset=offset, framed=framed)
+        decoded = _decode_block(path, index, first_key, data, top, offset=offset)
+        return decoded, decoded
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -423,20 +433,22 @@ class TableReader:
         top: SstTop,
         part: Partition,
         j: int,
-        block: Block | IndexedBlock | None,
-    ) -> Block | IndexedBlock:
+        block: Cached | None,
+    ) -> Cached:
         """Block ``j`` of ``part`` for a point lookup, given what the block cache held for it
         (``block``): that, or read and verified.
 
-        A version 3 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
+        A version 3 or 4 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
         only the keys the lookup compares are parsed, and it costs its encoded size); when a
         scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
         decoded whole and replaces itself there, so hot blocks are searched with a list
-        bisect and cold ones never parsed. A legacy (version 1/2) block is decoded whole.
+        bisect and cold ones never parsed. A version 5 block is cached the same way (its raw
+        bytes, :class:`RawColumnarBlock`, until hot), though decoded (in C) to answer each
+        lookup. A legacy (version 1/2) block is decoded whole.
         """
         index = part.first_block + j
         key = (path, index)
-        if isinstance(block, IndexedBlock):
+        if isinstance(block, _RAW):
             block.hits += 1  # racy under threads, but only a heuristic
             if block.hits >= PROMOTE_AFTER_HITS:
                 # Hot: worth decoding once, as a list bisect beats a search of the bytes.
@@ -444,8 +456,9 @@ class TableReader:
                 self._blocks.put(key, block, block.size_in_memory)
         elif block is None:
             data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
-            block = self._new_block(path, top, part, j, data)
-            self._blocks.put(key, block, block.size_in_memory)
+            found, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put(key, cached, cached.size_in_memory)
+            return found
         return block
 
     # -- scans --------------------------------------------------------------------------
@@ -722,7 +735,7 @@ class _Chunk:
     first: int
     offsets: list[int]
     first_keys: list[bytes]
-    blocks: list[Block | IndexedBlock | None]
+    blocks: list[Cached | None]
     base: int
     end: int  # base == end: every block was cached, nothing to read
     done: bool
@@ -822,7 +835,7 @@ class _ChunkLoader:
         top, cache, path, end = self._top, self._reader._blocks, self._path, self._end
         offsets: list[int] = []
         keys: list[bytes] = []
-        blocks: list[Block | IndexedBlock | None] = []
+        blocks: list[Cached | None] = []
         count = top.props.block_count
         index = first
         done = True
@@ -871,7 +884,7 @@ class _ChunkLoader:
     def block(self, chunk: _Chunk, k: int) -> Block:
         """Block ``k`` of ``chunk``, decoded (and cached, if ``chunk.fill``) if it was read."""
         block = chunk.blocks[k]
-        if isinstance(block, IndexedBlock):  # cached by a get: verified, parse its entries
+        if isinstance(block, _RAW):  # cached by a get: verified, decode its entries
             decoded = _named_decode(self._path, chunk.first + k, block, offset=chunk.offsets[k])
             if chunk.fill:
                 self._reader._blocks.put(
@@ -886,9 +899,8 @@ class _ChunkLoader:
                 index,
                 chunk.first_keys[k],
                 memoryview(chunk.data)[start:end],
-                indexed=self._top.indexed_blocks,
+                self._top,
                 offset=chunk.offsets[k],
-                framed=self._top.compressed_blocks,
             )
             if chunk.fill:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
@@ -952,15 +964,14 @@ def _decode_block(
     index: int,
     first_key: bytes,
     data: bytes | memoryview,
+    top: SstTop,
     *,
-    indexed: bool,
     offset: int,
-    framed: bool = False,
 ) -> Block:
-    """Verify and decode a block as stored (``framed``: in a version 4 compression frame,
+    """Verify and decode a block as stored (in a compression frame when ``top`` says so:
     checked and decompressed first, so only decoded blocks ever reach a cache)."""
     try:
-        block = decode_block(unframe_block(data) if framed else data, indexed=indexed)
+        block = decode_stored_block(unframe_block(data) if top.compressed_blocks else data, top)
     except CorruptionError as exc:
         raise _block_error(path, index, offset, exc) from exc
     if block.keys[0] != first_key:
@@ -987,7 +998,27 @@ def _open_block(
     return block
 
 
-def _named_decode(path: str, index: int, block: IndexedBlock, *, offset: int) -> Block:
+def _open_columnar(
+    path: str,
+    index: int,
+    first_key: bytes,
+    data: bytes | memoryview,
+    *,
+    offset: int,
+    framed: bool,
+) -> tuple[Block, RawColumnarBlock]:
+    try:
+        block, raw = open_columnar(unframe_block(data) if framed else data)
+    except CorruptionError as exc:
+        raise _block_error(path, index, offset, exc) from exc
+    if block.keys[0] != first_key:
+        raise _block_error(path, index, offset, "disagrees with the index")
+    return block, raw
+
+
+def _named_decode(
+    path: str, index: int, block: IndexedBlock | RawColumnarBlock, *, offset: int
+) -> Block:
     try:
         return block.decode()
     except CorruptionError as exc:
