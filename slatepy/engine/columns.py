@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
 
-from slatepy.format.block import Entry
+from slatepy.format.block import Entry, PlainValues
 from slatepy.format.kinds import Operands
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Columns
@@ -98,6 +98,8 @@ def live_columns(columns: Columns, kinds: Kinds | None = None) -> LiveColumns:
     with ``kinds`` (RFC 0019) none under a range tombstone, none expired, merge operands
     over nothing folded alone (:func:`slatepy.table.visibility.live_entries`)."""
     keys, seqs, values = columns
+    if values.__class__ is PlainValues and (kinds is None or not kinds.ranges):
+        return keys, values  # type: ignore[return-value]  # plain: all bytes, all live
     if kinds is not None and (kinds.ranges or not _PLAIN.issuperset(map(type, values))):
         rows = zip(keys, seqs, values, strict=True)
         pairs = list(live_entries(rows, kinds.ranges, kinds.clock, kinds.merging))

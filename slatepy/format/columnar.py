@@ -27,7 +27,7 @@ import re
 import msgspec
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block
+from slatepy.format.block import Block, PlainValues
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
 from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value, flags_of
 
@@ -174,7 +174,9 @@ def _decode_body(body: bytes | memoryview) -> Block:
     if not count or len(values) != count or len(seqs) != count:
         raise CorruptionError("data block: columns of different lengths, or no entries")
     out: list[bytes | None] = values  # type: ignore[assignment]  # kinds set below
-    if flags:
+    if not flags:
+        out = PlainValues(values)
+    else:
         if len(flags) != count:
             raise CorruptionError("data block: the flags column has the wrong length")
         for found in _NONZERO.finditer(flags):  # C finds the flagged entries; only they cost

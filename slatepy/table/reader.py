@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, Entry, IndexedBlock, open_block
+from slatepy.format.block import Block, Entry, IndexedBlock, PlainValues, open_block
 from slatepy.format.columnar import RawColumnarBlock, open_columnar
 from slatepy.format.compression import unframe_block
 from slatepy.format.sst import (
@@ -55,6 +55,9 @@ SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
 """Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
+GROUP_ROWS = 2048
+"""Rows a forward scan joins consecutive blocks into before handing them on (see
+:func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
@@ -505,8 +508,8 @@ class TableReader:
         continued: bool = False,
         reverse: bool = False,
     ) -> Iterator[Columns]:
-        """The entries of :meth:`scan` a block at a time, as parallel lists (:data:`Columns`),
-        so a bulk reader pays per block, not per entry.
+        """The entries of :meth:`scan` a block or more at a time (:func:`grouped`), as
+        parallel lists (:data:`Columns`), so a bulk reader pays per group, not per entry.
 
         With ``reverse`` the blocks come last to first and each block's lists are in
         descending key order. A reverse scan reads consecutive blocks backwards in chunks of
@@ -520,10 +523,12 @@ class TableReader:
             return
         loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
         if reverse:
-            yield from self._stream_reverse(loader, start, end)
+            yield from grouped(self._stream_reverse(loader, start, end))
             return
         first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
-        yield from self._stream_columns(loader, start, end, background=True, first_bytes=first)
+        yield from grouped(
+            self._stream_columns(loader, start, end, background=True, first_bytes=first)
+        )
 
     def _stream_reverse(
         self, loader: _ChunkLoader, start: bytes, end: bytes | None
@@ -541,7 +546,7 @@ class TableReader:
                 hi = len(keys) if end is None or keys[-1] < end else bisect_left(keys, end)
                 lo = bisect_left(keys, start) if keys[0] < start else 0
                 if hi > lo:
-                    ks, ss, vs = keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
+                    ks, ss, vs = _piece(block, lo, hi)
                     ks.reverse()
                     ss.reverse()
                     vs.reverse()
@@ -643,10 +648,10 @@ class TableReader:
                     if end is not None and keys[-1] >= end:
                         hi = bisect_left(keys, end)
                         if hi > lo:
-                            yield keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
+                            yield _piece(block, lo, hi)
                         return
                     if lo:
-                        yield keys[lo:], block.seqs[lo:], block.values[lo:]
+                        yield _piece(block, lo, len(keys))
                     else:
                         yield keys, block.seqs, block.values
                 if ahead:
@@ -950,6 +955,51 @@ class _ChunkLoader:
                 f"{self._path}: the object ended before byte {end}", path=self._path
             )
         return data, True
+
+
+def _piece(block: Block, lo: int, hi: int) -> Columns:
+    """Entries ``lo:hi`` of ``block`` as columns (the values still known plain if they were)."""
+    values = block.values[lo:hi]
+    if block.values.__class__ is PlainValues:
+        values = PlainValues(values)
+    return block.keys[lo:hi], block.seqs[lo:hi], values
+
+
+def _grow(target: int) -> int:
+    return min(max(2 * target, GROUP_ROWS // 32), GROUP_ROWS)
+
+
+def grouped(pieces: Iterator[Columns]) -> Iterator[Columns]:
+    """Consecutive column pieces (a block's each) joined into fewer, longer ones: the first
+    alone (a short or limited scan pays for one block), then groups of growing size up to
+    ``GROUP_ROWS`` rows. Every layer above (merging, the tombstone filter, batching, the
+    scan's generators) then costs its fixed overhead per group, not per block of a few dozen
+    rows; joining costs a list copy per row, in C. A group's values are
+    :class:`~slatepy.format.block.PlainValues` when every piece's were."""
+    target = 0
+    keys: list[bytes] = []
+    seqs: list[int] = []
+    values: list[bytes | None] = []
+    for piece in pieces:
+        if not keys:
+            if len(piece[0]) >= target:
+                yield piece  # as it is (a cached block's own lists: read only)
+                target = _grow(target)
+                continue
+            keys, seqs = list(piece[0]), list(piece[1])
+            values = piece[2].__class__(piece[2])  # PlainValues stays PlainValues
+        else:
+            keys += piece[0]
+            seqs += piece[1]
+            if values.__class__ is PlainValues and piece[2].__class__ is not PlainValues:
+                values = list(values)
+            values += piece[2]
+        if len(keys) >= target:
+            yield keys, seqs, values
+            keys, seqs, values = [], [], []
+            target = _grow(target)
+    if keys:
+        yield keys, seqs, values
 
 
 def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
