@@ -99,7 +99,7 @@ def live_columns(columns: Columns, kinds: Kinds | None = None) -> LiveColumns:
     over nothing folded alone (:func:`slatepy.table.visibility.live_entries`)."""
     keys, seqs, values = columns
     if values.__class__ is PlainValues and (kinds is None or not kinds.ranges):
-        return keys, values  # type: ignore[return-value]  # plain: all bytes, all live
+        return keys, values  # plain: all bytes, all live
     if kinds is not None and (kinds.ranges or not _PLAIN.issuperset(map(type, values))):
         rows = zip(keys, seqs, values, strict=True)
         pairs = list(live_entries(rows, kinds.ranges, kinds.clock, kinds.merging))
