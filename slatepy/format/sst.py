@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate, chain, islice, repeat
 
 import msgspec
@@ -101,6 +102,7 @@ __all__ = [
     "SstMeta",
     "SstProperties",
     "SstTop",
+    "block_decoder",
     "decode_footer",
     "decode_partition",
     "decode_sst",
@@ -507,6 +509,19 @@ class SstBuilder:
             self._t_first_blocks,
         )
         return EncodedSst(data, SstMeta(sst_top, tuple(self._decoded)))
+
+
+def block_decoder(top: SstTop) -> Callable[[bytes | memoryview], Block]:
+    """The function that verifies and decodes a data block of the SST ``top`` describes as
+    stored (out of its compression frame first, if it has one), chosen once per SST.
+
+    The function raises ``CorruptionError`` for a checksum mismatch or an impossible block.
+    """
+    if top.compressed_blocks:
+        return lambda stored: decode_stored_block(unframe_block(stored), top)
+    if top.version >= COLUMNAR_BLOCKS_VERSION:
+        return decode_columnar
+    return partial(decode_block, indexed=top.version >= INDEXED_BLOCKS_VERSION)
 
 
 def decode_stored_block(data: bytes | memoryview, top: SstTop) -> Block:

@@ -36,9 +36,9 @@ from slatepy.format.sst import (
     FOOTER_SIZE,
     Partition,
     SstTop,
+    block_decoder,
     decode_footer,
     decode_partition,
-    decode_stored_block,
     decode_top,
 )
 from slatepy.store.base import ObjectStore
@@ -781,6 +781,7 @@ class _ChunkLoader:
         self._raw: dict[int, bytes] = {}  # partitions read in a run, not yet decoded
         self._last_partition = top.partition_count - 1 if end is None else top.partition_for(end)
         self._fetched = False
+        self._decode = block_decoder(top)
 
     def first_block(self, start: bytes) -> int:
         """SST-wide index of the block where a scan from ``start`` begins."""
@@ -897,16 +898,15 @@ class _ChunkLoader:
                 )
             return decoded
         if block is None:
+            # Inline, as _decode_block does it: this runs once per block of every scan.
             index = chunk.first + k
             start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
-            block = _decode_block(
-                self._path,
-                index,
-                chunk.first_keys[k],
-                memoryview(chunk.data)[start:end],
-                self._top,
-                offset=chunk.offsets[k],
-            )
+            try:
+                block = self._decode(memoryview(chunk.data)[start:end])
+            except CorruptionError as exc:
+                raise _block_error(self._path, index, chunk.offsets[k], exc) from exc
+            if block.keys[0] != chunk.first_keys[k]:
+                raise _block_error(self._path, index, chunk.offsets[k], "disagrees with the index")
             if chunk.fill:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
         return block
@@ -1021,7 +1021,7 @@ def _decode_block(
     """Verify and decode a block as stored (in a compression frame when ``top`` says so:
     checked and decompressed first, so only decoded blocks ever reach a cache)."""
     try:
-        block = decode_stored_block(unframe_block(data) if top.compressed_blocks else data, top)
+        block = block_decoder(top)(data)
     except CorruptionError as exc:
         raise _block_error(path, index, offset, exc) from exc
     if block.keys[0] != first_key:
