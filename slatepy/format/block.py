@@ -28,8 +28,9 @@ from __future__ import annotations
 import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from itertools import accumulate, islice, repeat
+
+import msgspec
 
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
@@ -138,9 +139,13 @@ def entry_headers(keys: list[bytes], seqs: list[int], values: list[bytes]) -> It
     return map(_pack_header, repeat(0), map(len, keys), map(len, values), seqs)
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
-    """A decoded block: parallel, key-sorted lists."""
+class Block(msgspec.Struct, frozen=True, gc=False):
+    """A decoded block: parallel, key-sorted lists.
+
+    (A frozen ``msgspec.Struct``, never encoded: one is made per block of every scan, and a
+    frozen dataclass's ``__init__`` cost several times more. Untracked by the cyclic GC: it
+    refers only to its lists, which are.)
+    """
 
     keys: list[bytes]
     seqs: list[int]
