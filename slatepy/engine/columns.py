@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
@@ -93,7 +93,9 @@ def _folded(
     return out
 
 
-def live_columns(columns: Columns, kinds: Kinds | None = None) -> LiveColumns:
+def live_columns(
+    columns: tuple[list[bytes], Sequence[int], list[bytes | None]], kinds: Kinds | None = None
+) -> LiveColumns:
     """The rows of resolved ``columns`` a reader sees: every one but the tombstones, and
     with ``kinds`` (RFC 0019) none under a range tombstone, none expired, merge operands
     over nothing folded alone (:func:`slatepy.table.visibility.live_entries`)."""
@@ -149,7 +151,7 @@ class _Head:
         self.order = order
         self.source = source
         self.keys: list[bytes] = []
-        self.seqs: list[int] = []
+        self.seqs: MutableSequence[int] = []
         self.values: list[bytes | None] = []
         self.pos = 0
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableSequence
 from itertools import accumulate, islice, repeat
 
 import msgspec
@@ -148,7 +148,8 @@ class Block(msgspec.Struct, frozen=True, gc=False):
     """
 
     keys: list[bytes]
-    seqs: list[int]
+    seqs: MutableSequence[int]
+    """A list, or an ``array('Q')`` (columnar blocks: ints made only when read)."""
     values: list[bytes | None]
     payload: int = -1
     """Bytes of the keys and values, when the decoder knew it (saves summing them)."""
@@ -174,7 +175,9 @@ class Block(msgspec.Struct, frozen=True, gc=False):
         payload = self.payload
         if payload < 0:
             payload = sum(len(k) for k in self.keys) + sum(len(v or b"") for v in self.values)
-        return payload + 120 * len(self.keys)
+        # Per entry: two bytes objects' headers and list slots, and a seq: an int and its
+        # slot in a list, or 8 bytes in an array (columnar blocks).
+        return payload + (120 if self.seqs.__class__ is list else 90) * len(self.keys)
 
 
 class IndexedBlock:

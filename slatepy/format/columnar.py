@@ -10,19 +10,25 @@ A block is one msgpack array of four columns, then its checksum::
                 keys    array of bin, strictly increasing
                 values  array of bin (a tombstone's is empty; a kind's is its encoding,
                         slatepy.format.kinds)
-                seqs    array of uint
+                seqs    bin: count x u64 little-endian
     checksum  u64     XXH3-64 of body
 
-Why columns: msgspec decodes (and encodes) the four lists in C, at a fraction of the cost of
-walking packed entries with ``struct`` in Python, and the decoded lists are exactly what a
-scan hands on (a :class:`~slatepy.format.block.Block`). Point lookups bisect the decoded
-keys, so a block read for a get is decoded whole (there is no raw, searchable form as in
-version 3; decoding one is cheaper than the raw search was).
+Why columns: msgspec decodes (and encodes) the keys and values lists in C, at a fraction of
+the cost of walking packed entries with ``struct`` in Python, and the decoded lists are
+exactly what a scan hands on (a :class:`~slatepy.format.block.Block`). The seqs are one
+packed column that decodes to an ``array('Q')`` (a copy, no int object per entry until one
+is read: a scan of one source never reads them), which also makes a decoded block's seqs
+cost 8 bytes each in memory instead of an int object and a list slot. Point lookups bisect
+the decoded keys, so a block read for a get is decoded whole (there is no raw, searchable
+form as in version 3; decoding one is cheaper than the raw search was).
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from array import array
+from collections.abc import Iterable
 
 import msgspec
 import xxhash
@@ -32,12 +38,13 @@ from slatepy.format.block import Block, PlainValues
 from slatepy.format.checksum import CHECKSUM, CHECKSUM_SIZE, append_checksum, verify_checksummed
 from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value, flags_of
 
-ENTRY_OVERHEAD = 10
-"""Estimated encoded bytes of an entry beyond its key and value (two bin headers, a seq of
-up to 5 bytes, its flag byte when the block has flags): block cuts are by estimate."""
+ENTRY_OVERHEAD = 13
+"""Estimated encoded bytes of an entry beyond its key and value (two bin headers, its seq's
+8 bytes, its flag byte when the block has flags): block cuts are by estimate."""
 BLOCK_OVERHEAD = 16 + CHECKSUM_SIZE
 """Estimated bytes of a block beyond its entries (array and column headers, checksum)."""
 _EMPTY = b""
+_BIG_ENDIAN = sys.byteorder == "big"
 _xxh3 = xxhash.xxh3_64_intdigest
 _unpack_checksum = CHECKSUM.unpack_from
 _NONZERO = re.compile(b"[^\x00]")
@@ -52,7 +59,24 @@ def _as_bytes(obj: object) -> bytes:
 
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_as_bytes)
-_DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], list[bytes], list[int]])
+_DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], list[bytes], bytes])
+
+
+def pack_seqs(seqs: Iterable[int]) -> bytes:
+    """The seqs column: u64 little-endian each."""
+    packed = array("Q", seqs)
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_seqs(raw: bytes) -> array[int]:
+    """The seqs of a seqs column (``len(raw)`` a multiple of 8)."""
+    seqs = array("Q")
+    seqs.frombytes(raw)
+    if _BIG_ENDIAN:
+        seqs.byteswap()
+    return seqs
 
 
 class ColumnBlockBuilder:
@@ -111,7 +135,7 @@ class ColumnBlockBuilder:
     def finish(self) -> bytes:
         """Encode the block and reset the builder."""
         flags = _EMPTY if self._flags is None else bytes(self._flags)
-        body = _ENCODER.encode((flags, self._keys, self._values, self._seqs))
+        body = _ENCODER.encode((flags, self._keys, self._values, pack_seqs(self._seqs)))
         self.__init__()  # type: ignore[misc]
         return append_checksum(body)
 
@@ -175,11 +199,11 @@ def open_columnar(data: bytes | memoryview) -> tuple[Block, RawColumnarBlock]:
 
 def _decode_body(body: bytes | memoryview) -> Block:
     try:
-        flags, keys, values, seqs = _DECODER.decode(body)
+        flags, keys, values, packed = _DECODER.decode(body)
     except msgspec.DecodeError as exc:
         raise CorruptionError(f"data block: bad columns: {exc}") from exc
     count = len(keys)
-    if not count or len(values) != count or len(seqs) != count:
+    if not count or len(values) != count or len(packed) != 8 * count:
         raise CorruptionError("data block: columns of different lengths, or no entries")
     out: list[bytes | None] = values  # type: ignore[assignment]  # kinds set below
     if not flags:
@@ -195,4 +219,4 @@ def _decode_body(body: bytes | memoryview) -> Block:
             out[i] = decode_value(flag, values[i])
     # The body's size stands in for the bytes of the keys and values (a few bytes per entry
     # more: an honest upper bound for the cache, without summing every length).
-    return Block(keys, seqs, out, len(body))
+    return Block(keys, unpack_seqs(packed), out, len(body))

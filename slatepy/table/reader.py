@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, MutableSequence, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
@@ -62,9 +62,9 @@ COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
-Columns = tuple[list[bytes], list[int], list[bytes | None]]
-"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries (read only:
-they may be the cached block's own lists)."""
+Columns = tuple[list[bytes], MutableSequence[int], list[bytes | None]]
+"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries or more (read
+only: they may be the cached block's own lists); the seqs a list or an ``array('Q')``."""
 Cached = Block | IndexedBlock | RawColumnarBlock
 """What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
 _RAW = (IndexedBlock, RawColumnarBlock)
@@ -846,24 +846,34 @@ class _ChunkLoader:
         index = first
         done = True
         limit = last_end = 0
+        # A partition's blocks at a time (bisects and slices, not a step per block): the
+        # blocks from ``first`` whose first key is below ``end`` and whose bytes end within
+        # ``budget`` of the chunk's start (the first block whatever its size).
         while index < count:
             part = self._part
             if part is None or not 0 <= index - part.first_block < len(part.first_keys):
                 part = self._partition(top.partition_of_block(index))
             j = index - part.first_block
-            key = part.first_keys[j]
-            if end is not None and key >= end:
-                break
+            part_keys, part_offsets = part.first_keys, part.offsets
+            by_end = len(part_keys) if end is None else bisect_left(part_keys, end, j)
             if not offsets:
-                limit = part.offsets[j] + budget
-            elif part.offsets[j + 1] > limit:
-                done = False
+                limit = part_offsets[j] + budget
+                by_budget = max(bisect_right(part_offsets, limit, j + 1) - 1, j + 1)
+            else:
+                by_budget = bisect_right(part_offsets, limit, j) - 1
+            stop = min(by_end, by_budget)
+            if stop > j:
+                offsets += part_offsets[j:stop]
+                keys += part_keys[j:stop]
+                if self._cached:
+                    blocks += [cache.get((path, i)) for i in range(index, index + stop - j)]
+                else:
+                    blocks += [None] * (stop - j)
+                last_end = part_offsets[stop]
+                index += stop - j
+            if stop < len(part_keys):
+                done = by_end <= by_budget  # else the budget, not the scan's end, cut it
                 break
-            offsets.append(part.offsets[j])
-            keys.append(key)
-            blocks.append(cache.get((path, index)) if self._cached else None)
-            last_end = part.offsets[j + 1]
-            index += 1
         if not keys:
             return None
         offsets.append(last_end)
@@ -978,7 +988,7 @@ def grouped(pieces: Iterator[Columns]) -> Iterator[Columns]:
     :class:`~slatepy.format.block.PlainValues` when every piece's were."""
     target = 0
     keys: list[bytes] = []
-    seqs: list[int] = []
+    seqs: MutableSequence[int] = []
     values: list[bytes | None] = []
     for piece in pieces:
         if not keys:
@@ -986,11 +996,15 @@ def grouped(pieces: Iterator[Columns]) -> Iterator[Columns]:
                 yield piece  # as it is (a cached block's own lists: read only)
                 target = _grow(target)
                 continue
-            keys, seqs = list(piece[0]), list(piece[1])
+            keys, seqs = list(piece[0]), piece[1][:]  # an array stays an array
             values = piece[2].__class__(piece[2])  # PlainValues stays PlainValues
         else:
             keys += piece[0]
-            seqs += piece[1]
+            if seqs.__class__ is piece[1].__class__:
+                seqs += piece[1]  # list+list or array+array: in C
+            else:
+                seqs = list(seqs)
+                seqs += piece[1]
             if values.__class__ is PlainValues and piece[2].__class__ is not PlainValues:
                 values = list(values)
             values += piece[2]

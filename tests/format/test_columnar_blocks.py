@@ -30,6 +30,9 @@ values = st.one_of(
 )
 
 
+SEQS_2 = (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
+
+
 def build(entries: list[tuple[bytes, int, bytes | None]]) -> bytes:
     builder = ColumnBlockBuilder()
     for key, seq, value in entries:
@@ -60,7 +63,8 @@ def test_plain_blocks_have_an_empty_flags_column() -> None:
     entries = [(b"k%03d" % i, i, b"v" * i) for i in range(50)]
     data = build(entries)
     flags, keys, _, seqs = msgspec.msgpack.decode(data[:-8])
-    assert flags == b"" and keys == [k for k, _, _ in entries] and seqs == list(range(50))
+    assert flags == b"" and keys == [k for k, _, _ in entries]
+    assert seqs == b"".join(i.to_bytes(8, "little") for i in range(50))
     mixed = build([*entries[:3], (b"k100", 7, None), (b"k101", 8, Expiring.make(b"x", 5))])
     flags = msgspec.msgpack.decode(mixed[:-8])[0]
     assert flags == bytes([0, 0, 0, FLAG_TOMBSTONE, FLAG_EXPIRING])
@@ -82,11 +86,13 @@ def test_extend_matches_add() -> None:
 @pytest.mark.parametrize(
     ("columns", "match"),
     [
-        ((b"", [b"a", b"b"], [b"1"], [1, 2]), "different lengths"),
-        ((b"", [], [], []), "no entries"),
-        ((b"\x00", [b"a", b"b"], [b"1", b"2"], [1, 2]), "flags column"),
-        ((b"\x00\x08", [b"a", b"b"], [b"1", b"2"], [1, 2]), "unknown flags"),
-        ((b"", [b"a"], [1], [1]), "bad columns"),
+        ((b"", [b"a", b"b"], [b"1"], SEQS_2), "different lengths"),
+        ((b"", [b"a", b"b"], [b"1", b"2"], SEQS_2[:12]), "different lengths"),
+        ((b"", [], [], b""), "no entries"),
+        ((b"\x00", [b"a", b"b"], [b"1", b"2"], SEQS_2), "flags column"),
+        ((b"\x00\x08", [b"a", b"b"], [b"1", b"2"], SEQS_2), "unknown flags"),
+        ((b"", [b"a"], [1], SEQS_2[:8]), "bad columns"),
+        ((b"", [b"a"], [b"1"], [1]), "bad columns"),
         ([b"", [b"a"], [b"1"]], "bad columns"),
         ({"keys": [b"a"]}, "bad columns"),
     ],

@@ -109,7 +109,8 @@ def test_compressible_blocks_are_compressed_and_smaller(compression: Compression
     packed = build(entries, compression)
     assert len(packed) < 0.6 * len(plain)
     expected = ZSTD if compression == "zstd" else LZ4
-    assert set(block_codecs(packed)) == {expected}
+    # Every block compressed, but the last when it is under MIN_COMPRESS_BYTES (not tried).
+    assert set(block_codecs(packed)[:-1]) == {expected}
     meta, _ = decode_sst(packed)
     # block_size is the size before compression: the blocks are the same, only smaller.
     assert meta.props.block_count == decode_sst(plain)[0].props.block_count
