@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Entry, decode_block, open_block
 from slatepy.format.checksum import checksum
+from slatepy.format.kinds import Expiring, Operands
 from slatepy.format.sst import (
     FOOTER,
     FOOTER_CHECKSUM,
@@ -197,3 +198,34 @@ def test_structural_lies_behind_valid_checksums_are_caught() -> None:
         decode_partition(top, 1, bytes(raw))
     with pytest.raises(CorruptionError, match="partition 0"):
         decode_partition(top, 0, data[top.offsets[1] : top.offsets[2]])
+
+
+def pinned_entries() -> list[Entry]:
+    """The entries of ``data/v3-sample.sst`` and ``data/v5-sample.sst``: the v1 sample's
+    (values and tombstones) with some expiring values and merge operands (RFC 0019)."""
+    out: list[Entry] = []
+    for i, (key, seq, stored) in enumerate(sample_entries()):
+        value = stored
+        if i % 7 == 3:
+            value = Expiring.make(b"ttl-%d" % i, 1_700_000_000_000 + i)
+        elif i % 13 == 5:
+            value = Operands.of([b"+%d" % i, b"+1"])
+        out.append((key, seq, value))
+    return out
+
+
+@pytest.mark.parametrize("version", [3, 5])
+def test_pinned_bytes_of_versions_3_and_5_still_decode_and_are_still_written(
+    version: int,
+) -> None:
+    """``data/v{3,5}-sample.sst`` were written when version 5 was introduced (RFC 0022):
+    readers must keep decoding them, and the builder keeps writing the same bytes."""
+    pinned = (Path(__file__).parent / "data" / f"v{version}-sample.sst").read_bytes()
+    assert decode_footer(pinned).version == version
+    meta, decoded = decode_sst(pinned)
+    entries = list(decoded)
+    assert entries == pinned_entries()
+    assert [type(v) for _, _, v in entries] == [type(v) for _, _, v in pinned_entries()]
+    assert meta.props.block_count > 5
+    built = SstBuilder(writer_epoch=4, block_size=256, format_version=version)
+    assert bytes(built.add_all(pinned_entries()).finish().data) == pinned
