@@ -153,6 +153,10 @@ class Block(msgspec.Struct, frozen=True, gc=False):
     values: list[bytes | None]
     payload: int = -1
     """Bytes of the keys and values, when the decoder knew it (saves summing them)."""
+    plain: bool = False
+    """Every value is plain bytes (no tombstone, no entry kind), as the decoder knew from the
+    entry flags: scans then hand on the values as
+    :class:`PlainValues` without testing each (False: unknown)."""
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
@@ -348,7 +352,7 @@ def _parse_uniform(raw: bytes, count: int, entries_end: int, indexed: bool) -> B
         or (indexed and OFFSET.unpack_from(raw, entries_end)[0] != 0)
     ):
         return None
-    return Block(list(keys), list(seqs), PlainValues(values), (key_len + value_len) * count)
+    return Block(list(keys), list(seqs), list(values), (key_len + value_len) * count, True)
 
 
 def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
@@ -356,7 +360,7 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
     keys: list[bytes] = []
     seqs: list[int] = []
     values: list[bytes | None] = []
-    pos = last = 0
+    pos = last = flagged = 0
     unpack = ENTRY_HEADER.unpack_from
     header_size = ENTRY_HEADER.size
     for _ in range(count):
@@ -364,6 +368,7 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
             raise CorruptionError("data block: entry header runs past the entries")
         last = pos
         flags, key_len, value_len, seq = unpack(raw, pos)
+        flagged |= flags
         key_start = pos + header_size
         value_start = key_start + key_len
         pos = value_start + value_len
@@ -383,4 +388,4 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
         or OFFSET.unpack_from(raw, entries_end + OFFSET.size * (count - 1))[0] != last
     ):
         raise CorruptionError("data block: offsets array disagrees with the entries")
-    return Block(keys, seqs, values, entries_end - count * header_size)
+    return Block(keys, seqs, values, entries_end - count * header_size, not flagged)

@@ -34,7 +34,7 @@ import msgspec
 import xxhash
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, PlainValues
+from slatepy.format.block import Block
 from slatepy.format.checksum import CHECKSUM, CHECKSUM_SIZE, append_checksum, verify_checksummed
 from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value, flags_of
 
@@ -206,9 +206,7 @@ def _decode_body(body: bytes | memoryview) -> Block:
     if not count or len(values) != count or len(packed) != 8 * count:
         raise CorruptionError("data block: columns of different lengths, or no entries")
     out: list[bytes | None] = values  # type: ignore[assignment]  # kinds set below
-    if not flags:
-        out = PlainValues(values)
-    else:
+    if flags:
         if len(flags) != count:
             raise CorruptionError("data block: the flags column has the wrong length")
         for found in _NONZERO.finditer(flags):  # C finds the flagged entries; only they cost
@@ -219,4 +217,4 @@ def _decode_body(body: bytes | memoryview) -> Block:
             out[i] = decode_value(flag, values[i])
     # The body's size stands in for the bytes of the keys and values (a few bytes per entry
     # more: an honest upper bound for the cache, without summing every length).
-    return Block(keys, unpack_seqs(packed), out, len(body))
+    return Block(keys, unpack_seqs(packed), out, len(body), not flags)

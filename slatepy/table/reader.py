@@ -68,6 +68,8 @@ only: they may be the cached block's own lists); the seqs a list or an ``array('
 Cached = Block | IndexedBlock | RawColumnarBlock
 """What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
 _RAW = (IndexedBlock, RawColumnarBlock)
+Piece = tuple[list[bytes], MutableSequence[int], list[bytes | None], bool]
+"""A block's columns, or a slice of them, and whether every value is plain (``Block.plain``)."""
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -532,7 +534,7 @@ class TableReader:
 
     def _stream_reverse(
         self, loader: _ChunkLoader, start: bytes, end: bytes | None
-    ) -> Iterator[Columns]:
+    ) -> Iterator[Piece]:
         """Blocks from the last one holding a key below ``end`` back to the one holding
         ``start``; each chunk of blocks is one ranged GET, the chunks growing fourfold."""
         last = loader.last_block(end)
@@ -546,11 +548,11 @@ class TableReader:
                 hi = len(keys) if end is None or keys[-1] < end else bisect_left(keys, end)
                 lo = bisect_left(keys, start) if keys[0] < start else 0
                 if hi > lo:
-                    ks, ss, vs = _piece(block, lo, hi)
+                    ks, ss, vs, plain = _piece(block, lo, hi)
                     ks.reverse()
                     ss.reverse()
                     vs.reverse()
-                    yield ks, ss, vs
+                    yield ks, ss, vs, plain
                 if keys[0] <= start:
                     return
             last = first - 1
@@ -594,7 +596,7 @@ class TableReader:
         limit: int | None = None,
     ) -> Iterator[Entry]:
         """The entries of :meth:`_stream_columns`, one by one."""
-        for keys, seqs, values in self._stream_columns(
+        for keys, seqs, values, _ in self._stream_columns(
             loader, start, end, background=background, first_bytes=first_bytes, limit=limit
         ):
             yield from zip(keys, seqs, values, strict=True)
@@ -608,9 +610,9 @@ class TableReader:
         background: bool,
         first_bytes: int,
         limit: int | None = None,
-    ) -> Iterator[Columns]:
-        """Decode chunk after chunk, yielding each block's entries in ``[start, end)`` as
-        parallel lists (the cached block's own lists when it is whole: read only).
+    ) -> Iterator[Piece]:
+        """Decode chunk after chunk, yielding each block's entries in ``[start, end)`` as a
+        :data:`Piece` (the cached block's own lists when it is whole: read only).
 
         With ``background``, once a chunk needed the store (so
         warm and short scans never start a thread), the next ``READ_AHEAD_DEPTH`` chunks
@@ -653,7 +655,7 @@ class TableReader:
                     if lo:
                         yield _piece(block, lo, len(keys))
                     else:
-                        yield keys, block.seqs, block.values
+                        yield keys, block.seqs, block.values, block.plain
                 if ahead:
                     chunk = ahead.popleft().result()
                 elif planned_all:
@@ -967,47 +969,45 @@ class _ChunkLoader:
         return data, True
 
 
-def _piece(block: Block, lo: int, hi: int) -> Columns:
-    """Entries ``lo:hi`` of ``block`` as columns (the values still known plain if they were)."""
-    values = block.values[lo:hi]
-    if block.values.__class__ is PlainValues:
-        values = PlainValues(values)
-    return block.keys[lo:hi], block.seqs[lo:hi], values
+def _piece(block: Block, lo: int, hi: int) -> Piece:
+    """Entries ``lo:hi`` of ``block`` as a :data:`Piece`."""
+    return block.keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi], block.plain
 
 
 def _grow(target: int) -> int:
     return min(max(2 * target, GROUP_ROWS // 32), GROUP_ROWS)
 
 
-def grouped(pieces: Iterator[Columns]) -> Iterator[Columns]:
-    """Consecutive column pieces (a block's each) joined into fewer, longer ones: the first
-    alone (a short or limited scan pays for one block), then groups of growing size up to
+def grouped(pieces: Iterator[Piece]) -> Iterator[Columns]:
+    """Consecutive pieces (a block's each) joined into fewer, longer columns: the first alone
+    (a short or limited scan pays for one block), then groups of growing size up to
     ``GROUP_ROWS`` rows. Every layer above (merging, the tombstone filter, batching, the
     scan's generators) then costs its fixed overhead per group, not per block of a few dozen
     rows; joining costs a list copy per row, in C. A group's values are
-    :class:`~slatepy.format.block.PlainValues` when every piece's were."""
+    :class:`~slatepy.format.block.PlainValues` when every piece's were plain."""
     target = 0
     keys: list[bytes] = []
     seqs: MutableSequence[int] = []
     values: list[bytes | None] = []
-    for piece in pieces:
+    for piece_keys, piece_seqs, piece_values, plain in pieces:
         if not keys:
-            if len(piece[0]) >= target:
-                yield piece  # as it is (a cached block's own lists: read only)
+            if len(piece_keys) >= target:
+                # As it is (a cached block's own lists: read only), but marked plain.
+                yield piece_keys, piece_seqs, PlainValues(piece_values) if plain else piece_values
                 target = _grow(target)
                 continue
-            keys, seqs = list(piece[0]), piece[1][:]  # an array stays an array
-            values = piece[2].__class__(piece[2])  # PlainValues stays PlainValues
+            keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
+            values = PlainValues(piece_values) if plain else list(piece_values)
         else:
-            keys += piece[0]
-            if seqs.__class__ is piece[1].__class__:
-                seqs += piece[1]  # list+list or array+array: in C
+            keys += piece_keys
+            if seqs.__class__ is piece_seqs.__class__:
+                seqs += piece_seqs  # list+list or array+array: in C
             else:
                 seqs = list(seqs)
-                seqs += piece[1]
-            if values.__class__ is PlainValues and piece[2].__class__ is not PlainValues:
+                seqs += piece_seqs
+            if not plain and values.__class__ is PlainValues:
                 values = list(values)
-            values += piece[2]
+            values += piece_values
         if len(keys) >= target:
             yield keys, seqs, values
             keys, seqs, values = [], [], []

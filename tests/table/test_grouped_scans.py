@@ -9,21 +9,21 @@ from hypothesis import strategies as st
 from slatepy.engine.columns import Kinds, live_columns
 from slatepy.format.block import PlainValues
 from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
-from slatepy.format.kinds import RangeTombstone
+from slatepy.format.kinds import Expiring, RangeTombstone
 from slatepy.format.sst import SstBuilder
 from slatepy.store import open_store
-from slatepy.table.reader import GROUP_ROWS, Columns, TableReader, grouped
+from slatepy.table.reader import GROUP_ROWS, Piece, TableReader, grouped
 from slatepy.table.visibility import RangeIndex
 
 PATH = "compacted/g.sst"
 
 
-def piece(first: int, n: int, plain: bool) -> Columns:
+def piece(first: int, n: int, plain: bool) -> Piece:
     keys = [b"k%06d" % i for i in range(first, first + n)]
     values: list[bytes | None] = [b"v%d" % i for i in range(first, first + n)]
     if not plain:
         values[0] = None
-    return keys, list(range(first, first + n)), PlainValues(values) if plain else values
+    return keys, list(range(first, first + n)), values, plain
 
 
 @given(st.lists(st.tuples(st.integers(1, 300), st.booleans()), max_size=40))
@@ -38,12 +38,14 @@ def test_groups_join_pieces_in_order_and_keep_plainness_honest(
     for column in range(3):
         assert [x for g in groups for x in g[column]] == [x for p in pieces for x in p[column]]
     if pieces:
-        assert groups[0] is pieces[0]  # the first piece goes on alone, untouched
+        assert groups[0][0] is pieces[0][0]  # the first piece goes on alone, uncopied
     assert all(len(g[0]) < 2 * GROUP_ROWS + 300 for g in groups)
     for keys, _, values in groups:
         assert keys
         if values.__class__ is PlainValues:
             assert None not in values
+    if pieces and all(plain for _, plain in shapes):
+        assert all(g[2].__class__ is PlainValues for g in groups)
 
 
 def test_a_long_scan_hands_on_few_groups_and_a_short_one_one_block() -> None:
@@ -67,10 +69,12 @@ def test_a_long_scan_hands_on_few_groups_and_a_short_one_one_block() -> None:
 def test_decoders_mark_plain_values_and_only_them() -> None:
     builder = ColumnBlockBuilder()
     builder.add(b"a", 1, b"x")
-    assert decode_columnar(builder.finish()).values.__class__ is PlainValues
+    assert decode_columnar(builder.finish()).plain
     builder.add(b"a", 1, None)
     mixed = decode_columnar(builder.finish())
-    assert mixed.values.__class__ is list and mixed.values == [None]
+    assert not mixed.plain and mixed.values == [None]
+    builder.add(b"a", 1, Expiring.make(b"x", 5))
+    assert not decode_columnar(builder.finish()).plain
 
 
 def test_plain_values_skip_the_tombstone_filter_but_not_range_tombstones() -> None:
