@@ -72,8 +72,7 @@ def pack_seqs(seqs: Iterable[int]) -> bytes:
 
 def unpack_seqs(raw: bytes) -> array[int]:
     """The seqs of a seqs column (``len(raw)`` a multiple of 8)."""
-    seqs = array("Q")
-    seqs.frombytes(raw)
+    seqs = array("Q", raw)  # bytes: copied as machine values, as frombytes does
     if _BIG_ENDIAN:
         seqs.byteswap()
     return seqs
@@ -180,11 +179,12 @@ def decode_columnar(data: bytes | memoryview) -> Block:
         CorruptionError: checksum mismatch, or columns that are not a block's.
     """
     # verify_checksummed, inline: this runs once per block of every scan.
-    view = memoryview(data)
+    view = data if data.__class__ is memoryview else memoryview(data)
     end = len(view) - CHECKSUM_SIZE
-    if end < 0 or _xxh3(view[:end]) != _unpack_checksum(view, end)[0]:
+    body = view[:end]
+    if end < 0 or _xxh3(body) != _unpack_checksum(view, end)[0]:
         verify_checksummed(view, "data block")  # raises, with the reason
-    return _decode_body(view[:end])
+    return _decode_body(body)
 
 
 def open_columnar(data: bytes | memoryview) -> tuple[Block, RawColumnarBlock]:
