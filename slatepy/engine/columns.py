@@ -117,7 +117,8 @@ class Rows(chain[tuple[bytes, bytes]]):
     """Rows of live column chunks, iterated in C: a chain of each chunk's ``zip(keys,
     values)``, so no Python frame runs per row (a generator's ``yield from`` cost about a
     tenth of a full scan). :meth:`close` stops the chunks' stream early (joining any
-    read-ahead thread), as closing a generator would."""
+    read-ahead thread), as closing a generator would; unlike a generator, the rest of the
+    chunk in hand (a few thousand rows at most) may still be iterated after it."""
 
     __slots__ = ("_source",)
     _source: object

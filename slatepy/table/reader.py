@@ -56,8 +56,7 @@ SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
 """Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
 GROUP_ROWS = 2048
-"""Rows a forward scan joins consecutive blocks into before handing them on (see
-:func:`grouped`)."""
+"""Rows a scan joins consecutive blocks into before handing them on (see :func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""

@@ -3,10 +3,15 @@ values known plain only when they are."""
 
 from __future__ import annotations
 
+import threading
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slatepy.engine.columns import Kinds, live_columns
+from slatepy import Db, Settings, WriteBatch
+from slatepy.compactor import Compactor
+from slatepy.compactor.planner import CompactionPolicy
+from slatepy.engine.columns import Kinds, Rows, live_columns
 from slatepy.format.block import PlainValues
 from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
 from slatepy.format.kinds import Expiring, RangeTombstone
@@ -83,3 +88,29 @@ def test_plain_values_skip_the_tombstone_filter_but_not_range_tombstones() -> No
     assert live_columns((keys, [5, 5, 5], values)) == (keys, values)
     ranges = RangeIndex([RangeTombstone(b"b", b"c", 9)])
     assert live_columns((keys, [5, 5, 5], values), Kinds(ranges)) == ([b"a", b"c"], [b"1", b"3"])
+
+
+def test_a_scan_stopped_early_joins_its_read_ahead_and_scans_read_every_row() -> None:
+    """``Db.scan`` and row batches come from chained zips (``columns.Rows``), not generators:
+    closing one still stops the read-ahead, and every row arrives once, in order."""
+    store = open_store("memory://")
+    settings = Settings(compactor="off", block_size=512, flush_interval=60)
+    rows = [(b"k%06d" % i, b"v%d" % i) for i in range(20_000)]
+    with Db.open(store, settings=settings) as db:
+        for first in range(0, len(rows), 1000):
+            batch = WriteBatch()
+            for key, value in rows[first : first + 1000]:
+                batch.put(key, value)
+            db.write(batch)
+    Compactor(store, settings=settings, policy=CompactionPolicy(l0_trigger=1)).run_until_idle()
+    with Db.open(store, settings=settings) as db:
+        scan = db.scan()
+        assert isinstance(scan, Rows)
+        assert [next(scan) for _ in range(5000)] == rows[:5000]
+        assert any(t.name.startswith("slatepy-read-ahead") for t in threading.enumerate())
+        scan.close()  # at most the rest of the chunk in hand still comes, then nothing
+        assert len(list(scan)) < GROUP_ROWS
+        assert not any(t.name.startswith("slatepy-read-ahead") for t in threading.enumerate())
+        assert list(db.scan()) == rows
+        assert [r for b in db.scan_batches(batch_size=777) for r in b] == rows
+        assert list(db.scan(b"k000100", b"k000200")) == rows[100:200]
