@@ -39,7 +39,9 @@ from slatepy.engine.columns import (
     MEMTABLE_CHUNK,
     Kinds,
     LiveColumns,
+    Rows,
     live_columns,
+    live_rows,
     memtable_columns,
     merge_columns,
     resolve_window,
@@ -150,9 +152,9 @@ class View:
             if keys:
                 yield keys, values
 
-    def rows(self, start: bytes, end: bytes | None, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-        for keys, values in self.live(start, end, reverse):
-            yield from zip(keys, values, strict=True)
+    def rows(self, start: bytes, end: bytes | None, reverse: bool) -> Rows:
+        """Live ``(key, value)`` rows of ``[start, end)`` in scan order, iterated in C."""
+        return live_rows(self.live(start, end, reverse))
 
 
 def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) -> Iterator[Any]:
@@ -160,17 +162,15 @@ def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) ->
     lists of ``(key, value)`` (``"rows"``), ``(keys, values)`` lists (``"columns"``: no
     per-row object at all), or pyarrow ``RecordBatch``es of binary ``key`` and ``value``."""
     emit: Callable[[list[bytes], list[bytes]], Any]
+    if fmt == "rows":
+        yield from _row_batches(live_rows(chunks), batch_size)
+        return
     if fmt == "arrow":
         emit = _arrow_emitter()
-    elif fmt == "columns":
-
-        def emit(keys: list[bytes], values: list[bytes]) -> Any:
-            return keys, values
-
     else:
 
         def emit(keys: list[bytes], values: list[bytes]) -> Any:
-            return list(zip(keys, values, strict=True))
+            return keys, values
 
     pend_k: list[bytes] = []
     pend_v: list[bytes] = []
@@ -185,6 +185,15 @@ def batches(chunks: Iterator[LiveColumns], batch_size: int, fmt: BatchFormat) ->
             del pend_k[:batch_size], pend_v[:batch_size]
     if pend_k:
         yield emit(pend_k, pend_v)
+
+
+def _row_batches(rows: Rows, batch_size: int) -> Iterator[list[tuple[bytes, bytes]]]:
+    """Lists of ``batch_size`` rows, each taken from the chained zips in C (``islice``)."""
+    try:
+        while batch := list(islice(rows, batch_size)):
+            yield batch
+    finally:
+        rows.close()
 
 
 def _arrow_emitter() -> Callable[[list[bytes], list[bytes]], Any]:

@@ -242,7 +242,7 @@ class Transaction:
         return rows if limit is None else islice(rows, limit)
 
     def _checked_rows(
-        self, chunks: Iterable[tuple[list[bytes], list[int], list[bytes | None]]], kinds: Kinds
+        self, chunks: Iterable[tuple[list[bytes], Sequence[int], list[bytes | None]]], kinds: Kinds
     ) -> Iterator[tuple[bytes, bytes]]:
         for columns in chunks:
             if max(columns[1]) > self._start:

@@ -13,8 +13,16 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
-from slatepy.engine.columns import Kinds, _stamped, live_columns, memtable_columns, merge_columns
+from slatepy.engine.columns import (
+    Kinds,
+    _stamped,
+    live_columns,
+    live_rows,
+    memtable_columns,
+    merge_columns,
+)
 from slatepy.engine.memtable import Version
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
@@ -310,9 +318,10 @@ def scan_merged(
     them (``merging``).
 
     The sources are merged a block at a time (:func:`~slatepy.engine.columns.merge_columns`,
-    the path of the iterators and ``scan_batches``): a block only one source covers (a
-    compacted database) reaches the caller as one ``zip`` of its keys and values, with no
-    per-row Python between the decoded block and the caller.
+    the path of the iterators and ``scan_batches``): a run of blocks only one source covers
+    (a compacted database) reaches the caller as one ``zip`` of its keys and values, chained
+    in C (:class:`~slatepy.engine.columns.Rows`), with no per-row Python between the decoded
+    blocks and the caller.
     """
     sources = compacted_sources(tables, view, start, end, False)
     if newer:
@@ -320,13 +329,7 @@ def scan_merged(
     index = scan_ranges(ranges, view, start, end)
     kinds = Kinds(index, clock, merging)
     merged = merge_columns(sources, False, folding(index, merging, complete=True))
-    return _live_rows(merged, kinds)
-
-
-def _live_rows(merged: Iterator[Columns], kinds: Kinds) -> Iterator[tuple[bytes, bytes]]:
-    for columns in merged:
-        keys, values = live_columns(columns, kinds)
-        yield from zip(keys, values, strict=True)
+    return live_rows(map(partial(live_columns, kinds=kinds), merged), merged)
 
 
 def compacted_ids(view: Manifest) -> set[str]:

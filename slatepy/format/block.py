@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, MutableSequence
 from itertools import accumulate, islice, repeat
+
+import msgspec
 
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM_SIZE, append_checksum, verify_checksummed
@@ -46,6 +47,16 @@ _HEADER_SIZE = ENTRY_HEADER.size
 
 Entry = tuple[bytes, int, bytes | None]
 """``(key, seq, value)``; ``value`` is ``None`` for a tombstone."""
+
+
+class PlainValues(list):  # type: ignore[type-arg]
+    """A values list known to hold plain values only (``bytes``: no tombstone, no entry
+    kind), as a decoder that saw no entry flags makes it. Readers test the class (a pointer
+    compare) instead of every value: in C, ``None not in values`` alone costs about as much
+    per row as decoding a columnar block. Slicing one gives a plain ``list`` (unknown again).
+    """
+
+    __slots__ = ()
 
 
 class BlockBuilder:
@@ -128,15 +139,24 @@ def entry_headers(keys: list[bytes], seqs: list[int], values: list[bytes]) -> It
     return map(_pack_header, repeat(0), map(len, keys), map(len, values), seqs)
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
-    """A decoded block: parallel, key-sorted lists."""
+class Block(msgspec.Struct, frozen=True, gc=False):
+    """A decoded block: parallel, key-sorted lists.
+
+    (A frozen ``msgspec.Struct``, never encoded: one is made per block of every scan, and a
+    frozen dataclass's ``__init__`` cost several times more. Untracked by the cyclic GC: it
+    refers only to its lists, which are.)
+    """
 
     keys: list[bytes]
-    seqs: list[int]
+    seqs: MutableSequence[int]
+    """A list, or an ``array('Q')`` (columnar blocks: ints made only when read)."""
     values: list[bytes | None]
     payload: int = -1
     """Bytes of the keys and values, when the decoder knew it (saves summing them)."""
+    plain: bool = False
+    """Every value is plain bytes (no tombstone, no entry kind), as the decoder knew from the
+    entry flags: scans then hand on the values as
+    :class:`PlainValues` without testing each (False: unknown)."""
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
@@ -159,7 +179,9 @@ class Block:
         payload = self.payload
         if payload < 0:
             payload = sum(len(k) for k in self.keys) + sum(len(v or b"") for v in self.values)
-        return payload + 120 * len(self.keys)
+        # Per entry: two bytes objects' headers and list slots, and a seq: an int and its
+        # slot in a list, or 8 bytes in an array (columnar blocks).
+        return payload + (120 if self.seqs.__class__ is list else 90) * len(self.keys)
 
 
 class IndexedBlock:
@@ -330,7 +352,7 @@ def _parse_uniform(raw: bytes, count: int, entries_end: int, indexed: bool) -> B
         or (indexed and OFFSET.unpack_from(raw, entries_end)[0] != 0)
     ):
         return None
-    return Block(list(keys), list(seqs), list(values), (key_len + value_len) * count)
+    return Block(list(keys), list(seqs), list(values), (key_len + value_len) * count, True)
 
 
 def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -> Block:
@@ -338,7 +360,7 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
     keys: list[bytes] = []
     seqs: list[int] = []
     values: list[bytes | None] = []
-    pos = last = 0
+    pos = last = flagged = 0
     unpack = ENTRY_HEADER.unpack_from
     header_size = ENTRY_HEADER.size
     for _ in range(count):
@@ -346,6 +368,7 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
             raise CorruptionError("data block: entry header runs past the entries")
         last = pos
         flags, key_len, value_len, seq = unpack(raw, pos)
+        flagged |= flags
         key_start = pos + header_size
         value_start = key_start + key_len
         pos = value_start + value_len
@@ -365,4 +388,4 @@ def _parse_entries(raw: bytes, count: int, entries_end: int, *, indexed: bool) -
         or OFFSET.unpack_from(raw, entries_end + OFFSET.size * (count - 1))[0] != last
     ):
         raise CorruptionError("data block: offsets array disagrees with the entries")
-    return Block(keys, seqs, values, entries_end - count * header_size)
+    return Block(keys, seqs, values, entries_end - count * header_size, not flagged)

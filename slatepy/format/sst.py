@@ -1,12 +1,14 @@
 """Sorted string tables: the format of WAL objects and compacted tables alike.
 
-Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
+Layout of versions 2 to 5 (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 
-    data block*    see slatepy.format.block (version 3: indexed blocks, with an offsets
-                   array; versions 1 and 2: legacy blocks; otherwise versions 2 and 3 are
-                   the same). Version 4 (RFC 0018): each version 3 block inside a frame
-                   saying whether it is compressed (slatepy.format.compression); offsets
-                   and lengths in the index are those of the stored frames.
+    data block*    version 5 (RFC 0022): columnar blocks (slatepy.format.columnar), inside
+                   a frame saying whether each is compressed (slatepy.format.compression)
+                   when the properties name a codec, bare otherwise. Version 3: indexed
+                   blocks (slatepy.format.block), with an offsets array; versions 1 and 2:
+                   legacy blocks; otherwise versions 2 and 3 are the same. Version 4
+                   (RFC 0018): each version 3 block inside a frame. Offsets and lengths in
+                   the index are those of the stored (framed) blocks.
     partition*     one per run of consecutive data blocks (cut once its block entries reach
                    about ``block_size`` bytes):
                      count u32 | count x (offset u64 | length u32 | key_len u16 | first_key) |
@@ -15,7 +17,7 @@ Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
     top index      count u32 | count x (offset u64 | length u32 | data_offset u64 |
                                         first_block u32 | key_len u16 | first_key)
     props          msgpack SstProperties
-    footer         magic "SLATESST" | version u16 (=3) | reserved u16 (=0) | meta_offset u64 |
+    footer         magic "SLATESST" | version u16 (=5) | reserved u16 (=0) | meta_offset u64 |
                    partitions_len u32 | top_len u32 | props_len u32 |
                    meta_checksum u64 (XXH3-64 of top index|props) |
                    footer_checksum u64 (XXH3-64 of the footer bytes before it)
@@ -23,8 +25,8 @@ Version 3 layout (integers little-endian; docs/rfcs/0009-sst-format-v2.md)::
 A point lookup needs the top index (small: one entry per partition, so a reader keeps it in
 memory for every SST it reads) and ONE partition, whatever the size of the SST; the old
 version 1 (RFC 0002: one flat index and one filter for the whole SST) made every lookup after
-a cache miss decode the index and filter of the whole SST. Readers accept versions 1 to 4;
-writers write 3, or 4 when asked to compress. Everything here is a pure function of bytes; I/O
+a cache miss decode the index and filter of the whole SST. Readers accept versions 1 to 5;
+writers write 5. Everything here is a pure function of bytes; I/O
 lives in the engine.
 """
 
@@ -32,8 +34,9 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate, chain, islice, repeat
 
 import msgspec
@@ -43,6 +46,7 @@ from slatepy.format.block import (
     BLOCK_OVERHEAD,
     ENTRY_HEADER,
     OFFSET,
+    Block,
     BlockBuilder,
     Entry,
     decode_block,
@@ -51,9 +55,13 @@ from slatepy.format.block import (
 )
 from slatepy.format.bloom import BloomFilter, build_filter
 from slatepy.format.checksum import append_checksum, checksum
+from slatepy.format.columnar import BLOCK_OVERHEAD as COLUMN_BLOCK_OVERHEAD
+from slatepy.format.columnar import ENTRY_OVERHEAD as COLUMN_ENTRY_OVERHEAD
+from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
 from slatepy.format.compression import BlockCompressor, Compression, unframe_block
 from slatepy.format.kinds import RangeTombstone
 from slatepy.format.sst_index import (
+    COLUMNAR_BLOCKS_VERSION,
     COMPRESSED_BLOCKS_VERSION,
     COUNT,
     FOOTER,
@@ -77,6 +85,7 @@ from slatepy.format.sst_index import (
 )
 
 __all__ = [
+    "COLUMNAR_BLOCKS_VERSION",
     "COMPRESSED_BLOCKS_VERSION",
     "FOOTER",
     "FOOTER_CHECKSUM",
@@ -93,11 +102,17 @@ __all__ = [
     "SstMeta",
     "SstProperties",
     "SstTop",
+    "block_decoder",
     "decode_footer",
     "decode_partition",
     "decode_sst",
+    "decode_stored_block",
     "decode_top",
 ]
+
+
+_WRITABLE = (2, INDEXED_BLOCKS_VERSION, COLUMNAR_BLOCKS_VERSION)
+"""Versions a builder writes (2 and 3 only for tests and benchmarks of older databases)."""
 
 
 class SstMeta(msgspec.Struct, frozen=True):
@@ -148,8 +163,8 @@ class EncodedSst:
 
 
 class SstBuilder:
-    """Builds a version 3 SST (version 4 when compressing) from entries added in strictly
-    increasing key order.
+    """Builds a version 5 SST (columnar blocks, framed when compressing) from entries added in
+    strictly increasing key order.
 
     Memory: the encoded data blocks, the encoded partitions, and the keys of the open
     partition (for its filter) only; a partition's filter is built when it closes.
@@ -160,11 +175,11 @@ class SstBuilder:
             index partition once its block entries do.
         bloom_bits_per_key: Filter bits per key; 0 writes no filter (WAL SSTs: they are
             only ever read whole, and the filter cost a third of the write path's CPU).
-        format_version: 3 (the default), or 2 for legacy blocks (tests and benchmarks of
-            databases written before indexed blocks).
-        compression: ``"zstd"`` or ``"lz4"`` write version 4: each block compressed where
-            that saves space (``block_size`` is the size before compression). ``"none"``
-            (the default) writes ``format_version``.
+        format_version: 5 (the default: columnar blocks), or 3 (indexed blocks) or 2 (legacy
+            blocks) for tests and benchmarks of databases written by older versions.
+        compression: ``"zstd"`` or ``"lz4"``: each block compressed where that saves space
+            (``block_size`` is the size before compression), in version 5 (or version 4,
+            when ``format_version`` is 3). ``"none"`` (the default): no block frames.
         compression_level: The codec's level (0: its default; see
             :func:`slatepy.format.compression.check_level`).
     """
@@ -179,20 +194,26 @@ class SstBuilder:
         compression: Compression = "none",
         compression_level: int = 0,
     ):
-        if format_version not in (2, SST_FORMAT_VERSION):
+        if format_version not in _WRITABLE:
             raise InvalidArgument(f"cannot write SST format version {format_version}")
         self._compressor: BlockCompressor | None = None
         if compression != "none":
-            if format_version != SST_FORMAT_VERSION:
-                raise InvalidArgument("compressed SSTs have version 3 blocks; leave format_version")
+            if format_version == 2:
+                raise InvalidArgument("compressed SSTs need version 3 or 5 blocks")
             self._compressor = BlockCompressor(compression, compression_level)
-            format_version = COMPRESSED_BLOCKS_VERSION
+            if format_version == INDEXED_BLOCKS_VERSION:
+                format_version = COMPRESSED_BLOCKS_VERSION
         self._compression = compression
         self._version = format_version
         self._epoch = writer_epoch
         self._block_size = block_size
         self._bits_per_key = bloom_bits_per_key
-        self._block = BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
+        self._columnar = format_version >= COLUMNAR_BLOCKS_VERSION
+        self._block: BlockBuilder | ColumnBlockBuilder = (
+            ColumnBlockBuilder()
+            if self._columnar
+            else BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
+        )
         self._raw_size = 0  # bytes of the data blocks before compression
         # The SST's bytes so far, in one buffer that finish() hands out without a copy: a
         # compaction output of target_sst_bytes then costs its size once, not twice.
@@ -283,6 +304,9 @@ class SstBuilder:
         self._max_seq = max(self._max_seq, hi_seq)
         self._last_key = keys[-1]
         self._count += len(keys)
+        if self._columnar:
+            self._extend_columns(keys, seqs, values)
+            return
         indexed = self._version >= INDEXED_BLOCKS_VERSION
         sizes = list(map(operator.add, map(len, keys), map(len, values)))
         # ends[j]: the block bytes the entries before j take, offsets included (the fixed
@@ -293,6 +317,7 @@ class SstBuilder:
         begin = 0
         while begin < len(keys):
             block = self._block  # entries of add() or of an earlier extend may be open
+            assert isinstance(block, BlockBuilder)
             end = bisect_left(ends, ends[begin] + room - block.filled, begin + 1)
             cut = slice(begin, end)
             if not len(block):
@@ -311,6 +336,37 @@ class SstBuilder:
             )
             parts += chain.from_iterable(zip(headers, keys[cut], values[cut], strict=True))
             self._add_block(finish_block(parts, entry_sizes, count, indexed))
+            begin = end
+
+    def _extend_columns(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
+        """:meth:`extend` into columnar blocks: each block's slice of the lists is appended
+        to the open block whole (the encoding happens in C when it closes)."""
+        block = self._block
+        assert isinstance(block, ColumnBlockBuilder)
+        sizes = list(map(operator.add, map(len, keys), map(len, values)))
+        # ends[j]: the estimated bytes the entries before j take; a block closes at the
+        # first entry that brings it to ``room``.
+        ends = list(accumulate(map(operator.add, sizes, repeat(COLUMN_ENTRY_OVERHEAD)), initial=0))
+        room = self._block_size - COLUMN_BLOCK_OVERHEAD
+        begin = 0
+        while begin < len(keys):
+            end = bisect_left(ends, ends[begin] + room - block.filled, begin + 1)
+            cut = slice(begin, end)
+            if not len(block):
+                self._block_first = keys[begin]
+            if self._p_keys is not None:  # a new list once _close_block closes a partition
+                self._p_keys += keys[cut]
+            stop = min(end, len(keys))
+            whole = begin == 0 and stop == len(keys)
+            block.extend(
+                keys if whole else keys[cut],
+                seqs if whole else seqs[cut],
+                values if whole else values[cut],
+                ends[stop] - ends[begin] - COLUMN_ENTRY_OVERHEAD * (stop - begin),
+            )
+            if end >= len(ends):  # the last entries stay in the open block for later adds
+                return
+            self._add_block(block.finish())
             begin = end
 
     def add_all(self, entries: list[Entry]) -> SstBuilder:
@@ -455,6 +511,31 @@ class SstBuilder:
         return EncodedSst(data, SstMeta(sst_top, tuple(self._decoded)))
 
 
+def block_decoder(top: SstTop) -> Callable[[bytes | memoryview], Block]:
+    """The function that verifies and decodes a data block of the SST ``top`` describes as
+    stored (out of its compression frame first, if it has one), chosen once per SST.
+
+    The function raises ``CorruptionError`` for a checksum mismatch or an impossible block.
+    """
+    if top.compressed_blocks:
+        return lambda stored: decode_stored_block(unframe_block(stored), top)
+    if top.version >= COLUMNAR_BLOCKS_VERSION:
+        return decode_columnar
+    return partial(decode_block, indexed=top.version >= INDEXED_BLOCKS_VERSION)
+
+
+def decode_stored_block(data: bytes | memoryview, top: SstTop) -> Block:
+    """Verify and decode a data block of the SST ``top`` describes, in whichever layout its
+    version has (out of its compression frame already, if it had one).
+
+    Raises:
+        CorruptionError: checksum mismatch or a structurally impossible block.
+    """
+    if top.version >= COLUMNAR_BLOCKS_VERSION:
+        return decode_columnar(data)
+    return decode_block(data, indexed=top.version >= INDEXED_BLOCKS_VERSION)
+
+
 def _range_order(t: RangeTombstone) -> tuple[bytes, bytes, int]:
     return t.start, t.end, t.seq
 
@@ -476,7 +557,6 @@ def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
         for p in range(top.partition_count)
     )
     meta = SstMeta(top, partitions)
-    indexed = top.indexed_blocks
     framed = top.compressed_blocks
 
     def entries() -> Iterator[Entry]:
@@ -484,7 +564,7 @@ def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
             offsets = part.offsets
             for j, first_key in enumerate(part.first_keys):
                 stored = view[offsets[j] : offsets[j + 1]]
-                block = decode_block(unframe_block(stored) if framed else stored, indexed=indexed)
+                block = decode_stored_block(unframe_block(stored) if framed else stored, top)
                 if block.keys[0] != first_key:
                     raise CorruptionError("SST: block's first key disagrees with the index")
                 yield from block.entries()

@@ -21,17 +21,20 @@ from slatepy.format.compression import CODEC_IDS
 from slatepy.format.kinds import RangeTombstone, check_range_tombstones
 
 SST_MAGIC = b"SLATESST"
-SST_FORMAT_VERSION = 3
-"""The version writers write without compression (3: version 2 with indexed data blocks, see
-:mod:`slatepy.format.block`)."""
+COLUMNAR_BLOCKS_VERSION = 5
+"""Version 4 with columnar data blocks (:mod:`slatepy.format.columnar`, RFC 0022), framed
+(:mod:`slatepy.format.compression`) only when the properties name a codec."""
+SST_FORMAT_VERSION = COLUMNAR_BLOCKS_VERSION
+"""The version writers write, with or without compression."""
 COMPRESSED_BLOCKS_VERSION = 4
-"""The version writers write with compression: version 3 with every data block in a frame
-that says whether (and how) it is compressed (:mod:`slatepy.format.compression`)."""
-SUPPORTED_VERSIONS = (1, 2, 3, 4)
+"""Version 3 with every data block in a frame that says whether (and how) it is compressed
+(:mod:`slatepy.format.compression`); what writers wrote with compression before version 5."""
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
 """The versions readers accept (1: RFC 0002, databases written before RFC 0009; 2: RFC 0009
-before indexed blocks; 4: RFC 0018, compressed blocks)."""
+before indexed blocks; 3: indexed blocks; 4: RFC 0018, compressed blocks; 5: RFC 0022,
+columnar blocks)."""
 INDEXED_BLOCKS_VERSION = 3
-"""The first version whose data blocks end with an offsets array."""
+"""The first version whose data blocks end with an offsets array (3 and 4 only)."""
 FOOTER = struct.Struct("<8sHHQIIIQ")
 FOOTER_CHECKSUM = struct.Struct("<Q")
 FOOTER_SIZE = FOOTER.size + FOOTER_CHECKSUM.size
@@ -176,13 +179,21 @@ class SstTop(msgspec.Struct, frozen=True):
 
     @property
     def indexed_blocks(self) -> bool:
-        """True when the data blocks have offsets arrays (version 3 on)."""
-        return self.version >= INDEXED_BLOCKS_VERSION
+        """True when the data blocks have offsets arrays (versions 3 and 4)."""
+        return INDEXED_BLOCKS_VERSION <= self.version < COLUMNAR_BLOCKS_VERSION
+
+    @property
+    def columnar_blocks(self) -> bool:
+        """True when the data blocks are columnar (version 5 on)."""
+        return self.version >= COLUMNAR_BLOCKS_VERSION
 
     @property
     def compressed_blocks(self) -> bool:
-        """True when every data block is in a compression frame (version 4 on)."""
-        return self.version >= COMPRESSED_BLOCKS_VERSION
+        """True when every data block is in a compression frame (version 4; version 5 when
+        the properties name a codec)."""
+        return self.version == COMPRESSED_BLOCKS_VERSION or (
+            self.version >= COLUMNAR_BLOCKS_VERSION and self.props.compression != "none"
+        )
 
     @property
     def data_end(self) -> int:
@@ -299,8 +310,9 @@ def decode_top(footer: Footer, section: bytes | memoryview) -> SstTop:
         raise CorruptionError(f"SST: bad properties: {exc}") from exc
     if props.data_size != footer.meta_offset:
         raise CorruptionError("SST: properties and footer disagree on the data size")
-    if (footer.version >= COMPRESSED_BLOCKS_VERSION) != (props.compression != "none") or (
-        props.compression not in CODEC_IDS
+    if props.compression not in CODEC_IDS or (
+        footer.version < COLUMNAR_BLOCKS_VERSION
+        and (footer.version == COMPRESSED_BLOCKS_VERSION) != (props.compression != "none")
     ):
         raise CorruptionError(
             f"SST: version {footer.version} with compression {props.compression!r} in its "

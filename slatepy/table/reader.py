@@ -24,17 +24,19 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, MutableSequence, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, Entry, IndexedBlock, decode_block, open_block
+from slatepy.format.block import Block, Entry, IndexedBlock, PlainValues, open_block
+from slatepy.format.columnar import RawColumnarBlock, open_columnar
 from slatepy.format.compression import unframe_block
 from slatepy.format.sst import (
     FOOTER_SIZE,
     Partition,
     SstTop,
+    block_decoder,
     decode_footer,
     decode_partition,
     decode_top,
@@ -53,13 +55,20 @@ SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
 """Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
+GROUP_ROWS = 2048
+"""Rows a scan joins consecutive blocks into before handing them on (see :func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
-Columns = tuple[list[bytes], list[int], list[bytes | None]]
-"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries (read only:
-they may be the cached block's own lists)."""
+Columns = tuple[list[bytes], MutableSequence[int], list[bytes | None]]
+"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries or more (read
+only: they may be the cached block's own lists); the seqs a list or an ``array('Q')``."""
+Cached = Block | IndexedBlock | RawColumnarBlock
+"""What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
+_RAW = (IndexedBlock, RawColumnarBlock)
+Piece = tuple[list[bytes], MutableSequence[int], list[bytes | None], bool]
+"""A block's columns, or a slice of them, and whether every value is plain (``Block.plain``)."""
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -152,7 +161,7 @@ class TableReader:
         self.store = store
         blocks = cache_bytes if block_cache_bytes is None else block_cache_bytes
         metas = max(cache_bytes // 8, 1 << 20) if meta_cache_bytes is None else meta_cache_bytes
-        self._blocks: LruCache[Block | IndexedBlock] = LruCache(blocks)
+        self._blocks: LruCache[Cached] = LruCache(blocks)
         # Decoded partitions, or their raw bytes when they came with an SST's tail and are
         # not decoded yet (decoding verifies them).
         self._metas: LruCache[Partition | bytes] = LruCache(metas)
@@ -333,10 +342,10 @@ class TableReader:
 
     def _blocks_for(
         self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
-    ) -> dict[int, Block | IndexedBlock]:
+    ) -> dict[int, Cached]:
         """The blocks ``where`` names (SST-wide index → its partition and place there):
         cached ones as they are, the others read together in coalesced GETs and cached."""
-        blocks: dict[int, Block | IndexedBlock] = {}
+        blocks: dict[int, Cached] = {}
         missing: list[int] = []
         for b in sorted(where):
             block = self._blocks.get((path, b))
@@ -350,8 +359,8 @@ class TableReader:
             spans.append((part.offsets[j], part.offsets[j + 1]))
         for b, data in zip(missing, self._read_coalesced(path, spans, "block_reads"), strict=True):
             part, j = where[b]
-            block = self._new_block(path, top, part, j, data)
-            self._blocks.put((path, b), block, block.size_in_memory)
+            block, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put((path, b), cached, cached.size_in_memory)
             blocks[b] = block
         return blocks
 
@@ -390,14 +399,19 @@ class TableReader:
 
     def _new_block(
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
-    ) -> Block | IndexedBlock:
-        """Block ``j`` of ``part``, read for point lookups: raw and verified (version 3),
-        else decoded."""
+    ) -> tuple[Block | IndexedBlock, Cached]:
+        """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
+        cache. Raw and verified (versions 3 and 4), both; decoded and raw (version 5: it is
+        decoded to be searched anyway, in C); decoded (legacy blocks), both."""
         index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
         framed = top.compressed_blocks
         if top.indexed_blocks:
-            return _open_block(path, index, first_key, data, offset=offset, framed=framed)
-        return _decode_block(path, index, first_key, data, indexed=False, offset=offset)
+            opened = _open_block(path, index, first_key, data, offset=offset, framed=framed)
+            return opened, opened
+        if top.columnar_blocks:
+            return _open_columnar(path, index, first_key, data, offset=offset, framed=framed)
+        decoded = _decode_block(path, index, first_key, data, top, offset=offset)
+        return decoded, decoded
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -423,20 +437,22 @@ class TableReader:
         top: SstTop,
         part: Partition,
         j: int,
-        block: Block | IndexedBlock | None,
-    ) -> Block | IndexedBlock:
+        block: Cached | None,
+    ) -> Cached:
         """Block ``j`` of ``part`` for a point lookup, given what the block cache held for it
         (``block``): that, or read and verified.
 
-        A version 3 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
+        A version 3 or 4 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
         only the keys the lookup compares are parsed, and it costs its encoded size); when a
         scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
         decoded whole and replaces itself there, so hot blocks are searched with a list
-        bisect and cold ones never parsed. A legacy (version 1/2) block is decoded whole.
+        bisect and cold ones never parsed. A version 5 block is cached the same way (its raw
+        bytes, :class:`RawColumnarBlock`, until hot), though decoded (in C) to answer each
+        lookup. A legacy (version 1/2) block is decoded whole.
         """
         index = part.first_block + j
         key = (path, index)
-        if isinstance(block, IndexedBlock):
+        if isinstance(block, _RAW):
             block.hits += 1  # racy under threads, but only a heuristic
             if block.hits >= PROMOTE_AFTER_HITS:
                 # Hot: worth decoding once, as a list bisect beats a search of the bytes.
@@ -444,8 +460,9 @@ class TableReader:
                 self._blocks.put(key, block, block.size_in_memory)
         elif block is None:
             data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
-            block = self._new_block(path, top, part, j, data)
-            self._blocks.put(key, block, block.size_in_memory)
+            found, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put(key, cached, cached.size_in_memory)
+            return found
         return block
 
     # -- scans --------------------------------------------------------------------------
@@ -492,8 +509,8 @@ class TableReader:
         continued: bool = False,
         reverse: bool = False,
     ) -> Iterator[Columns]:
-        """The entries of :meth:`scan` a block at a time, as parallel lists (:data:`Columns`),
-        so a bulk reader pays per block, not per entry.
+        """The entries of :meth:`scan` a block or more at a time (:func:`grouped`), as
+        parallel lists (:data:`Columns`), so a bulk reader pays per group, not per entry.
 
         With ``reverse`` the blocks come last to first and each block's lists are in
         descending key order. A reverse scan reads consecutive blocks backwards in chunks of
@@ -507,14 +524,16 @@ class TableReader:
             return
         loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
         if reverse:
-            yield from self._stream_reverse(loader, start, end)
+            yield from grouped(self._stream_reverse(loader, start, end))
             return
         first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
-        yield from self._stream_columns(loader, start, end, background=True, first_bytes=first)
+        yield from grouped(
+            self._stream_columns(loader, start, end, background=True, first_bytes=first)
+        )
 
     def _stream_reverse(
         self, loader: _ChunkLoader, start: bytes, end: bytes | None
-    ) -> Iterator[Columns]:
+    ) -> Iterator[Piece]:
         """Blocks from the last one holding a key below ``end`` back to the one holding
         ``start``; each chunk of blocks is one ranged GET, the chunks growing fourfold."""
         last = loader.last_block(end)
@@ -528,11 +547,11 @@ class TableReader:
                 hi = len(keys) if end is None or keys[-1] < end else bisect_left(keys, end)
                 lo = bisect_left(keys, start) if keys[0] < start else 0
                 if hi > lo:
-                    ks, ss, vs = keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
+                    ks, ss, vs, plain = _piece(block, lo, hi)
                     ks.reverse()
                     ss.reverse()
                     vs.reverse()
-                    yield ks, ss, vs
+                    yield ks, ss, vs, plain
                 if keys[0] <= start:
                     return
             last = first - 1
@@ -576,7 +595,7 @@ class TableReader:
         limit: int | None = None,
     ) -> Iterator[Entry]:
         """The entries of :meth:`_stream_columns`, one by one."""
-        for keys, seqs, values in self._stream_columns(
+        for keys, seqs, values, _ in self._stream_columns(
             loader, start, end, background=background, first_bytes=first_bytes, limit=limit
         ):
             yield from zip(keys, seqs, values, strict=True)
@@ -590,9 +609,9 @@ class TableReader:
         background: bool,
         first_bytes: int,
         limit: int | None = None,
-    ) -> Iterator[Columns]:
-        """Decode chunk after chunk, yielding each block's entries in ``[start, end)`` as
-        parallel lists (the cached block's own lists when it is whole: read only).
+    ) -> Iterator[Piece]:
+        """Decode chunk after chunk, yielding each block's entries in ``[start, end)`` as a
+        :data:`Piece` (the cached block's own lists when it is whole: read only).
 
         With ``background``, once a chunk needed the store (so
         warm and short scans never start a thread), the next ``READ_AHEAD_DEPTH`` chunks
@@ -630,12 +649,12 @@ class TableReader:
                     if end is not None and keys[-1] >= end:
                         hi = bisect_left(keys, end)
                         if hi > lo:
-                            yield keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi]
+                            yield _piece(block, lo, hi)
                         return
                     if lo:
-                        yield keys[lo:], block.seqs[lo:], block.values[lo:]
+                        yield _piece(block, lo, len(keys))
                     else:
-                        yield keys, block.seqs, block.values
+                        yield keys, block.seqs, block.values, block.plain
                 if ahead:
                     chunk = ahead.popleft().result()
                 elif planned_all:
@@ -722,7 +741,7 @@ class _Chunk:
     first: int
     offsets: list[int]
     first_keys: list[bytes]
-    blocks: list[Block | IndexedBlock | None]
+    blocks: list[Cached | None]
     base: int
     end: int  # base == end: every block was cached, nothing to read
     done: bool
@@ -763,6 +782,7 @@ class _ChunkLoader:
         self._raw: dict[int, bytes] = {}  # partitions read in a run, not yet decoded
         self._last_partition = top.partition_count - 1 if end is None else top.partition_for(end)
         self._fetched = False
+        self._decode = block_decoder(top)
 
     def first_block(self, start: bytes) -> int:
         """SST-wide index of the block where a scan from ``start`` begins."""
@@ -822,29 +842,39 @@ class _ChunkLoader:
         top, cache, path, end = self._top, self._reader._blocks, self._path, self._end
         offsets: list[int] = []
         keys: list[bytes] = []
-        blocks: list[Block | IndexedBlock | None] = []
+        blocks: list[Cached | None] = []
         count = top.props.block_count
         index = first
         done = True
         limit = last_end = 0
+        # A partition's blocks at a time (bisects and slices, not a step per block): the
+        # blocks from ``first`` whose first key is below ``end`` and whose bytes end within
+        # ``budget`` of the chunk's start (the first block whatever its size).
         while index < count:
             part = self._part
             if part is None or not 0 <= index - part.first_block < len(part.first_keys):
                 part = self._partition(top.partition_of_block(index))
             j = index - part.first_block
-            key = part.first_keys[j]
-            if end is not None and key >= end:
-                break
+            part_keys, part_offsets = part.first_keys, part.offsets
+            by_end = len(part_keys) if end is None else bisect_left(part_keys, end, j)
             if not offsets:
-                limit = part.offsets[j] + budget
-            elif part.offsets[j + 1] > limit:
-                done = False
+                limit = part_offsets[j] + budget
+                by_budget = max(bisect_right(part_offsets, limit, j + 1) - 1, j + 1)
+            else:
+                by_budget = bisect_right(part_offsets, limit, j) - 1
+            stop = min(by_end, by_budget)
+            if stop > j:
+                offsets += part_offsets[j:stop]
+                keys += part_keys[j:stop]
+                if self._cached:
+                    blocks += [cache.get((path, i)) for i in range(index, index + stop - j)]
+                else:
+                    blocks += [None] * (stop - j)
+                last_end = part_offsets[stop]
+                index += stop - j
+            if stop < len(part_keys):
+                done = by_end <= by_budget  # else the budget, not the scan's end, cut it
                 break
-            offsets.append(part.offsets[j])
-            keys.append(key)
-            blocks.append(cache.get((path, index)) if self._cached else None)
-            last_end = part.offsets[j + 1]
-            index += 1
         if not keys:
             return None
         offsets.append(last_end)
@@ -871,7 +901,7 @@ class _ChunkLoader:
     def block(self, chunk: _Chunk, k: int) -> Block:
         """Block ``k`` of ``chunk``, decoded (and cached, if ``chunk.fill``) if it was read."""
         block = chunk.blocks[k]
-        if isinstance(block, IndexedBlock):  # cached by a get: verified, parse its entries
+        if isinstance(block, _RAW):  # cached by a get: verified, decode its entries
             decoded = _named_decode(self._path, chunk.first + k, block, offset=chunk.offsets[k])
             if chunk.fill:
                 self._reader._blocks.put(
@@ -879,17 +909,15 @@ class _ChunkLoader:
                 )
             return decoded
         if block is None:
+            # Inline, as _decode_block does it: this runs once per block of every scan.
             index = chunk.first + k
             start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
-            block = _decode_block(
-                self._path,
-                index,
-                chunk.first_keys[k],
-                memoryview(chunk.data)[start:end],
-                indexed=self._top.indexed_blocks,
-                offset=chunk.offsets[k],
-                framed=self._top.compressed_blocks,
-            )
+            try:
+                block = self._decode(memoryview(chunk.data)[start:end])
+            except CorruptionError as exc:
+                raise _block_error(self._path, index, chunk.offsets[k], exc) from exc
+            if block.keys[0] != chunk.first_keys[k]:
+                raise _block_error(self._path, index, chunk.offsets[k], "disagrees with the index")
             if chunk.fill:
                 self._reader._blocks.put((self._path, index), block, block.size_in_memory)
         return block
@@ -940,6 +968,53 @@ class _ChunkLoader:
         return data, True
 
 
+def _piece(block: Block, lo: int, hi: int) -> Piece:
+    """Entries ``lo:hi`` of ``block`` as a :data:`Piece`."""
+    return block.keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi], block.plain
+
+
+def _grow(target: int) -> int:
+    return min(max(2 * target, GROUP_ROWS // 32), GROUP_ROWS)
+
+
+def grouped(pieces: Iterator[Piece]) -> Iterator[Columns]:
+    """Consecutive pieces (a block's each) joined into fewer, longer columns: the first alone
+    (a short or limited scan pays for one block), then groups of growing size up to
+    ``GROUP_ROWS`` rows. Every layer above (merging, the tombstone filter, batching, the
+    scan's generators) then costs its fixed overhead per group, not per block of a few dozen
+    rows; joining costs a list copy per row, in C. A group's values are
+    :class:`~slatepy.format.block.PlainValues` when every piece's were plain."""
+    target = 0
+    keys: list[bytes] = []
+    seqs: MutableSequence[int] = []
+    values: list[bytes | None] = []
+    for piece_keys, piece_seqs, piece_values, plain in pieces:
+        if not keys:
+            if len(piece_keys) >= target:
+                # As it is (a cached block's own lists: read only), but marked plain.
+                yield piece_keys, piece_seqs, PlainValues(piece_values) if plain else piece_values
+                target = _grow(target)
+                continue
+            keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
+            values = PlainValues(piece_values) if plain else list(piece_values)
+        else:
+            keys += piece_keys
+            if seqs.__class__ is piece_seqs.__class__:
+                seqs += piece_seqs  # list+list or array+array: in C
+            else:
+                seqs = list(seqs)
+                seqs += piece_seqs
+            if not plain and values.__class__ is PlainValues:
+                values = list(values)
+            values += piece_values
+        if len(keys) >= target:
+            yield keys, seqs, values
+            keys, seqs, values = [], [], []
+            target = _grow(target)
+    if keys:
+        yield keys, seqs, values
+
+
 def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
     """A block's corruption, naming the object and where in it the block starts."""
     return CorruptionError(
@@ -952,15 +1027,14 @@ def _decode_block(
     index: int,
     first_key: bytes,
     data: bytes | memoryview,
+    top: SstTop,
     *,
-    indexed: bool,
     offset: int,
-    framed: bool = False,
 ) -> Block:
-    """Verify and decode a block as stored (``framed``: in a version 4 compression frame,
+    """Verify and decode a block as stored (in a compression frame when ``top`` says so:
     checked and decompressed first, so only decoded blocks ever reach a cache)."""
     try:
-        block = decode_block(unframe_block(data) if framed else data, indexed=indexed)
+        block = block_decoder(top)(data)
     except CorruptionError as exc:
         raise _block_error(path, index, offset, exc) from exc
     if block.keys[0] != first_key:
@@ -987,7 +1061,27 @@ def _open_block(
     return block
 
 
-def _named_decode(path: str, index: int, block: IndexedBlock, *, offset: int) -> Block:
+def _open_columnar(
+    path: str,
+    index: int,
+    first_key: bytes,
+    data: bytes | memoryview,
+    *,
+    offset: int,
+    framed: bool,
+) -> tuple[Block, RawColumnarBlock]:
+    try:
+        block, raw = open_columnar(unframe_block(data) if framed else data)
+    except CorruptionError as exc:
+        raise _block_error(path, index, offset, exc) from exc
+    if block.keys[0] != first_key:
+        raise _block_error(path, index, offset, "disagrees with the index")
+    return block, raw
+
+
+def _named_decode(
+    path: str, index: int, block: IndexedBlock | RawColumnarBlock, *, offset: int
+) -> Block:
     try:
         return block.decode()
     except CorruptionError as exc:

@@ -120,7 +120,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
     memory holds about one piece, not the SST (the peak RSS of issue 18)."""
     monkeypatch.setattr(executor, "SEND_BYTES", 16 * 1024)
     store = RecordedStreams(open_store("memory://"))
-    fill(store, 6000)
+    fill(store, 8000)  # over two outputs' worth of (columnar, RFC 0022) blocks
     policy = CompactionPolicy(l0_trigger=100, target_sst_bytes=128 * 1024)
     Compactor(store, settings=QUIET, policy=policy).run_until_idle()
     outputs = {p: s for p, s in store.pieces.items() if p.startswith("compacted/")}
@@ -131,7 +131,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
     assert len(large) >= 2 and all(len(sizes) >= 5 for sizes in large)
     with Db.open(store, settings=QUIET) as db:
         assert db.replayed_ssts == 0
-        assert list(db.scan()) == [(b"k%05d" % i, b"a" * 20) for i in range(6000)]
+        assert list(db.scan()) == [(b"k%05d" % i, b"a" * 20) for i in range(8000)]
 
 
 def test_a_broken_output_stream_aborts_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,7 +58,7 @@ def write(db: Db, phase: list[tuple[str, int, int]]) -> None:
         if op == "put":  # fixed-size values: blocks of these decode in one iter_unpack
             batch.put(key(i), b"%04d" % n)
         elif op == "put_wide":
-            batch.put(key(i), b"w" * n)
+            batch.put(key(i), b"1" * n)  # digits: a merge (``add``) may land on it
         elif op == "ttl":
             batch.put(key(i), b"%04d" % i, ttl=n)
         elif op == "delete":

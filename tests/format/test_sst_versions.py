@@ -1,4 +1,5 @@
-"""SST format version 2 (partitioned index and filters) and version 1 still read (RFC 0009)."""
+"""SST format versions 1 (RFC 0002), 2 (partitioned index and filters, RFC 0009), 3 (indexed
+blocks) and 5 (columnar blocks, RFC 0022) all read, to the same entries."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Entry, decode_block, open_block
 from slatepy.format.checksum import checksum
+from slatepy.format.kinds import Expiring, Operands
 from slatepy.format.sst import (
     FOOTER,
     FOOTER_CHECKSUM,
@@ -22,6 +24,7 @@ from slatepy.format.sst import (
     decode_footer,
     decode_partition,
     decode_sst,
+    decode_stored_block,
     decode_top,
 )
 from tests.format.v1sst import build_v1, sample_entries
@@ -39,9 +42,10 @@ def entries_of(table: dict[bytes, tuple[int, bytes | None]]) -> list[Entry]:
 
 
 def build_v2(
-    entries: list[Entry], *, block_size: int = 128, bits: int = 10, version: int = 3
+    entries: list[Entry], *, block_size: int = 128, bits: int = 10, version: int = 5
 ) -> bytes:
-    """An SST of the current writer (version 3), or a version 2 one (legacy blocks)."""
+    """An SST of the current writer (version 5), or a version 3 (indexed blocks) or 2 (legacy
+    blocks) one."""
     return (
         SstBuilder(
             writer_epoch=4, block_size=block_size, bloom_bits_per_key=bits, format_version=version
@@ -75,23 +79,24 @@ def test_v1_sst_written_by_the_old_code_still_decodes() -> None:
     assert not meta.may_contain(b"key9999") and not meta.may_contain(b"a")
 
 
-def test_writers_write_version_3() -> None:
+def test_writers_write_version_5() -> None:
     data = build_v2(sample_entries())
     footer = decode_footer(data)
-    assert footer.version == SST_FORMAT_VERSION == 3
+    assert footer.version == SST_FORMAT_VERSION == 5
     meta, entries = decode_sst(data)
     assert list(entries) == sample_entries()
     assert meta.top.partition_count > 1
 
 
 @given(tables, st.sampled_from([64, 128, 512, 4096]), st.sampled_from([0, 10]))
-def test_v1_and_v2_decode_to_the_same_entries(
+def test_every_version_decodes_to_the_same_entries(
     table: dict[bytes, tuple[int, bytes | None]], block_size: int, bits: int
 ) -> None:
     entries = entries_of(table)
     for data in (
         build_v1(entries, writer_epoch=4, block_size=block_size, bits_per_key=bits),
         build_v2(entries, block_size=block_size, bits=bits, version=2),
+        build_v2(entries, block_size=block_size, bits=bits, version=3),
         build_v2(entries, block_size=block_size, bits=bits),
     ):
         meta, decoded = decode_sst(data)
@@ -104,7 +109,7 @@ def test_v1_and_v2_decode_to_the_same_entries(
             assert index is not None
             handle = blocks[index]
             raw = data[handle.offset : handle.offset + handle.length]
-            block = decode_block(raw, indexed=meta.top.indexed_blocks)
+            block = decode_stored_block(raw, meta.top)
             assert block.get(key) == (seq, value)
             if meta.top.indexed_blocks:
                 assert open_block(raw).get(key) == (seq, value)
@@ -158,10 +163,10 @@ def test_empty_sst_has_no_partitions() -> None:
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     data = bytearray(build_v2(sample_entries()))
     fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
-    fields[1] = 4
+    fields[1] = 6
     footer = FOOTER.pack(*fields)
     data[-FOOTER_SIZE:] = footer + FOOTER_CHECKSUM.pack(checksum(footer))
-    with pytest.raises(CorruptionError, match="version 4"):
+    with pytest.raises(CorruptionError, match="unsupported format version 6"):
         decode_sst(bytes(data))
 
 
@@ -193,3 +198,34 @@ def test_structural_lies_behind_valid_checksums_are_caught() -> None:
         decode_partition(top, 1, bytes(raw))
     with pytest.raises(CorruptionError, match="partition 0"):
         decode_partition(top, 0, data[top.offsets[1] : top.offsets[2]])
+
+
+def pinned_entries() -> list[Entry]:
+    """The entries of ``data/v3-sample.sst`` and ``data/v5-sample.sst``: the v1 sample's
+    (values and tombstones) with some expiring values and merge operands (RFC 0019)."""
+    out: list[Entry] = []
+    for i, (key, seq, stored) in enumerate(sample_entries()):
+        value = stored
+        if i % 7 == 3:
+            value = Expiring.make(b"ttl-%d" % i, 1_700_000_000_000 + i)
+        elif i % 13 == 5:
+            value = Operands.of([b"+%d" % i, b"+1"])
+        out.append((key, seq, value))
+    return out
+
+
+@pytest.mark.parametrize("version", [3, 5])
+def test_pinned_bytes_of_versions_3_and_5_still_decode_and_are_still_written(
+    version: int,
+) -> None:
+    """``data/v{3,5}-sample.sst`` were written when version 5 was introduced (RFC 0022):
+    readers must keep decoding them, and the builder keeps writing the same bytes."""
+    pinned = (Path(__file__).parent / "data" / f"v{version}-sample.sst").read_bytes()
+    assert decode_footer(pinned).version == version
+    meta, decoded = decode_sst(pinned)
+    entries = list(decoded)
+    assert entries == pinned_entries()
+    assert [type(v) for _, _, v in entries] == [type(v) for _, _, v in pinned_entries()]
+    assert meta.props.block_count > 5
+    built = SstBuilder(writer_epoch=4, block_size=256, format_version=version)
+    assert bytes(built.add_all(pinned_entries()).finish().data) == pinned

@@ -152,7 +152,7 @@ def test_a_zstd_database_reopens_without_compression_and_reads_everything() -> N
     compact_all(store, db_settings("zstd"))
     with Db.open(store, settings=db_settings("zstd")) as db:
         db.put(b"k0000", b"in the WAL only")
-    assert versions(store) == {"wal": {3, 4}, "compacted": {4}}  # fencing SSTs are empty
+    assert versions(store) == {"wal": {5}, "compacted": {5}}  # framed only where compressed
     with Db.open(store, settings=db_settings("none")) as db:
         assert db.get(b"k0000") == b"in the WAL only"
         assert dict(db.scan()) == {
@@ -245,3 +245,44 @@ def test_inspect_shows_each_ssts_compression(
     (line,) = (line for line in out.splitlines() if " lz4=" in line)
     before, after = map(int, line.split(" lz4=")[1].split()[0].split("->"))
     assert after < before
+
+
+def test_a_database_written_with_version_3_blocks_reads_and_compacts_after_upgrade(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SSTs written before version 5 (indexed blocks, compressed or not: versions 3 and 4)
+    and after it live in one database: reads merge them, with tombstones and every read
+    path, and compaction rewrites them all as version 5 (RFC 0022)."""
+    store = open_store("memory://")
+    model: dict[bytes, bytes] = {}
+    defaults = dict(SstBuilder.__init__.__kwdefaults__ or {})
+    for round_, (version, compression) in enumerate([(3, "none"), (3, "zstd"), (5, "none")]):
+        monkeypatch.setattr(
+            SstBuilder.__init__, "__kwdefaults__", {**defaults, "format_version": version}
+        )
+        settings = db_settings(compression)  # type: ignore[arg-type]
+        with Db.open(store, settings=settings) as db:
+            for i in range(round_ * 60, round_ * 60 + 200):
+                key = b"k%04d" % i
+                if i % 9 == round_:
+                    db.delete(key, await_durable=False)
+                    model.pop(key, None)
+                else:
+                    model[key] = value(i, round_)
+                    db.put(key, model[key], await_durable=False)
+            db.flush()
+        compact_all(store, settings, l0_trigger=100)  # WAL -> L0 only
+    monkeypatch.setattr(SstBuilder.__init__, "__kwdefaults__", defaults)
+    assert versions(store)["compacted"] == {3, 4, 5}
+    with Db.open(store, settings=db_settings("none")) as db:
+        assert dict(db.scan()) == model
+        assert list(db.scan(reverse=True)) == sorted(model.items(), reverse=True)
+        assert [r for b in db.scan_batches(batch_size=50) for r in b] == sorted(model.items())
+        assert all(db.get(b"k%04d" % i) == model.get(b"k%04d" % i) for i in range(0, 330, 7))
+    compact_all(store, db_settings("none"))
+    stored = ManifestStore(store).load()
+    assert stored is not None and not stored.manifest.l0
+    live = [compacted_path(h.id) for run in stored.manifest.sorted_runs for h in run.ssts]
+    assert {decode_footer(store.get(p)).version for p in live} == {5}
+    with Db.open(store, settings=db_settings("none")) as db:
+        assert dict(db.scan()) == model

@@ -14,11 +14,12 @@ from functools import cache
 import pytest
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Entry
+from slatepy.format.block import Block, Entry
+from slatepy.format.columnar import RawColumnarBlock
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
 from slatepy.store.base import ObjectStore, WrappingStore
-from slatepy.table.reader import READ_AHEAD_DEPTH, TableReader
+from slatepy.table.reader import PROMOTE_AFTER_HITS, READ_AHEAD_DEPTH, TableReader
 from tests.conftest import Backend
 from tests.format.v1sst import build_v1
 
@@ -30,8 +31,8 @@ def entries(n: int, value_size: int = 40) -> list[Entry]:
 
 
 @cache
-def sst(n: int, block_size: int = 512, value_size: int = 40) -> bytes:
-    builder = SstBuilder(writer_epoch=1, block_size=block_size)
+def sst(n: int, block_size: int = 512, value_size: int = 40, version: int = 5) -> bytes:
+    builder = SstBuilder(writer_epoch=1, block_size=block_size, format_version=version)
     return builder.add_all(entries(n, value_size)).finish().data
 
 
@@ -354,11 +355,12 @@ def test_v2_ssts_still_read() -> None:
     assert list(TableReader(store).scan_all(PATH, chunk_bytes=1 << 16)) == rows
 
 
-def test_gets_and_scans_share_cached_indexed_blocks() -> None:
-    """A get caches a version 3 block raw; a second get or a scan decodes it once and
-    replaces it; every path returns the same entries."""
+@pytest.mark.parametrize("version", [3, 5])
+def test_gets_and_scans_share_cached_raw_blocks(version: int) -> None:
+    """A get caches a version 3 or 5 block raw; a scan decodes it once and replaces it;
+    every path returns the same entries."""
     rows = entries(5000)
-    data = sst(5000)
+    data = sst(5000, version=version)
     reader = TableReader(store_with(data))
     sample = random.Random(2).sample(rows, 300)
     for key, seq, value in sample:
@@ -372,6 +374,23 @@ def test_gets_and_scans_share_cached_indexed_blocks() -> None:
     for key, seq, value in sample:
         assert reader.get(PATH, key) == (seq, value)
         assert reader.get(PATH, key + b"~") is None
+
+
+def test_a_columnar_block_is_cached_raw_until_hot() -> None:
+    """A version 5 block read by a get is cached as its bytes (the decoded form takes about
+    twice the memory); its ``PROMOTE_AFTER_HITS``-th cache hit caches it decoded."""
+    rows = entries(400)
+    reader = TableReader(store_with(sst(400, block_size=4096)))
+    key, seq, value = rows[100]
+    assert reader.get(PATH, key) == (seq, value)
+    ((cached, _),) = reader._blocks._entries.values()
+    raw_bytes = reader.stats().block_cache_bytes
+    assert isinstance(cached, RawColumnarBlock) and raw_bytes < 4096 + 200
+    for _ in range(PROMOTE_AFTER_HITS):
+        assert reader.get(PATH, key) == (seq, value)
+    ((cached, _),) = reader._blocks._entries.values()
+    assert isinstance(cached, Block) and reader.stats().block_cache_bytes > 1.5 * raw_bytes
+    assert reader.get(PATH, key) == (seq, value) and reader.get(PATH, key + b"~") is None
 
 
 # -- pinned top levels follow the view -----------------------------------------------------
@@ -399,8 +418,8 @@ def test_retain_releases_the_top_levels_of_ssts_that_left_the_view() -> None:
 # -- corrupt bytes: a typed error naming the object, never wrong data ----------------------
 
 
-@pytest.mark.parametrize("version", [2, 3])
-def test_flipping_any_byte_of_a_v2_or_v3_sst_in_the_store_is_detected(version: int) -> None:
+@pytest.mark.parametrize("version", [2, 3, 5])
+def test_flipping_any_byte_of_a_v2_v3_or_v5_sst_in_the_store_is_detected(version: int) -> None:
     rows = [(b"key%04d" % i, i + 1, None if i % 9 == 0 else b"val%04d" % i) for i in range(90)]
     builder = SstBuilder(writer_epoch=1, block_size=128, format_version=version)
     data = builder.add_all(rows).finish().data
