@@ -50,7 +50,12 @@ properties of SSTs up to several GB, and the partitions too of SSTs of a few MB.
 TOP_FRACTION = 4096
 """With the size known, the open reads at least ``size // TOP_FRACTION`` bytes."""
 PROMOTE_AFTER_HITS = 8
-"""Cache hits (gets) after which a raw cached block is decoded whole (see ``_block``)."""
+"""Cache hits (gets) after which a raw cached version 3/4 block is decoded whole (see
+``_block``)."""
+PROMOTE_COLUMNAR_AFTER_HITS = 1
+"""The same for a version 5 block: every lookup of its raw bytes decodes it whole anyway
+(about 5 us for 4 KiB), so the first repeat keeps that decode. Its cost is memory: a decoded
+block takes about twice its encoded size in the cache."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
@@ -447,14 +452,20 @@ class TableReader:
         scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
         decoded whole and replaces itself there, so hot blocks are searched with a list
         bisect and cold ones never parsed. A version 5 block is cached the same way (its raw
-        bytes, :class:`RawColumnarBlock`, until hot), though decoded (in C) to answer each
-        lookup. A legacy (version 1/2) block is decoded whole.
+        bytes, :class:`RawColumnarBlock`), though decoded (in C) to answer each lookup, so
+        it is kept decoded from its ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy
+        (version 1/2) block is decoded whole.
         """
         index = part.first_block + j
         key = (path, index)
         if isinstance(block, _RAW):
             block.hits += 1  # racy under threads, but only a heuristic
-            if block.hits >= PROMOTE_AFTER_HITS:
+            promote = (
+                PROMOTE_COLUMNAR_AFTER_HITS
+                if block.__class__ is RawColumnarBlock
+                else PROMOTE_AFTER_HITS
+            )
+            if block.hits >= promote:
                 # Hot: worth decoding once, as a list bisect beats a search of the bytes.
                 block = _named_decode(path, index, block, offset=part.offsets[j])
                 self._blocks.put(key, block, block.size_in_memory)

@@ -19,7 +19,11 @@ from slatepy.format.columnar import RawColumnarBlock
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
 from slatepy.store.base import ObjectStore, WrappingStore
-from slatepy.table.reader import PROMOTE_AFTER_HITS, READ_AHEAD_DEPTH, TableReader
+from slatepy.table.reader import (
+    PROMOTE_COLUMNAR_AFTER_HITS,
+    READ_AHEAD_DEPTH,
+    TableReader,
+)
 from tests.conftest import Backend
 from tests.format.v1sst import build_v1
 
@@ -378,7 +382,7 @@ def test_gets_and_scans_share_cached_raw_blocks(version: int) -> None:
 
 def test_a_columnar_block_is_cached_raw_until_hot() -> None:
     """A version 5 block read by a get is cached as its bytes (the decoded form takes about
-    twice the memory); its ``PROMOTE_AFTER_HITS``-th cache hit caches it decoded."""
+    twice the memory); its ``PROMOTE_COLUMNAR_AFTER_HITS``-th cache hit caches it decoded."""
     rows = entries(400)
     reader = TableReader(store_with(sst(400, block_size=4096)))
     key, seq, value = rows[100]
@@ -386,7 +390,7 @@ def test_a_columnar_block_is_cached_raw_until_hot() -> None:
     ((cached, _),) = reader._blocks._entries.values()
     raw_bytes = reader.stats().block_cache_bytes
     assert isinstance(cached, RawColumnarBlock) and raw_bytes < 4096 + 200
-    for _ in range(PROMOTE_AFTER_HITS):
+    for _ in range(PROMOTE_COLUMNAR_AFTER_HITS):
         assert reader.get(PATH, key) == (seq, value)
     ((cached, _),) = reader._blocks._entries.values()
     assert isinstance(cached, Block) and reader.stats().block_cache_bytes > 1.5 * raw_bytes
