@@ -25,9 +25,9 @@ Beyond the one database (RFCs 0017 and 0018):
 
 * a checkpoint reads, whatever was written, compacted and collected since, the model as it
   was when the checkpoint was made (a frozen copy: the acknowledged values then, or one of the
-  values whose fate was unknown then); deleting one, then collecting, loses nothing live; an
-  expired or deleted one is ``NotFound``, never wrong data;
-* a clone (of the live database or of a checkpoint, into a sibling location; not on
+  values whose fate was unknown then); deleting one, then collecting, loses nothing live; a
+  deleted one is ``NotFound``, never wrong data;
+* a clone (of the live database or of a checkpoint, under ``clone_root``; not of
   ``memory://``, which cannot be reopened by URL) reads that frozen model plus its own writes,
   before and after the source is compacted and collected, and its writes never reach the
   source;
