@@ -199,8 +199,8 @@ class TortureMachine(RuleBasedStateMachine):
 
 MACHINE_RUNS = [
     pytest.param("memory", 20, 40, id="memory"),
-    pytest.param("file", 12, 30, id="file"),
-    pytest.param("s3", 6, 25, marks=pytest.mark.s3, id="s3"),
+    pytest.param("file", 20, 30, id="file"),
+    pytest.param("s3", 10, 25, marks=pytest.mark.s3, id="s3"),
 ]
 """(backend, examples, steps per example): a clone is only possible on file and S3."""
 
