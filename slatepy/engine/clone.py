@@ -37,7 +37,13 @@ import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine import checkpoint as checkpoints
-from slatepy.errors import AlreadyExists, InvalidArgument, NotFound, SlatepyError
+from slatepy.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    SlatepyError,
+    StoreUnavailable,
+)
 from slatepy.manifest.record import CLONE_CHECKPOINT_PREFIX, ExternalDb, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -100,12 +106,23 @@ def clone(
         _copy_wal(source, target, base.wal_id_last_compacted, made.wal_id)
         inherited = _hold_inherited(base, CLONE_CHECKPOINT_PREFIX + target.url, settings, held)
         first = _clone_manifest(base, made, source.url, inherited)
-        if own.put_after(0, first) is None:
+        if not _create_manifest(own, first, made.id):
             raise AlreadyExists(
                 f"clone: another process created a database at {target.url} meanwhile",
                 path="manifest/",
             )
     except BaseException:
+        if _may_be_ours(own, made.id):
+            # The manifest may have landed: without its checkpoints the clone would lose its
+            # shared SSTs to the source's GC. Keeping them costs only what they hold.
+            log.warning(
+                "clone to %s failed, but its manifest may have been written: keeping its "
+                "checkpoints %s (delete them if %s holds no database)",
+                target.url,
+                ", ".join(f"{store.url} {checkpoint_id}" for store, checkpoint_id in held),
+                target.url,
+            )
+            raise
         for store, checkpoint_id in held:
             try:
                 checkpoints.delete_checkpoint(store, settings, checkpoint_id)
@@ -126,6 +143,32 @@ def clone(
         len(first.external_dbs[-1].sst_ids) if first.external_dbs else 0,
     )
     return made
+
+
+def _create_manifest(own: ManifestStore, first: Manifest, checkpoint_id: str) -> bool:
+    """Write the clone's manifest 1; True if it is there now, False if another database's
+    is. An uncertain outcome (the create landed, but its reply or read-back failed) is
+    resolved by reading it back; if that fails too, the error is raised."""
+    try:
+        return own.put_after(0, first) is not None
+    except StoreUnavailable:
+        stored = own.load()
+        if stored is not None and _is_ours(stored.manifest, checkpoint_id):
+            return True
+        raise
+
+
+def _may_be_ours(own: ManifestStore, checkpoint_id: str) -> bool:
+    """Whether the clone's manifest (holding ``checkpoint_id``) may be at the destination."""
+    try:
+        stored = own.load()
+    except SlatepyError:
+        return True  # cannot tell
+    return stored is not None and _is_ours(stored.manifest, checkpoint_id)
+
+
+def _is_ours(manifest: Manifest, checkpoint_id: str) -> bool:
+    return any(e.checkpoint_id == checkpoint_id for e in manifest.external_dbs)
 
 
 def with_external(url: str | ObjectStore, settings: Settings) -> ObjectStore:

@@ -240,9 +240,11 @@ def replay(
         ):
             if epoch is not None and meta.props.writer_epoch > epoch:
                 raise fenced(wal_id, epoch, meta.props.writer_epoch)
+            if meta.props.range_tombstones:
+                # Before the entries, as a live write applies them (Memtable.apply): a merge
+                # after a range delete stacks on nothing, not on the operands it removed.
+                memtable.apply((), meta.props.range_tombstones)
             for key, seq, value in entries:
                 memtable.put(key, seq, value)
-            if meta.props.range_tombstones:
-                memtable.apply((), meta.props.range_tombstones)
             max_seq[wal_id] = meta.props.max_seq
     return memtable, max_seq

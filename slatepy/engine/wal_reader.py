@@ -140,7 +140,8 @@ class WalReader(Closing):
         if not ids:
             return 0
         tables = TableReader(self.store, cache_bytes=1 << 20)
-        for wal_id in range(contiguous_end(ids, ids[0]) - 1, ids[0] - 1, -1):
+        first, end = self._live_run(ids)
+        for wal_id in range(end - 1, first - 1, -1):
             props = tables.top(self._wal.path(wal_id)).props
             if props.entry_count:
                 return props.max_seq
@@ -184,7 +185,12 @@ class WalReader(Closing):
         """:meth:`iter`, one list per WAL SST (empty SSTs skipped): a consumer that applies
         each list atomically never exposes part of a batch, nor a state the database never
         had at an SST boundary."""
-        interval = self._settings.reader_poll_interval if poll_interval is None else poll_interval
+        # The setting is only the default (a DbReader's, often longer): capped, not refused.
+        interval = (
+            min(self._settings.reader_poll_interval, MAX_POLL_INTERVAL)
+            if poll_interval is None
+            else poll_interval
+        )
         if not 0 < interval <= MAX_POLL_INTERVAL:
             raise InvalidArgument(f"poll_interval must be in (0, {MAX_POLL_INTERVAL}] seconds")
         if not (from_seq in ("oldest", "end") or (type(from_seq) is int and from_seq >= 0)):
@@ -211,7 +217,7 @@ class WalReader(Closing):
         ids = self._wal.ids()
         if not ids:  # a database whose first writer has not fenced yet
             return FIRST_WAL_ID, 0 if from_seq in ("oldest", "end") else int(from_seq)
-        first, end = ids[0], contiguous_end(ids, ids[0])
+        first, end = self._live_run(ids)
         if from_seq == "oldest":
             return first, 0
         if from_seq == "end":
@@ -227,6 +233,22 @@ class WalReader(Closing):
             if (first_seq is None or wanted < first_seq) and wanted <= self._compacted_seq():
                 raise _gone(from_seq, first, first_seq)
         return start, from_seq
+
+    def _live_run(self, ids: list[int]) -> tuple[int, int]:
+        """``(first, end)`` of the contiguous run of WAL SSTs the feed follows, of the listed
+        ``ids``: the run through the manifest's ``wal_id_last_compacted`` (the writer never
+        deletes the WAL from there on). Below it GC may have left islands: a checkpoint keeps
+        the WAL from its manifest's ``wal_id_last_compacted`` to its ``wal_id`` only (RFC
+        0017), so older SSTs may survive below a hole; the feed starts above the hole."""
+        listed = set(ids)
+        stored = self._manifests.load()
+        floor = 0 if stored is None else stored.manifest.wal_id_last_compacted
+        if floor not in listed:  # a new database, or GC raced the listing: the first run
+            return ids[0], contiguous_end(ids, ids[0])
+        first = floor
+        while first - 1 in listed:
+            first -= 1
+        return first, contiguous_end(ids, first)
 
     def _first_holding(self, seq: int, lo: int, hi: int) -> int:
         """The first WAL id in ``[lo, hi)`` from which on the SSTs hold seqs >= ``seq``

@@ -65,10 +65,11 @@ class ExternalSsts(WrappingStore):
         except NotFound as missing:
             try:
                 source = self._map().get(sst_id)
-            except SlatepyError:
-                # Cannot tell (the store failed while we looked): the caller gets the miss
-                # it would have got without us, and the map is loaded on a later miss.
-                raise missing from None
+            except SlatepyError as failed:
+                # Cannot tell (the store failed while we looked): the store's failure, not
+                # the miss, which callers take for a lost SST (a clone's would read as
+                # damage). Retries or a later read load the map again.
+                raise failed from missing
             if source is None:
                 raise
         return read(source)

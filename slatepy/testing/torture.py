@@ -20,12 +20,31 @@ checked:
 * the batch keys always read the same batch (batches are atomic), in one scan;
 * a reader never goes back in time (values carry an increasing counter);
 * at the end, with faults off, a freshly opened writer and a fresh reader agree with the model.
+
+Beyond the one database (RFCs 0017 and 0018):
+
+* a checkpoint reads, whatever was written, compacted and collected since, the model as it
+  was when the checkpoint was made (a frozen copy: the acknowledged values then, or one of the
+  values whose fate was unknown then); deleting one, then collecting, loses nothing live; a
+  deleted one is ``NotFound``, never wrong data;
+* a clone (of the live database or of a checkpoint, under ``clone_root``; not of
+  ``memory://``, which cannot be reopened by URL) reads that frozen model plus its own writes,
+  before and after the source is compacted and collected, and its writes never reach the
+  source;
+* the WAL's change feed (``WalReader``) yields records in ``(seq, key)`` order and in the order
+  the writes were issued, every record is a write that was issued, and every acknowledged put
+  after the feed's start is in it unless a later write to its key may have shared its WAL SST
+  (the feed holds net changes per SST) or the garbage collector took that part of the WAL
+  (``WalHistoryGone``);
+* every (re)open of the writer picks a compression codec at random, so SSTs of every codec
+  coexist and are compacted together.
 """
 
 from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,13 +53,25 @@ import msgspec
 
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.config import Settings
+from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import WriteBatch
+from slatepy.engine.clone import clone, with_external
 from slatepy.engine.db import Db
 from slatepy.engine.reader import DbReader
 from slatepy.engine.snapshot import Snapshot
-from slatepy.errors import CorruptionError, FencedError, SlatepyError, TransactionConflict
+from slatepy.engine.wal_reader import WalHistoryGone, WalReader, WalRecord
+from slatepy.errors import (
+    CorruptionError,
+    FencedError,
+    NotFound,
+    SlatepyError,
+    TransactionConflict,
+)
+from slatepy.format.kinds import Expiring, Operands
 from slatepy.gc import GarbageCollector
+from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
+from slatepy.store.url import open_store
 from slatepy.testing.faults import FaultyStore, uniform
 
 KEYS = [b"key%02d" % i for i in range(16)]
@@ -48,6 +79,14 @@ BATCH_KEYS = [b"batch:%d" % i for i in range(4)]
 MERGE_KEYS = [b"merge%d" % i for i in range(3)]
 """Keys only merged into (and range-deleted); they sort after ``KEYS``."""
 POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_sst_bytes=4096)
+PAD = b"." * 48
+"""In every value: enough bytes per block that compacted blocks are worth compressing."""
+CODECS = ("none", "lz4", "zstd")
+CHECKPOINT_LIFETIMES = (None, 3600.0)
+"""None expire during a run: expiry runs on the real clock (not the workload's), and a run
+must replay the same way from its seed (tests/engine/test_checkpoint.py covers expiry)."""
+MAX_CHECKPOINTS = 4
+MAX_CLONES = 3
 OPEN_ATTEMPTS = 50
 PROGRESS_INTERVAL = 5.0
 """Seconds between two progress lines of a timed run."""
@@ -66,6 +105,64 @@ def counter_of(value: bytes | None) -> int | None:
     return None if value is None else int(value.rsplit(b"=", 1)[1])
 
 
+def feed_values(value: bytes | None) -> list[bytes | None]:
+    """What a change feed record's value says was written: merge operands one by one, an
+    expiring value without its expiry."""
+    if isinstance(value, Operands):
+        return list(value.operands())
+    if isinstance(value, Expiring):
+        return [value.value]
+    return [value]
+
+
+def counter_or_operand(value: bytes | None) -> int | None:
+    """The workload's counter in a value (``key...=N``) or a merge operand (``N``)."""
+    if value is None:
+        return None
+    return int(value.rsplit(b"=", 1)[-1])
+
+
+@dataclass
+class WriteLog:
+    """Every write issued to the database, for checking its change feed (``WalReader``).
+
+    Positions count issued writes. A put is *required* in the feed from a start on if it was
+    acknowledged and no later write to its key was issued before its acknowledgement: such a
+    write may have landed in the same WAL SST, which keeps only the last write to a key.
+    """
+
+    position: int = 0
+    values: dict[bytes, set[bytes | None]] = field(default_factory=dict)
+    """Per key, every value issued (None: a point delete; merge operands for merge keys)."""
+    issued: dict[bytes, list[int]] = field(default_factory=dict)
+    """Per key, the positions of the writes issued to it."""
+    puts: dict[bytes, tuple[bytes, int, int | None]] = field(default_factory=dict)
+    """Per put value (values are unique): key, issue position, acknowledgement position."""
+
+    def issue(self, key: bytes, value: bytes | None) -> None:
+        self.position += 1
+        self.values.setdefault(key, set()).add(value)
+        self.issued.setdefault(key, []).append(self.position)
+        if value is not None and key not in MERGE_KEYS:
+            self.puts[value] = (key, self.position, None)
+
+    def ack(self, key: bytes, value: bytes | None) -> None:
+        if value is not None and value in self.puts and self.puts[value][2] is None:
+            self.puts[value] = (key, self.puts[value][1], self.position)
+
+    def required(self, after_counter: int) -> dict[bytes, bytes]:
+        """The puts (value -> key) the feed must hold among writes issued after the write
+        with counter ``after_counter``."""
+        found = {}
+        for value, (key, issued, acked) in self.puts.items():
+            counter = counter_of(value)
+            if acked is None or counter is None or counter <= after_counter:
+                continue
+            if not any(issued < p <= acked for p in self.issued[key]):
+                found[value] = key
+        return found
+
+
 @dataclass
 class Model:
     """Per key: the last acknowledged value (None = absent) and the unacknowledged ones."""
@@ -76,14 +173,31 @@ class Model:
     """TTL'd values (each value is unique) and when they expire."""
     now: float = 0.0
     """The workload's clock, seconds."""
+    log: WriteLog | None = None
+    """The writes issued, for the change feed (the database's own model only)."""
 
-    def written(self, key: bytes, value: bytes | None) -> None:
-        """A write was issued; until acknowledged its fate is unknown."""
+    def written(self, key: bytes, value: bytes | None, *, logged: bool = True) -> None:
+        """A write was issued; until acknowledged its fate is unknown (``logged``: False if
+        the log has it already)."""
         self.unknown.setdefault(key, []).append(value)
+        if self.log is not None and logged:
+            self.log.issue(key, value)
 
     def acknowledged(self, key: bytes, value: bytes | None) -> None:
         self.acked[key] = value
         self.unknown.pop(key, None)
+        if self.log is not None:
+            self.log.ack(key, value)
+
+    def frozen(self) -> Model:
+        """A copy of what may be read now, for a view fixed now (a checkpoint, a clone);
+        set its ``now`` before checking, as TTLs run on."""
+        return Model(
+            acked=dict(self.acked),
+            unknown={k: list(v) for k, v in self.unknown.items()},
+            expires=self.expires,  # values are unique: later entries are for later values
+            now=self.now,
+        )
 
     def allowed(self, key: bytes) -> list[bytes | None]:
         return [self._live(v) for v in (self.acked.get(key), *self.unknown.get(key, []))]
@@ -103,6 +217,32 @@ class Model:
 
 
 @dataclass
+class HeldCheckpoint:
+    """A checkpoint the workload made, and the model frozen when it was made."""
+
+    id: str
+    model: Model
+    merged: dict[bytes, set[bytes | None]]
+    expires: float | None
+    """The earliest it may expire (``time.time()``); None: never."""
+    maybe_gone: bool = False
+    """A delete of it failed: it may or may not be there."""
+
+    def may_be_gone(self) -> bool:
+        return self.maybe_gone or (self.expires is not None and time.time() >= self.expires)
+
+
+@dataclass
+class HeldClone:
+    """A clone the workload made: its location and its own model (the source's, frozen when
+    cloned, plus the clone's writes)."""
+
+    store: FaultyStore
+    model: Model
+    merged: dict[bytes, set[bytes | None]]
+
+
+@dataclass
 class Report:
     operations: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
@@ -110,6 +250,10 @@ class Report:
     acknowledged_writes: int = 0
     lost_acknowledged_writes: int = 0
     faults: Counter[str] = field(default_factory=Counter)
+    codecs: Counter[str] = field(default_factory=Counter)
+    """Writer opens per compression codec."""
+    checks: Counter[str] = field(default_factory=Counter)
+    """Successful checks of checkpoints, clones and the change feed, by kind."""
 
     def lines(self) -> list[str]:
         return [
@@ -120,13 +264,23 @@ class Report:
             "faults injected: "
             + (" ".join(f"{k}={v}" for k, v in sorted(self.faults.items())) or "none"),
             f"writer crashes: {self.crashes}",
+            "writer opens by codec: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.codecs.items())) or "none"),
+            "checks passed: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.checks.items())) or "none"),
             f"acknowledged writes: {self.acknowledged_writes}, "
             f"lost acknowledged writes: {self.lost_acknowledged_writes}",
         ]
 
 
 class Torture:
-    """The workload over ``store`` (faults are added here) with ``seed``."""
+    """The workload over ``store`` (faults are added here) with ``seed``.
+
+    Args:
+        settings: Also opens the clones' locations, and the database by URL from them.
+        clone_root: A URL under which clones are made (``clone_root/clone-<uuid>``), on a
+            backend that can reopen ``store`` by its URL; None: no clones.
+    """
 
     def __init__(
         self,
@@ -135,10 +289,16 @@ class Torture:
         seed: int,
         fault_rate: float = 0.03,
         settings: Settings | None = None,
+        clone_root: str | None = None,
     ) -> None:
         self.rng = random.Random(seed)
+        self.seed = seed
+        self.fault_rate = fault_rate
         self.faulty = FaultyStore(store, uniform(fault_rate), seed=seed)
         base = settings or Settings()
+        self.store_settings = base
+        """Opens the clones' locations (and, from them, this database by URL)."""
+        self.clone_root = clone_root
         # Few attempts, so injected faults reach every error path (a writer whose WAL write
         # fails, a compaction or GC cut short), not only the retry loops.
         self.settings = msgspec.structs.replace(
@@ -149,7 +309,7 @@ class Torture:
             wal_write_attempts=2,
             request_attempts=2,
         )
-        self.model = Model(now=float(int(time.time())))
+        self.model = Model(now=float(int(time.time())), log=WriteLog())
         self.report = Report()
         self.counter = 0
         self.pending: list[tuple[bytes, bytes | None]] = []  # unawaited, not yet flushed
@@ -159,6 +319,12 @@ class Torture:
         self.db: Db | None = None
         self.reader: DbReader | None = None
         self.snapshots: list[tuple[Snapshot, list[tuple[bytes, bytes]]]] = []
+        self.checkpoints: list[HeldCheckpoint] = []
+        self.deleted_checkpoints: list[str] = []
+        self.clones: list[HeldClone] = []
+        self.cdc_marks: list[tuple[int, int]] = []
+        """(seq, counter): the WAL's last seq when the write with that counter was the last
+        one issued; a feed from seq + 1 on must hold every required later put."""
 
     # -- lifecycle ---------------------------------------------------------------------
     def _retry(self, what: str, fn: Callable[[], object]) -> object:
@@ -179,6 +345,9 @@ class Torture:
 
     def writer(self) -> Db:
         if self.db is None:
+            codec = self.rng.choice(CODECS)
+            self.settings = msgspec.structs.replace(self.settings, compression=codec)
+            self.report.codecs[codec] += 1
             db = self._retry(
                 "open",
                 lambda: Db.open(
@@ -215,7 +384,7 @@ class Torture:
     # -- operations --------------------------------------------------------------------
     def _value(self, key: bytes) -> bytes:
         self.counter += 1
-        return b"%s=%d" % (key, self.counter)
+        return b"%s%s=%d" % (key, PAD, self.counter)
 
     def _acknowledge_pending(self) -> None:
         for key, value in self.pending:
@@ -302,6 +471,8 @@ class Torture:
         operand = b"%d" % self.counter
         before = self.merged[key]
         after: set[bytes | None] = {concat(key, value, [operand]) for value in before}
+        assert self.model.log is not None
+        self.model.log.issue(key, operand)
         try:
             self.writer().merge(key, operand)
         except SlatepyError:
@@ -318,7 +489,7 @@ class Torture:
     def op_batch(self) -> None:
         self.counter += 1
         self._write(
-            [(k, b"%s=%d" % (k, self.counter)) for k in BATCH_KEYS],
+            [(k, b"%s%s=%d" % (k, PAD, self.counter)) for k in BATCH_KEYS],
             durable=self.rng.random() < 0.7,
         )
 
@@ -343,9 +514,16 @@ class Torture:
         else:
             self.model.check(key, value, "writer")
 
-    def _check_merged(self, key: bytes, value: bytes | None, who: str) -> None:
-        if value not in self.merged[key]:
-            raise Violation(f"{who} read {key!r} = {value!r}; it may hold {self.merged[key]!r}")
+    def _check_merged(
+        self,
+        key: bytes,
+        value: bytes | None,
+        who: str,
+        merged: dict[bytes, set[bytes | None]] | None = None,
+    ) -> None:
+        may = (self.merged if merged is None else merged)[key]
+        if value not in may:
+            raise Violation(f"{who} read {key!r} = {value!r}; it may hold {may!r}")
 
     def op_scan(self) -> None:
         try:
@@ -355,11 +533,26 @@ class Torture:
             return
         self._check_view(rows, "writer scan")
 
-    def _check_view(self, rows: dict[bytes, bytes], who: str) -> None:
+    def _check_view(
+        self,
+        rows: dict[bytes, bytes],
+        who: str,
+        model: Model | None = None,
+        merged: dict[bytes, set[bytes | None]] | None = None,
+    ) -> None:
+        """``rows`` (a whole scan) against ``model`` and ``merged`` (default: the live ones;
+        a frozen model is first brought to the workload's clock)."""
+        if model is None:
+            model = self.model
+        else:
+            model.now = self.model.now
+        extra = set(rows) - set(KEYS + BATCH_KEYS + MERGE_KEYS)
+        if extra:
+            raise Violation(f"{who} read keys never written: {sorted(extra)!r}")
         for key in KEYS + BATCH_KEYS:
-            self.model.check(key, rows.get(key), who)
+            model.check(key, rows.get(key), who)
         for key in MERGE_KEYS:
-            self._check_merged(key, rows.get(key), who)
+            self._check_merged(key, rows.get(key), who, merged)
         batch = {counter_of(rows.get(k)) for k in BATCH_KEYS}
         if len(batch) != 1:
             raise Violation(f"{who} saw a torn batch: {[rows.get(k) for k in BATCH_KEYS]}")
@@ -434,6 +627,8 @@ class Torture:
             self._write([(key, self._value(key))], durable=True)
             if self.db is not db:  # the racing write failed and the writer was dropped
                 return
+        assert self.model.log is not None
+        self.model.log.issue(key, value)
         try:
             txn.commit()
         except TransactionConflict:
@@ -442,7 +637,7 @@ class Torture:
             return
         except SlatepyError:
             self.report.failed["transaction"] += 1
-            self.model.written(key, value)  # a failed durable write: its fate is unknown
+            self.model.written(key, value, logged=False)  # a failed durable write: unknown
             self.crash()
             return
         if raced:
@@ -500,6 +695,331 @@ class Torture:
                 self.report.failed["snapshot release"] += 1
         self.snapshots.clear()
 
+    # -- checkpoints -------------------------------------------------------------------
+    def _frozen_merged(self) -> dict[bytes, set[bytes | None]]:
+        return {k: set(v) for k, v in self.merged.items()}
+
+    def op_checkpoint(self) -> None:
+        """Make a checkpoint and remember the model as it is now: by the writer (it flushes
+        first, so every write so far is in it) or by the module function (what is durable
+        now: unflushed writes may or may not be, as the model's unknown values say)."""
+        if len(self.checkpoints) >= MAX_CHECKPOINTS:
+            return
+        lifetime = self.rng.choice(CHECKPOINT_LIFETIMES)
+        by_writer = self.rng.random() < 0.6
+        try:
+            if by_writer:
+                made = self.writer().create_checkpoint(lifetime=lifetime, name="torture")
+            else:
+                made = checkpoints.create_checkpoint(
+                    self.faulty, self.settings, lifetime=lifetime, name="torture"
+                )
+        except SlatepyError:
+            self.report.failed["checkpoint"] += 1
+            if by_writer:
+                self.crash()  # its flush may have failed: a writer then refuses all writes
+            return
+        if by_writer:
+            self._acknowledge_pending()
+        expires = None if made.expire_time is None else made.expire_time.timestamp()
+        self.checkpoints.append(
+            HeldCheckpoint(made.id, self.model.frozen(), self._frozen_merged(), expires)
+        )
+
+    def op_checkpoint_read(self) -> None:
+        """A checkpoint reads the model frozen when it was made, whatever was written,
+        compacted and collected since; a deleted one is ``NotFound``."""
+        if self.deleted_checkpoints and self.rng.random() < 0.2:
+            self._read_deleted_checkpoint(self.rng.choice(self.deleted_checkpoints))
+        elif self.checkpoints:
+            self._read_checkpoint(self.rng.choice(self.checkpoints))
+
+    def _read_checkpoint(self, held: HeldCheckpoint) -> None:
+        who = f"checkpoint {held.id}"
+        try:
+            with DbReader.open(
+                self.faulty,
+                settings=self.settings,
+                checkpoint=held.id,
+                clock=self.clock,
+                merge_operator=concat,
+            ) as reader:
+                rows = dict(reader.scan())
+                key = self.rng.choice(KEYS + BATCH_KEYS + MERGE_KEYS)
+                value = reader.get(key)
+        except NotFound as exc:
+            if held.may_be_gone():
+                self.report.checks["checkpoint gone"] += 1
+                return
+            raise Violation(f"{who} is live but reads as gone: {exc}") from exc
+        except CorruptionError as exc:
+            raise Violation(f"{who} lost data it holds: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["checkpoint read"] += 1
+            return
+        if value != rows.get(key):
+            raise Violation(f"{who}: get({key!r}) = {value!r}, its scan {rows.get(key)!r}")
+        self._check_view(rows, who, held.model, held.merged)
+        self.report.checks["checkpoint read"] += 1
+
+    def _read_deleted_checkpoint(self, checkpoint_id: str) -> None:
+        try:
+            with DbReader.open(
+                self.faulty, settings=self.settings, checkpoint=checkpoint_id, clock=self.clock
+            ) as reader:
+                rows = list(reader.scan())
+        except NotFound:
+            self.report.checks["deleted checkpoint"] += 1
+            return
+        except SlatepyError:
+            self.report.failed["checkpoint read"] += 1
+            return
+        raise Violation(f"deleted checkpoint {checkpoint_id} still reads: {rows!r}")
+
+    def op_checkpoint_drop(self) -> None:
+        """Delete a checkpoint (the next collections may take what only it held: nothing
+        live may go with it), or now and then refresh one."""
+        if not self.checkpoints:
+            return
+        held = self.rng.choice(self.checkpoints)
+        if self.rng.random() < 0.3:
+            lifetime = self.rng.choice([None, 3600.0])
+            try:
+                made = checkpoints.refresh_checkpoint(self.faulty, self.settings, held.id, lifetime)
+            except NotFound as exc:
+                if not held.may_be_gone():
+                    raise Violation(f"refreshing live checkpoint {held.id}: {exc}") from exc
+                self.checkpoints.remove(held)
+                return
+            except SlatepyError:
+                self.report.failed["checkpoint refresh"] += 1  # the earliest expiry stands
+                return
+            held.maybe_gone = False  # it was there to refresh
+            held.expires = None if made.expire_time is None else made.expire_time.timestamp()
+            return
+        try:
+            checkpoints.delete_checkpoint(self.faulty, self.settings, held.id)
+        except NotFound as exc:
+            if not held.may_be_gone():
+                raise Violation(f"deleting live checkpoint {held.id}: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["checkpoint delete"] += 1
+            held.maybe_gone = True  # a lost reply: deleted, or not
+            return
+        self.checkpoints.remove(held)
+        self.deleted_checkpoints.append(held.id)
+
+    # -- clones ------------------------------------------------------------------------
+    def op_clone(self) -> None:
+        """Clone the database (now, or one of its checkpoints) into a new location, write
+        to the clone, and check it reads the source's frozen model plus its own writes while
+        the source still reads its own model."""
+        if self.clone_root is None or len(self.clones) >= MAX_CLONES:
+            return
+        self.writer()  # a database to clone
+        source = self.rng.choice([None, *self.checkpoints])
+        location = open_store(
+            f"{self.clone_root.rstrip('/')}/clone-{uuid.uuid4().hex[:12]}",
+            self.store_settings,
+            create=True,
+        )
+        dst = FaultyStore(location, uniform(self.fault_rate), seed=self.rng.randrange(2**32))
+        if source is None:
+            model, merged = self.model.frozen(), self._frozen_merged()
+        else:
+            model = source.model.frozen()
+            merged = {k: set(v) for k, v in source.merged.items()}
+        try:
+            clone(
+                self.faulty,
+                dst,
+                checkpoint=None if source is None else source.id,
+                settings=self.settings,
+            )
+        except NotFound as exc:
+            if source is not None and source.may_be_gone():
+                return
+            raise Violation(f"clone of a live database or checkpoint: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["clone"] += 1
+            self._check_failed_clone(dst)
+            return
+        held = HeldClone(dst, model, merged)
+        self.clones.append(held)
+        self._use_clone(held, writes=self.rng.randint(1, 4))
+        self.op_scan()  # the source reads its own model still
+
+    def _check_failed_clone(self, dst: FaultyStore) -> None:
+        """A clone that raised left no database, or one whose checkpoint still holds what
+        it shares (never a database that breaks when the source collects)."""
+        self.faulty.enabled = dst.enabled = False
+        try:
+            stored = ManifestStore(dst).load()
+            if stored is None:
+                return
+            live = {c.id for c in checkpoints.list_checkpoints(self.faulty, self.settings)}
+            for external in stored.manifest.external_dbs:
+                if external.checkpoint_id not in live:
+                    raise Violation(
+                        f"a clone that raised left a database at {dst.url} whose checkpoint "
+                        f"{external.checkpoint_id} in the source is gone"
+                    )
+            self.report.checks["failed clone left a usable database"] += 1
+        finally:
+            self.faulty.enabled = dst.enabled = True
+
+    def _use_clone(self, held: HeldClone, *, writes: int) -> None:
+        """Open the clone's writer, make ``writes`` durable puts and deletes, read it whole."""
+        try:
+            db = Db.open(
+                held.store, settings=self.settings, clock=self.clock, merge_operator=concat
+            )
+        except SlatepyError:
+            self.report.failed["clone open"] += 1
+            return
+        try:
+            for _ in range(writes):
+                key = self.rng.choice(KEYS)
+                value = self._value(key) if self.rng.random() < 0.8 else None
+                held.model.written(key, value)
+                if value is None:
+                    db.delete(key)
+                else:
+                    db.put(key, value)
+                held.model.acknowledged(key, value)
+            rows = dict(db.scan())
+        except CorruptionError as exc:
+            db._crash()
+            raise Violation(f"clone {held.store.url}: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["clone write"] += 1
+            db._crash()
+            return
+        try:
+            db.close()
+        except SlatepyError:
+            self.report.failed["clone close"] += 1
+        self._check_view(rows, f"clone {held.store.url}", held.model, held.merged)
+        self.report.checks["clone read"] += 1
+
+    def op_clone_read(self) -> None:
+        """Compact and collect a clone, or write to it, then read it with a fresh reader:
+        its model still holds after the source's compactions and collections."""
+        if not self.clones:
+            return
+        held = self.rng.choice(self.clones)
+        roll = self.rng.random()
+        if roll < 0.3:
+            self._compact_and_collect(held.store)
+        elif roll < 0.6:
+            self._use_clone(held, writes=self.rng.randint(1, 3))
+        self._read_clone(held)
+
+    def _read_clone(self, held: HeldClone) -> None:
+        who = f"clone reader {held.store.url}"
+        try:
+            with DbReader.open(
+                held.store, settings=self.settings, clock=self.clock, merge_operator=concat
+            ) as reader:
+                rows = dict(reader.scan())
+        except (CorruptionError, NotFound) as exc:
+            raise Violation(f"{who}: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["clone read"] += 1
+            return
+        self._check_view(rows, who, held.model, held.merged)
+        self.report.checks["clone read"] += 1
+
+    def _compact_and_collect(self, store: FaultyStore) -> None:
+        try:
+            Compactor(
+                with_external(store, self.settings),
+                settings=self.settings,
+                policy=POLICY,
+                expiry_clock=self.clock,
+                merge_operator=concat,
+            ).run_until_idle(max_rounds=8)
+        except FencedError:
+            pass
+        except SlatepyError:
+            self.report.failed["compact"] += 1
+        try:
+            GarbageCollector(store, settings=self.settings, min_age=0).collect()
+        except SlatepyError:
+            self.report.failed["gc"] += 1
+
+    # -- change feed -------------------------------------------------------------------
+    def op_cdc(self) -> None:
+        """Read the WAL's change feed from the oldest write it holds, or from a seq noted
+        earlier, and check it against the log of writes issued."""
+        self.writer()  # a database to read
+        mark = (
+            self.rng.choice(self.cdc_marks) if self.cdc_marks and self.rng.random() < 0.6 else None
+        )
+        issued = self.counter
+        try:
+            feed = WalReader(self.faulty, settings=self.settings)
+            records = list(feed.iter("oldest" if mark is None else mark[0] + 1))
+            last = feed.last_seq()
+        except WalHistoryGone as exc:
+            if mark is None:
+                raise Violation(f"the feed from its oldest write: {exc}") from exc
+            self.report.checks["cdc history gone"] += 1
+            return
+        except (CorruptionError, NotFound) as exc:
+            raise Violation(f"the change feed: {exc}") from exc
+        except SlatepyError:
+            self.report.failed["cdc"] += 1
+            return
+        self._check_feed(records, None if mark is None else mark)
+        if len(self.cdc_marks) >= 8:
+            self.cdc_marks.pop(self.rng.randrange(len(self.cdc_marks)))
+        self.cdc_marks.append((last, issued))
+        self.report.checks["cdc"] += 1
+
+    def _check_feed(self, records: list[WalRecord], mark: tuple[int, int] | None) -> None:
+        log = self.model.log
+        assert log is not None
+        seen: set[bytes] = set()
+        last: tuple[int, bytes] | None = None
+        last_counter: tuple[int, int] | None = None
+        first_counter: int | None = None
+        for record in records:
+            where = f"change feed record {record}"
+            if mark is not None and record.seq <= mark[0]:
+                raise Violation(f"{where}: before the start, seq {mark[0] + 1}")
+            if last is not None and (record.seq, record.key) <= last:
+                raise Violation(f"{where}: out of (seq, key) order after {last}")
+            last = (record.seq, record.key)
+            values = feed_values(record.value)
+            for value in values:
+                if value not in log.values.get(record.key, set()):
+                    raise Violation(f"{where}: {record.key!r} = {value!r} was never written")
+            counters = [c for c in map(counter_or_operand, values) if c is not None]
+            if not counters:
+                continue
+            counter = max(counters)
+            if first_counter is None:
+                first_counter = counter
+            if last_counter is not None:
+                seq, previous = last_counter
+                if (counter != previous) if record.seq == seq else (counter <= previous):
+                    raise Violation(
+                        f"{where}: written as write {counter}, after write {previous} at "
+                        f"seq {seq}: the feed is not in the order the writes were made"
+                    )
+            last_counter = (record.seq, counter)
+            seen.update(v for v in values if v is not None)
+        after = mark[1] if mark is not None else first_counter
+        if after is None:
+            return  # nothing with a counter left in the WAL: it was all collected
+        missing = {v: k for v, k in log.required(after).items() if v not in seen}
+        if missing:
+            raise Violation(
+                f"the change feed from {'the oldest write' if mark is None else mark[0] + 1} "
+                f"lacks acknowledged writes {sorted(missing)!r}"
+            )
+
     def op_compact(self) -> None:
         try:
             Compactor(
@@ -546,6 +1066,12 @@ class Torture:
         ("transaction", 4),
         ("snapshot", 2),
         ("snapshot_read", 3),
+        ("checkpoint", 2),
+        ("checkpoint_read", 2),
+        ("checkpoint_drop", 1),
+        ("clone", 1),
+        ("clone_read", 1),
+        ("cdc", 2),
     )
 
     def step(self) -> None:
@@ -566,11 +1092,30 @@ class Torture:
 
     # -- verification ------------------------------------------------------------------
     def verify(self) -> None:
-        """With faults off: a crash, then a fresh writer and a fresh reader must agree with the
-        model; counts acknowledged writes that are gone."""
+        """With faults off: every checkpoint and clone reads its model and the change feed
+        holds what it must; then, with every checkpoint deleted and the database compacted
+        and collected, a crash, then a fresh writer and a fresh reader must agree with the
+        model and the clones still read theirs. Counts acknowledged writes that are gone."""
         self.faulty.enabled = False
+        for held_clone in self.clones:
+            held_clone.store.enabled = False
         try:
             self.release_snapshots()
+            for held in list(self.checkpoints):
+                self._read_checkpoint(held)
+            for held_clone in self.clones:
+                self._read_clone(held_clone)
+            self.op_cdc()
+            for held in self.checkpoints:
+                try:
+                    checkpoints.delete_checkpoint(self.faulty, self.settings, held.id)
+                except NotFound:
+                    if not held.may_be_gone():
+                        raise
+            self.checkpoints.clear()
+            self.op_compact()
+            self.op_gc()
+            self.op_gc()  # the second pass collects what the first one's manifest let go
             self.crash()
             if self.reader is not None:
                 self.reader.close()
@@ -585,8 +1130,12 @@ class Torture:
                 self.faulty, settings=self.settings, clock=self.clock, merge_operator=concat
             ) as reader:
                 self._check_view(dict(reader.scan()), "fresh reader")
+            for held_clone in self.clones:
+                self._read_clone(held_clone)
         finally:
             self.faulty.enabled = True
+            for held_clone in self.clones:
+                held_clone.store.enabled = True
 
     def run(
         self,
@@ -621,4 +1170,6 @@ class Torture:
         self.verify()
         self.close_writer()
         self.report.faults = Counter(self.faulty.counts)
+        for held_clone in self.clones:
+            self.report.faults.update(held_clone.store.counts)
         return self.report
