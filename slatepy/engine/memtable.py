@@ -42,7 +42,7 @@ VALUE_OVERHEAD = 48
 """A value's ``bytes`` header (33) and the allocator's rounding; a tombstone has none."""
 
 
-_VALUE = itemgetter(1)
+_SEQ, _VALUE = itemgetter(0), itemgetter(1)
 
 
 def value_cost(value: bytes | None) -> int:
@@ -70,6 +70,7 @@ class Memtable:
         "_new_keys",
         "_sorted",
         "_stacks",
+        "ingest_seq",
         "merging",
         "ranges",
         "size_bytes",
@@ -84,6 +85,8 @@ class Memtable:
         self.size_bytes = 0
         self._compacted = 0  # max_seq of the last prune
         self._floor = 0  # the highest floor_seq a prune applied
+        self.ingest_seq = 0
+        """The view's ``last_ingest_seq`` (the writer sets it with each view it adopts)."""
         self.ranges: RangeIndex = EMPTY
         """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
         reader that took it holds a consistent set."""
@@ -117,7 +120,11 @@ class Memtable:
 
     def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
         """The value that holds ``value`` written over ``old``, the stack of operands kept."""
-        if old is None:
+        if old is None or old[0] <= max(self._compacted, self.ingest_seq):
+            # Nothing here, or a version that may not be the newest: one kept after its
+            # compaction, or one older than an ingestion, either of which may have published
+            # a newer version since. The operands stack on nothing here, and reads fold them
+            # over the compacted state.
             self._stacks[key] = [(seq, value)]
             return value
         ranges = self.ranges
@@ -194,12 +201,17 @@ class Memtable:
         compaction may then drop the tombstone with what it covers, and a kept version under
         it would come back. Stacked merge operands are always pruned exactly, or a read
         would fold them twice. Over ``retain_bytes``, the oldest compacted versions go until
-        a quarter of it is free, so that the next few writes do not pay for another pass.
+        half of it is held, so that passes stay rare; ``retain_bytes`` 0 drops every
+        compacted version, those kept by earlier prunes included.
 
-        Returns how many keys were dropped.
+        The passes over the memtable are C-level maps and filters: this runs under the
+        writer's lock.
+
+        Returns how many keys were dropped or had compacted operands taken out.
         """
-        cutoff = max_seq  # compacted versions at or below it go
+        max_seq = max(max_seq, self._compacted)  # kept versions are compacted too
         ranges_pruned = any(t.seq <= max_seq for t in self.ranges.tombstones)
+        cutoff = max_seq  # compacted versions at or below it go
         if retain_bytes and not ranges_pruned:
             newest_dropped = self._retention_cutoff(max_seq, retain_bytes)
             floor_applied = floor_seq <= min(self._floor, self._compacted)
@@ -208,55 +220,62 @@ class Memtable:
                 # versions compacted before, and those compacted since are above it.
                 self._compacted = max_seq
                 return 0
-            cutoff = max(floor_seq, newest_dropped)
+            cutoff = min(max(floor_seq, newest_dropped), max_seq)
         self._floor, self._compacted = max(self._floor, floor_seq), max_seq
-        if cutoff < max_seq:
-            kept = {
-                k: v
-                for k, v in self._data.items()
-                if v[0] > max_seq or (v[0] > cutoff and v[1].__class__ is not Operands)
-            }
-        else:
-            kept = {k: v for k, v in self._data.items() if v[0] > max_seq}
-        dropped = len(self._data) - len(kept)
+        data = self._data
+        drop = list(compress(data, map(cutoff.__ge__, map(_SEQ, data.values()))))
+        changed = 0
         if self._stacks:
-            # Stacked operands: those of compacted writes are in the compacted state now.
+            # Stacked operands: those of compacted writes are in the compacted state now,
+            # so a compacted stack goes whole (kept, it would fold twice) and a newer one
+            # loses its compacted chunks.
             stacks: dict[bytes, list[tuple[int, bytes]]] = {}
             for key, chunks in self._stacks.items():
-                if key in kept:
-                    left = [c for c in chunks if c[0] > max_seq]
-                    stacks[key] = left
-                    if len(left) < len(chunks):
-                        kept[key] = (kept[key][0], Operands(b"".join(c for _, c in left)))
-                        dropped += 1  # the sizes below are recounted
+                seq, value = data[key]
+                if seq <= max_seq:
+                    if seq > cutoff:
+                        drop.append(key)
+                    continue
+                left = [c for c in chunks if c[0] > max_seq]
+                stacks[key] = left
+                if len(left) < len(chunks):
+                    trimmed = Operands(b"".join(c for _, c in left))
+                    data[key] = (seq, trimmed)
+                    self.size_bytes += len(trimmed) - len(value)  # type: ignore[arg-type]
+                    changed += 1
             self._stacks = stacks
-        if self.ranges:
+        if ranges_pruned:
+            gone = [t for t in self.ranges.tombstones if t.seq <= max_seq]
             ranges = [t for t in self.ranges.tombstones if t.seq > max_seq]
-            if len(ranges) < len(self.ranges.tombstones):
-                self.ranges = RangeIndex(ranges) if ranges else EMPTY
-                dropped += 1  # the sizes below are recounted
-        if dropped:
-            self._data = kept
-            self._sorted = [k for k in self._sorted if k in kept]
-            self._new_keys = [k for k in self._new_keys if k in kept]
-            self.size_bytes = sum(entry_cost(k, v[1]) for k, v in kept.items()) + sum(
-                ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in self.ranges.tombstones
+            self.ranges = RangeIndex(ranges) if ranges else EMPTY
+            self.size_bytes -= sum(ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in gone)
+            changed += 1
+        if drop:
+            values = list(map(_VALUE, map(data.pop, drop)))
+            self.size_bytes -= (
+                ENTRY_OVERHEAD * len(drop)
+                + sum(map(len, drop))
+                + VALUE_OVERHEAD * (len(values) - values.count(None))
+                + sum(map(len, filter(None, values)))  # None and b"" add nothing
             )
-        return dropped
+            self._sorted = list(filter(data.__contains__, self._sorted))
+            self._new_keys = list(filter(data.__contains__, self._new_keys))
+        if retain_bytes and self.size_bytes > retain_bytes and cutoff < max_seq:
+            # Newer versions cost more than the older ones dropped: drop the rest.
+            return len(drop) + changed + self.prune(max_seq)
+        return len(drop) + changed
 
     def _retention_cutoff(self, max_seq: int, retain_bytes: int) -> int:
-        """The highest seq of compacted versions to drop so that about three quarters of
-        ``retain_bytes`` stay held (-1: drop none). Entries are assumed of equal cost: the
-        number dropped is proportional to the bytes over."""
+        """The highest seq of compacted versions to drop so that about half of
+        ``retain_bytes`` stays held (-1: drop none). Entries are taken to cost the same:
+        the number dropped is proportional to the bytes over (:meth:`prune` drops the rest
+        if that was not enough)."""
         size = self.size_bytes
         if size <= retain_bytes:
             return -1
-        compacted = sorted(v[0] for v in self._data.values() if v[0] <= max_seq)
-        if not compacted:
-            return -1
-        over = size - retain_bytes * 3 // 4
-        count = min(len(compacted), -(-len(self._data) * over // size))
-        return compacted[count - 1]
+        seqs = sorted(map(_SEQ, self._data.values()))  # in C; nearly sorted already
+        count = min(len(seqs), -(-len(seqs) * (size - retain_bytes // 2) // size))
+        return min(seqs[count - 1], max_seq) if count else -1
 
     def get(self, key: bytes) -> Version | None:
         if self._batching:

@@ -37,7 +37,8 @@ Beyond the one database (RFCs 0017 and 0018):
   (the feed holds net changes per SST) or the garbage collector took that part of the WAL
   (``WalHistoryGone``);
 * every (re)open of the writer picks a compression codec at random, so SSTs of every codec
-  coexist and are compacted together.
+  coexist and are compacted together, and how much it keeps in memory once compacted
+  (``memtable_retain_bytes``: nothing, a little, so that prunes cut it, or the default).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=8, target_s
 PAD = b"." * 48
 """In every value: enough bytes per block that compacted blocks are worth compressing."""
 CODECS = ("none", "lz4", "zstd")
+RETAINS: tuple[int | None, ...] = (0, 16 * 1024, None)
+"""``memtable_retain_bytes`` of a writer open: nothing kept, a little (so prunes cut what is
+kept), the default (everything a run writes)."""
 CHECKPOINT_LIFETIMES = (None, 3600.0)
 """None expire during a run: expiry runs on the real clock (not the workload's), and a run
 must replay the same way from its seed (tests/engine/test_checkpoint.py covers expiry)."""
@@ -345,8 +349,10 @@ class Torture:
 
     def writer(self) -> Db:
         if self.db is None:
-            codec = self.rng.choice(CODECS)
-            self.settings = msgspec.structs.replace(self.settings, compression=codec)
+            codec, retain = self.rng.choice(CODECS), self.rng.choice(RETAINS)
+            self.settings = msgspec.structs.replace(
+                self.settings, compression=codec, memtable_retain_bytes=retain
+            )
             self.report.codecs[codec] += 1
             db = self._retry(
                 "open",
