@@ -661,7 +661,6 @@ class Db(Closing, ReadSurface, WriteSurface):
             cutoff = manifest.wal_id_last_compacted
             known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
-            self._memtable.ingest_seq = manifest.last_ingest_seq
             if manifest.writer_epoch > self.epoch and self._retain_bytes:
                 # A newer writer fenced this one: what it keeps may be overwritten or
                 # deleted since, so it keeps nothing compacted from now on.

@@ -70,7 +70,6 @@ class Memtable:
         "_new_keys",
         "_sorted",
         "_stacks",
-        "ingest_seq",
         "merging",
         "ranges",
         "size_bytes",
@@ -85,8 +84,6 @@ class Memtable:
         self.size_bytes = 0
         self._compacted = 0  # max_seq of the last prune
         self._floor = 0  # the highest floor_seq a prune applied
-        self.ingest_seq = 0
-        """The view's ``last_ingest_seq`` (the writer sets it with each view it adopts)."""
         self.ranges: RangeIndex = EMPTY
         """Range tombstones written here (RFC 0019); replaced, never changed in place, so a
         reader that took it holds a consistent set."""
@@ -120,11 +117,11 @@ class Memtable:
 
     def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
         """The value that holds ``value`` written over ``old``, the stack of operands kept."""
-        if old is None or old[0] <= max(self._compacted, self.ingest_seq):
-            # Nothing here, or a version that may not be the newest: one kept after its
-            # compaction, or one older than an ingestion, either of which may have published
-            # a newer version since. The operands stack on nothing here, and reads fold them
-            # over the compacted state.
+        if old is None or old[0] <= self._compacted:
+            # Nothing here, or a version kept after its compaction, which may no longer be
+            # the newest (an ingestion may have published a newer one since): the operands
+            # stack on nothing here, and reads fold them over the compacted state, which
+            # holds the kept version or a newer one.
             self._stacks[key] = [(seq, value)]
             return value
         ranges = self.ranges
