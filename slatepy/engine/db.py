@@ -139,9 +139,11 @@ class Db(Closing, ReadSurface, WriteSurface):
             merging=self._merging,
         )
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
-        self._wake_bytes = settings.max_unflushed_bytes // 2  # see _backpressure
-        retain = settings.memtable_retain_bytes
-        self._retain_bytes = self._wake_bytes if retain is None else retain
+        budget, retain = settings.max_unflushed_bytes, settings.memtable_retain_bytes
+        self._retain_bytes = budget // 2 if retain is None else retain
+        # See _backpressure: half of what kept versions leave of the budget. Kept versions
+        # never pass retain_bytes, so beyond this much at least a quarter is not compacted.
+        self._wake_bytes = self._retain_bytes + (budget - self._retain_bytes) // 2
         self._pruned = threading.Event()  # set when a new view pruned the memtable
         self._compactor: BackgroundCompactor | None = None
         if settings.compactor == "in-process":
@@ -417,9 +419,10 @@ class Db(Closing, ReadSurface, WriteSurface):
             if compactor.backoff.idle:  # writes again after an idle spell: compact soon
                 compactor.note_activity()
             if unflushed >= self._wake_bytes:
-                # Half the budget used: compact now rather than at the next interval, so
-                # writes seldom reach the bound and wait (the compactor wakes at most once
-                # per flush_interval, when WAL SSTs it can compact may exist).
+                # Half the budget left by kept versions used: compact now rather than at the
+                # next interval, so writes seldom reach the bound and wait (the compactor
+                # wakes at most once per flush_interval, when WAL SSTs it can compact may
+                # exist).
                 compactor.wake(min_interval=self._settings.flush_interval)
         if unflushed >= self._settings.max_unflushed_bytes:
             self._wait_for_compaction()
