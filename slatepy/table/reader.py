@@ -349,15 +349,21 @@ class TableReader:
         self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
     ) -> dict[int, Cached]:
         """The blocks ``where`` names (SST-wide index → its partition and place there):
-        cached ones as they are, the others read together in coalesced GETs and cached."""
+        cached ones as they are (a raw version 5 one decoded, once, and cached so: each of its
+        lookups would decode it whole), the others read together in coalesced GETs and
+        cached."""
         blocks: dict[int, Cached] = {}
         missing: list[int] = []
         for b in sorted(where):
             block = self._blocks.get((path, b))
             if block is None:
                 missing.append(b)
-            else:
-                blocks[b] = block
+                continue
+            if block.__class__ is RawColumnarBlock:
+                part, j = where[b]
+                block = _named_decode(path, b, block, offset=part.offsets[j])
+                self._blocks.put((path, b), block, block.size_in_memory)
+            blocks[b] = block
         spans = []
         for b in missing:
             part, j = where[b]
