@@ -1005,31 +1005,42 @@ def grouped(pieces: Iterator[Piece]) -> Iterator[Columns]:
     keys: list[bytes] = []
     seqs: MutableSequence[int] = []
     values: list[bytes | None] = []
-    for piece_keys, piece_seqs, piece_values, plain in pieces:
-        if not keys:
-            if len(piece_keys) >= target:
-                # As it is (a cached block's own lists: read only), but marked plain.
-                yield piece_keys, piece_seqs, PlainValues(piece_values) if plain else piece_values
-                target = _grow(target)
-                continue
-            keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
-            values = PlainValues(piece_values) if plain else list(piece_values)
-        else:
-            keys += piece_keys
-            if seqs.__class__ is piece_seqs.__class__:
-                seqs += piece_seqs  # list+list or array+array: in C
+    try:
+        for piece_keys, piece_seqs, piece_values, plain in pieces:
+            if not keys:
+                if len(piece_keys) >= target:
+                    # As it is (a cached block's own lists: read only), but marked plain.
+                    yield (
+                        piece_keys,
+                        piece_seqs,
+                        PlainValues(piece_values) if plain else piece_values,
+                    )
+                    target = _grow(target)
+                    continue
+                keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
+                values = PlainValues(piece_values) if plain else list(piece_values)
             else:
-                seqs = list(seqs)
-                seqs += piece_seqs
-            if not plain and values.__class__ is PlainValues:
-                values = list(values)
-            values += piece_values
-        if len(keys) >= target:
+                keys += piece_keys
+                if seqs.__class__ is piece_seqs.__class__:
+                    seqs += piece_seqs  # list+list or array+array: in C
+                else:
+                    seqs = list(seqs)
+                    seqs += piece_seqs
+                if not plain and values.__class__ is PlainValues:
+                    values = list(values)
+                values += piece_values
+            if len(keys) >= target:
+                yield keys, seqs, values
+                keys, seqs, values = [], [], []
+                target = _grow(target)
+        if keys:
             yield keys, seqs, values
-            keys, seqs, values = [], [], []
-            target = _grow(target)
-    if keys:
-        yield keys, seqs, values
+    finally:
+        # Now, not when CPython frees it (a traceback or a caller may still hold it): a
+        # scan's source shuts down and joins its read-ahead thread in its own ``finally``.
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
 
 
 def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
