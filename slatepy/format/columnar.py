@@ -165,10 +165,6 @@ class RawColumnarBlock:
         return _decode_searchable(self.data)
 
     @property
-    def first_key(self) -> bytes:
-        return self.decode().keys[0]
-
-    @property
     def size_in_memory(self) -> int:
         """Rough memory footprint, for cache accounting: the bytes plus object overhead."""
         return len(self.data) + 120

@@ -39,6 +39,7 @@ from slatepy.format.sst import (
     block_decoder,
     decode_footer,
     decode_partition,
+    decode_stored_block,
     decode_top,
 )
 from slatepy.store.base import ObjectStore
@@ -414,15 +415,25 @@ class TableReader:
         """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
         cache. Raw and verified (versions 3 and 4), both; decoded and raw (version 5: it is
         decoded to be searched anyway, in C); decoded (legacy blocks), both."""
-        index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
-        framed = top.compressed_blocks
-        if top.indexed_blocks:
-            opened = _open_block(path, index, first_key, data, offset=offset, framed=framed)
-            return opened, opened
-        if top.columnar_blocks:
-            return _open_columnar(path, index, first_key, data, offset=offset, framed=framed)
-        decoded = _decode_block(path, index, first_key, data, top, offset=offset)
-        return decoded, decoded
+        index, offset = part.first_block + j, part.offsets[j]
+        found: Block | IndexedBlock
+        cached: Cached
+        try:
+            stored = unframe_block(data) if top.compressed_blocks else data
+            if top.indexed_blocks:
+                found = cached = open_block(stored)
+                first = found.first_key
+            elif top.columnar_blocks:
+                found, cached = open_columnar(stored)
+                first = found.keys[0]
+            else:
+                found = cached = decode_stored_block(stored, top)
+                first = found.keys[0]
+        except CorruptionError as exc:
+            raise _block_error(path, index, offset, exc) from exc
+        if first != part.first_keys[j]:
+            raise _block_error(path, index, offset, "disagrees with the index")
+        return found, cached
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -926,7 +937,7 @@ class _ChunkLoader:
                 )
             return decoded
         if block is None:
-            # Inline, as _decode_block does it: this runs once per block of every scan.
+            # Inline, as _new_block does it: this runs once per block of every scan.
             index = chunk.first + k
             start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
             try:
@@ -1048,63 +1059,6 @@ def _block_error(path: str, index: int, offset: int, what: object) -> Corruption
     return CorruptionError(
         f"{path}: block {index} at byte {offset}: {what}", path=path, offset=offset
     )
-
-
-def _decode_block(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    top: SstTop,
-    *,
-    offset: int,
-) -> Block:
-    """Verify and decode a block as stored (in a compression frame when ``top`` says so:
-    checked and decompressed first, so only decoded blocks ever reach a cache)."""
-    try:
-        block = block_decoder(top)(data)
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if block.keys[0] != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block
-
-
-def _open_block(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    *,
-    offset: int,
-    framed: bool = False,
-) -> IndexedBlock:
-    try:
-        block = open_block(unframe_block(data) if framed else data)
-        found = block.first_key
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if found != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block
-
-
-def _open_columnar(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    *,
-    offset: int,
-    framed: bool,
-) -> tuple[Block, RawColumnarBlock]:
-    try:
-        block, raw = open_columnar(unframe_block(data) if framed else data)
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if block.keys[0] != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block, raw
 
 
 def _named_decode(
