@@ -29,6 +29,8 @@ import re
 import sys
 from array import array
 from collections.abc import Iterable
+from itertools import islice
+from operator import lt as _lt
 
 import msgspec
 import xxhash
@@ -156,15 +158,11 @@ class RawColumnarBlock:
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
-        return _decode_body(self.data).get(key)
+        return _decode_searchable(self.data).get(key)
 
     def decode(self) -> Block:
         """Every entry, as a :class:`~slatepy.format.block.Block`."""
-        return _decode_body(self.data)
-
-    @property
-    def first_key(self) -> bytes:
-        return self.decode().keys[0]
+        return _decode_searchable(self.data)
 
     @property
     def size_in_memory(self) -> int:
@@ -194,7 +192,19 @@ def open_columnar(data: bytes | memoryview) -> tuple[Block, RawColumnarBlock]:
         CorruptionError: checksum mismatch, or columns that are not a block's.
     """
     body = bytes(verify_checksummed(data, "data block"))
-    return _decode_body(body), RawColumnarBlock(body)
+    return _decode_searchable(body), RawColumnarBlock(body)
+
+
+def _decode_searchable(body: bytes) -> Block:
+    """:func:`_decode_body`, with its keys checked to be strictly increasing: a block read
+    for point lookups is bisected, and unordered keys would make a lookup miss silently.
+    Scans (:func:`decode_columnar`) skip the check: it costs about 25 ns a row, some 15% of
+    a full scan's throughput, and a scan only hands keys on in the order they are stored."""
+    block = _decode_body(body)
+    keys = block.keys
+    if not all(map(_lt, keys, islice(keys, 1, None))):  # in C
+        raise CorruptionError("data block: keys not strictly increasing")
+    return block
 
 
 def _decode_body(body: bytes | memoryview) -> Block:

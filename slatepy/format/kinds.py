@@ -111,10 +111,16 @@ def flags_of(value: bytes | None) -> int:
 
 
 def decode_value(flags: int, raw: bytes) -> bytes | None:
-    """The value an entry with ``flags`` (not 0, known) and value bytes ``raw`` holds."""
+    """The value an entry with ``flags`` (not 0, known) and value bytes ``raw`` holds.
+
+    Raises:
+        CorruptionError: an expiring value too short to hold its expiry.
+    """
     if flags & FLAG_TOMBSTONE:
         return None
     if flags & FLAG_EXPIRING:
+        if len(raw) < _EXPIRE.size:  # else reading its expiry would raise struct.error
+            raise CorruptionError("data block: an expiring value has no expiry")
         return Expiring(raw)
     return Operands(raw)
 

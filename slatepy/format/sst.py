@@ -541,7 +541,7 @@ def _range_order(t: RangeTombstone) -> tuple[bytes, bytes, int]:
 
 
 def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
-    """Decode a whole SST held in memory (versions 1 to 4): its meta and an iterator over all
+    """Decode a whole SST held in memory (any version): its meta and an iterator over all
     entries.
 
     Every checksum is verified: footer, top level and every partition here, each block's as
@@ -557,14 +557,13 @@ def decode_sst(data: bytes) -> tuple[SstMeta, Iterator[Entry]]:
         for p in range(top.partition_count)
     )
     meta = SstMeta(top, partitions)
-    framed = top.compressed_blocks
+    decode = block_decoder(top)
 
     def entries() -> Iterator[Entry]:
         for part in partitions:
             offsets = part.offsets
             for j, first_key in enumerate(part.first_keys):
-                stored = view[offsets[j] : offsets[j + 1]]
-                block = decode_stored_block(unframe_block(stored) if framed else stored, top)
+                block = decode(view[offsets[j] : offsets[j + 1]])
                 if block.keys[0] != first_key:
                     raise CorruptionError("SST: block's first key disagrees with the index")
                 yield from block.entries()

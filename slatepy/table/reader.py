@@ -39,6 +39,7 @@ from slatepy.format.sst import (
     block_decoder,
     decode_footer,
     decode_partition,
+    decode_stored_block,
     decode_top,
 )
 from slatepy.store.base import ObjectStore
@@ -349,15 +350,21 @@ class TableReader:
         self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
     ) -> dict[int, Cached]:
         """The blocks ``where`` names (SST-wide index → its partition and place there):
-        cached ones as they are, the others read together in coalesced GETs and cached."""
+        cached ones as they are (a raw version 5 one decoded, once, and cached so: each of its
+        lookups would decode it whole), the others read together in coalesced GETs and
+        cached."""
         blocks: dict[int, Cached] = {}
         missing: list[int] = []
         for b in sorted(where):
             block = self._blocks.get((path, b))
             if block is None:
                 missing.append(b)
-            else:
-                blocks[b] = block
+                continue
+            if block.__class__ is RawColumnarBlock:
+                part, j = where[b]
+                block = _named_decode(path, b, block, offset=part.offsets[j])
+                self._blocks.put((path, b), block, block.size_in_memory)
+            blocks[b] = block
         spans = []
         for b in missing:
             part, j = where[b]
@@ -408,15 +415,25 @@ class TableReader:
         """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
         cache. Raw and verified (versions 3 and 4), both; decoded and raw (version 5: it is
         decoded to be searched anyway, in C); decoded (legacy blocks), both."""
-        index, first_key, offset = part.first_block + j, part.first_keys[j], part.offsets[j]
-        framed = top.compressed_blocks
-        if top.indexed_blocks:
-            opened = _open_block(path, index, first_key, data, offset=offset, framed=framed)
-            return opened, opened
-        if top.columnar_blocks:
-            return _open_columnar(path, index, first_key, data, offset=offset, framed=framed)
-        decoded = _decode_block(path, index, first_key, data, top, offset=offset)
-        return decoded, decoded
+        index, offset = part.first_block + j, part.offsets[j]
+        found: Block | IndexedBlock
+        cached: Cached
+        try:
+            stored = unframe_block(data) if top.compressed_blocks else data
+            if top.indexed_blocks:
+                found = cached = open_block(stored)
+                first = found.first_key
+            elif top.columnar_blocks:
+                found, cached = open_columnar(stored)
+                first = found.keys[0]
+            else:
+                found = cached = decode_stored_block(stored, top)
+                first = found.keys[0]
+        except CorruptionError as exc:
+            raise _block_error(path, index, offset, exc) from exc
+        if first != part.first_keys[j]:
+            raise _block_error(path, index, offset, "disagrees with the index")
+        return found, cached
 
     def partition(self, path: str, top: SstTop, index: int) -> Partition:
         """Partition ``index`` of the SST, from the meta cache or one ranged GET."""
@@ -920,7 +937,7 @@ class _ChunkLoader:
                 )
             return decoded
         if block is None:
-            # Inline, as _decode_block does it: this runs once per block of every scan.
+            # Inline, as _new_block does it: this runs once per block of every scan.
             index = chunk.first + k
             start, end = chunk.offsets[k] - chunk.base, chunk.offsets[k + 1] - chunk.base
             try:
@@ -999,31 +1016,42 @@ def grouped(pieces: Iterator[Piece]) -> Iterator[Columns]:
     keys: list[bytes] = []
     seqs: MutableSequence[int] = []
     values: list[bytes | None] = []
-    for piece_keys, piece_seqs, piece_values, plain in pieces:
-        if not keys:
-            if len(piece_keys) >= target:
-                # As it is (a cached block's own lists: read only), but marked plain.
-                yield piece_keys, piece_seqs, PlainValues(piece_values) if plain else piece_values
-                target = _grow(target)
-                continue
-            keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
-            values = PlainValues(piece_values) if plain else list(piece_values)
-        else:
-            keys += piece_keys
-            if seqs.__class__ is piece_seqs.__class__:
-                seqs += piece_seqs  # list+list or array+array: in C
+    try:
+        for piece_keys, piece_seqs, piece_values, plain in pieces:
+            if not keys:
+                if len(piece_keys) >= target:
+                    # As it is (a cached block's own lists: read only), but marked plain.
+                    yield (
+                        piece_keys,
+                        piece_seqs,
+                        PlainValues(piece_values) if plain else piece_values,
+                    )
+                    target = _grow(target)
+                    continue
+                keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
+                values = PlainValues(piece_values) if plain else list(piece_values)
             else:
-                seqs = list(seqs)
-                seqs += piece_seqs
-            if not plain and values.__class__ is PlainValues:
-                values = list(values)
-            values += piece_values
-        if len(keys) >= target:
+                keys += piece_keys
+                if seqs.__class__ is piece_seqs.__class__:
+                    seqs += piece_seqs  # list+list or array+array: in C
+                else:
+                    seqs = list(seqs)
+                    seqs += piece_seqs
+                if not plain and values.__class__ is PlainValues:
+                    values = list(values)
+                values += piece_values
+            if len(keys) >= target:
+                yield keys, seqs, values
+                keys, seqs, values = [], [], []
+                target = _grow(target)
+        if keys:
             yield keys, seqs, values
-            keys, seqs, values = [], [], []
-            target = _grow(target)
-    if keys:
-        yield keys, seqs, values
+    finally:
+        # Now, not when CPython frees it (a traceback or a caller may still hold it): a
+        # scan's source shuts down and joins its read-ahead thread in its own ``finally``.
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
 
 
 def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
@@ -1031,63 +1059,6 @@ def _block_error(path: str, index: int, offset: int, what: object) -> Corruption
     return CorruptionError(
         f"{path}: block {index} at byte {offset}: {what}", path=path, offset=offset
     )
-
-
-def _decode_block(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    top: SstTop,
-    *,
-    offset: int,
-) -> Block:
-    """Verify and decode a block as stored (in a compression frame when ``top`` says so:
-    checked and decompressed first, so only decoded blocks ever reach a cache)."""
-    try:
-        block = block_decoder(top)(data)
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if block.keys[0] != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block
-
-
-def _open_block(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    *,
-    offset: int,
-    framed: bool = False,
-) -> IndexedBlock:
-    try:
-        block = open_block(unframe_block(data) if framed else data)
-        found = block.first_key
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if found != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block
-
-
-def _open_columnar(
-    path: str,
-    index: int,
-    first_key: bytes,
-    data: bytes | memoryview,
-    *,
-    offset: int,
-    framed: bool,
-) -> tuple[Block, RawColumnarBlock]:
-    try:
-        block, raw = open_columnar(unframe_block(data) if framed else data)
-    except CorruptionError as exc:
-        raise _block_error(path, index, offset, exc) from exc
-    if block.keys[0] != first_key:
-        raise _block_error(path, index, offset, "disagrees with the index")
-    return block, raw
 
 
 def _named_decode(

@@ -11,6 +11,7 @@ import pytest
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import BlockBuilder, IndexedBlock, decode_block, open_block
+from slatepy.format.kinds import Expiring
 from slatepy.format.sst import SstBuilder, decode_footer, decode_sst
 from tests.format.v1sst import sample_entries
 
@@ -115,3 +116,18 @@ def test_a_version_2_sst_written_by_the_old_code_still_decodes() -> None:
         .data
         == V2_SAMPLE
     )
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_an_expiring_value_too_short_for_its_expiry_is_corruption(indexed: bool) -> None:
+    """Found when an expiring entry's expiry was read (``struct.error``), not at decode."""
+    builder = BlockBuilder(indexed=indexed)
+    builder.add(b"a", 1, b"plain")
+    builder.add(b"b", 2, Expiring(b"short"))  # flagged expiring, 5 bytes: no room for one
+    data = builder.finish()
+    with pytest.raises(CorruptionError, match="no expiry"):
+        decode_block(data, indexed=indexed)
+    if indexed:
+        assert open_block(data).get(b"a") == (1, b"plain")
+        with pytest.raises(CorruptionError, match="no expiry"):
+            open_block(data).get(b"b")

@@ -4,7 +4,10 @@ values known plain only when they are."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -114,3 +117,50 @@ def test_a_scan_stopped_early_joins_its_read_ahead_and_scans_read_every_row() ->
         assert list(db.scan()) == rows
         assert [r for b in db.scan_batches(batch_size=777) for r in b] == rows
         assert list(db.scan(b"k000100", b"k000200")) == rows[100:200]
+
+
+def test_closing_the_groups_closes_their_source_even_if_it_is_still_referenced() -> None:
+    closed: list[bool] = []
+
+    def source() -> Iterator[Piece]:
+        try:
+            yield from (piece(100 * i, 100, True) for i in range(10))
+        finally:
+            closed.append(True)
+
+    pieces = source()  # a reference kept, as a traceback or a caller may keep one
+    groups = grouped(pieces)
+    next(groups)
+    groups.close()
+    assert closed == [True]
+
+
+def test_a_scan_closed_early_joins_its_read_ahead_while_its_source_is_referenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read-ahead pool is shut down in the ``finally`` of the scan's source generator,
+    which ran only when CPython freed it."""
+    rows = [(b"key%06d" % i, i + 1, b"v" * 100) for i in range(40_000)]
+    data = SstBuilder(writer_epoch=1, block_size=4096).add_all(rows).finish().data
+    store = open_store("memory://")
+    store.put(PATH, bytes(data))
+    kept: list[Iterator[Piece]] = []
+    stream = TableReader._stream_columns
+
+    def keeping(self: TableReader, *args: Any, **kwargs: Any) -> Iterator[Piece]:
+        kept.append(stream(self, *args, **kwargs))
+        return kept[-1]
+
+    monkeypatch.setattr(TableReader, "_stream_columns", keeping)
+    scan = TableReader(store, scan_read_ahead_bytes=256 * 1024).scan_columns(PATH, b"", None)
+    try:
+        for _ in range(100):  # until the read-ahead runs (a chunk or two in)
+            next(scan)
+            if any(t.name.startswith("slatepy-read-ahead") for t in threading.enumerate()):
+                break
+        assert any(t.name.startswith("slatepy-read-ahead") for t in threading.enumerate())
+        scan.close()
+        assert not any(t.name.startswith("slatepy-read-ahead") for t in threading.enumerate())
+    finally:
+        for source in kept:
+            source.close()  # type: ignore[attr-defined]

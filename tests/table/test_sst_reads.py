@@ -14,6 +14,7 @@ from functools import cache
 import pytest
 
 from slatepy.errors import CorruptionError
+from slatepy.format import columnar
 from slatepy.format.block import Block, Entry
 from slatepy.format.columnar import RawColumnarBlock
 from slatepy.format.sst import SstBuilder
@@ -395,6 +396,28 @@ def test_a_columnar_block_is_cached_raw_until_hot() -> None:
     ((cached, _),) = reader._blocks._entries.values()
     assert isinstance(cached, Block) and reader.stats().block_cache_bytes > 1.5 * raw_bytes
     assert reader.get(PATH, key) == (seq, value) and reader.get(PATH, key + b"~") is None
+
+
+def test_get_many_decodes_a_cached_columnar_block_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of keys in one raw cached version 5 block decoded it once per key."""
+    rows = entries(400)
+    reader = TableReader(store_with(sst(400, block_size=4096)))
+    assert reader.get(PATH, rows[0][0]) == rows[0][1:]  # cached raw
+    decodes: list[int] = []
+    decode_body = columnar._decode_body
+
+    def counting(body: bytes | memoryview) -> Block:
+        decodes.append(len(body))
+        return decode_body(body)
+
+    monkeypatch.setattr(columnar, "_decode_body", counting)
+    wanted = rows[:30]
+    assert reader.get_many(PATH, [k for k, _, _ in wanted]) == [(s, v) for _, s, v in wanted]
+    assert len(decodes) == 1
+    ((cached, _),) = reader._blocks._entries.values()
+    assert isinstance(cached, Block)  # kept decoded: the next batch decodes nothing
+    assert reader.get_many(PATH, [k for k, _, _ in wanted]) == [(s, v) for _, s, v in wanted]
+    assert len(decodes) == 1
 
 
 # -- pinned top levels follow the view -----------------------------------------------------
