@@ -74,8 +74,6 @@ _by_seq = attrgetter("seq")
 Kind = Literal["put", "delete", "merge", "delete_range"]
 """What a :class:`WalRecord` records (RFC 0019's kinds of writes)."""
 
-_PUT_FIRST = 1  # sort rank: a seq's range deletes (0) before its point writes
-
 
 class WalRecord(msgspec.Struct, frozen=True, gc=False):
     """One committed write. Records of one batch share ``seq``; ``wal_id`` is the WAL SST that
@@ -166,7 +164,8 @@ def _range_record(tombstone: RangeTombstone, wal_id: int) -> WalRecord:
 
 
 def _order(record: WalRecord) -> tuple[int, int]:
-    return record.seq, 0 if record.kind == "delete_range" else _PUT_FIRST
+    """Sort key: by seq, a seq's range deletes (rank 0) before its point writes (rank 1)."""
+    return record.seq, 0 if record.kind == "delete_range" else 1
 
 
 def _holds_writes(props: SstProperties) -> bool:
