@@ -22,11 +22,18 @@ def parse_start(text: str) -> StartAt:
 
 
 def describe(record: WalRecord) -> str:
-    """One record as a line: seq, WAL SST, operation, and key and value as Python bytes
-    literals (unambiguous for any bytes: no line breaks, no terminal escapes)."""
-    if record.value is None:
-        return f"seq={record.seq} wal={record.wal_id} delete key={record.key!r}"
-    return f"seq={record.seq} wal={record.wal_id} put key={record.key!r} value={record.value!r}"
+    """One record as a line: seq, WAL SST, kind, and keys and values as Python bytes literals
+    (unambiguous for any bytes: no line breaks, no terminal escapes). Plain puts and deletes
+    read as they did before the other kinds existed; a TTL put adds ``expire_at_ms=``."""
+    head = f"seq={record.seq} wal={record.wal_id} {record.kind}"
+    if record.kind == "delete":
+        return f"{head} key={record.key!r}"
+    if record.kind == "merge":
+        return f"{head} key={record.key!r} operands={list(record.operands)!r}"
+    if record.kind == "delete_range":
+        return f"{head} start={record.key!r} end={record.end!r}"
+    line = f"{head} key={record.key!r} value={record.value!r}"
+    return line if record.expire_at_ms is None else f"{line} expire_at_ms={record.expire_at_ms}"
 
 
 def tail(store: ObjectStore, settings: Settings, from_seq: str, *, follow: bool) -> None:

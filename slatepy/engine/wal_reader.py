@@ -1,24 +1,30 @@
 """Change data capture: the committed writes of a database, in commit order, from its WAL.
 
 ``WalReader(url).iter(from_seq=...)`` reads the WAL SSTs (``wal/{id:020}.sst``) in id order
-and yields each write as a :class:`WalRecord` ``(seq, key, value, wal_id)``, for replication
-and change feeds. With ``follow=True`` it then polls for new WAL SSTs until closed. It writes
-nothing to the store (read-only credentials suffice) and needs no writer running.
+and yields each write as a :class:`WalRecord` ``(seq, key, value, wal_id, kind, ...)``, for
+replication and change feeds. With ``follow=True`` it then polls for new WAL SSTs until
+closed. It writes nothing to the store (read-only credentials suffice) and needs no writer
+running.
 
 What the feed holds (RFC 0018, "Change data capture"):
 
+* **Every kind of write, decoded.** Puts (with their expiry if written with a TTL), deletes,
+  merges (their operands) and range deletes (RFC 0019), each saying which it is
+  (``WalRecord.kind``); :meth:`WalRecord.add_to` applies one to a ``WriteBatch``.
 * **Committed writes only, in commit order.** A WAL SST exists only once its writes are
   acknowledged as durable; the reader follows the contiguous run of SSTs and waits at a gap
   (an SST still in flight under ``max_parallel_writes``). Seqs increase with WAL ids (one
   writer assigns them under a lock; a new writer starts above everything it replayed), and
-  within one SST the records are sorted by ``(seq, key)``, so a batch (one seq) is yielded
-  contiguously, whole, in key order: a batch always lands in one SST.
-* **Net changes per WAL SST.** The WAL keeps the last write to each key within one SST (one
-  group commit): an earlier write to the same key, superseded before its SST was written, is
-  not in the feed (nor in the database). Applying the feed in order reproduces the database
-  at every SST boundary (``wal_id`` changes), which is what a replica needs; it is not an
-  audit log of every call. A batch one of whose keys was overwritten in the same SST shows
-  up without that key.
+  within one SST the records are sorted by seq, a seq's range deletes first, then its point
+  writes by key: a batch (one seq) is yielded contiguously and whole (it always lands in one
+  SST), in the order its writes apply.
+* **Net changes per WAL SST.** The WAL keeps one entry per key within one SST (one group
+  commit): the last write, with later merge operands stacked on it (combined with a value
+  beneath them by the merge operator). An earlier write to the same key, superseded before
+  its SST was written, is not in the feed (nor in the database). Range deletes are all kept.
+  Applying the feed record by record in order reproduces the database at every SST boundary
+  (``wal_id`` changes), which is what a replica needs; it is not an audit log of every call.
+  A batch one of whose keys was overwritten in the same SST shows up without that key.
 * **Writes through the WAL only.** Bulk loads (RFC 0016: ``publish_ingest``; odd seqs)
   bypass the WAL and are not in the feed.
 * **History is bounded by GC.** WAL SSTs below the manifest's ``wal_id_last_compacted`` are
@@ -31,14 +37,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
-from operator import itemgetter
+from operator import attrgetter
 from typing import Literal
 
+import msgspec
+
 from slatepy.config import Settings
+from slatepy.engine.batch import WriteBatch
 from slatepy.engine.closing import Closing
 from slatepy.engine.startup import decode_wal_sst
 from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
+from slatepy.format.kinds import Expiring, Operands, RangeTombstone
+from slatepy.format.sst_index import SstProperties
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.metrics import MetricsStore
@@ -58,18 +68,117 @@ StartAt = int | Literal["oldest", "end"]
 still holds (so no :class:`WalHistoryGone` at the start); ``"end"``: only writes committed
 from now on."""
 
-_by_seq = itemgetter(1)
+_by_seq = attrgetter("seq")
 
 
-@dataclass(frozen=True, slots=True)
-class WalRecord:
-    """One committed write: ``value`` None is a delete. Records of one batch share ``seq``;
-    ``wal_id`` is the WAL SST that holds it (records of one SST are one unit of the feed)."""
+Kind = Literal["put", "delete", "merge", "delete_range"]
+"""What a :class:`WalRecord` records (RFC 0019's kinds of writes)."""
+
+
+class WalRecord(msgspec.Struct, frozen=True, gc=False):
+    """One committed write. Records of one batch share ``seq``; ``wal_id`` is the WAL SST that
+    holds it (records of one SST are one unit of the feed).
+
+    ``kind`` says what to do with it (see :meth:`add_to`, which does it):
+
+    * ``"put"``: set ``key`` to ``value``; ``expire_at_ms`` (wall clock, ms since the epoch)
+      when it was written with a TTL, else None. ``value`` is the value as written (the
+      expiry is not in it).
+    * ``"delete"``: remove ``key``; ``value`` is None.
+    * ``"merge"``: add ``operands`` to ``key``, oldest first (several when merges to the key
+      shared a WAL SST); ``value`` is the newest of them.
+    * ``"delete_range"``: remove every key ``key <= k < end``; ``value`` is None. It applies
+      before the point writes of its own seq (its batch's), which the feed yields after it.
+
+    A record built from the first four fields alone is a put, or a delete if ``value`` is
+    None, as every record was before the other kinds existed. (A frozen msgspec Struct, not
+    persisted: C-level construction, which is most of the feed's cost per record.)
+    """
 
     seq: int
     key: bytes
     value: bytes | None
     wal_id: int
+    kind: Kind = "put"
+    expire_at_ms: int | None = None
+    operands: tuple[bytes, ...] = ()
+    end: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.value is None and self.kind == "put":
+            msgspec.structs.force_setattr(self, "kind", "delete")
+
+    def add_to(self, batch: WriteBatch, *, now_ms: int) -> WriteBatch:
+        """Add the write this record holds to ``batch`` (returned): applying a feed's records
+        in order this way, one batch per record or per :meth:`WalReader.iter_ssts` list,
+        reproduces the database it came from.
+
+        Args:
+            now_ms: The clock (ms since the epoch) of the database ``batch`` will be written
+                to, as its ``write`` will read it: a TTL put is added with the ttl that
+                expires at ``expire_at_ms`` from then (exactly when the clock has not moved;
+                later by the ms it moved otherwise), or as a delete once ``expire_at_ms`` has
+                passed (both read as absent, and a merge over either applies to nothing). The
+                target must have no ``default_ttl`` and, for merges, the same merge operator.
+        """
+        kind, key = self.kind, self.key
+        if kind == "put":
+            assert self.value is not None
+            expire = self.expire_at_ms
+            if expire is None:
+                return batch.put(key, self.value)
+            if expire <= now_ms:
+                return batch.delete(key)
+            # Db.put's expiry is now + ceil(ttl * 1000) ms; half a ms below the exact ttl
+            # survives the float round trip (the exact one overshoots by 1 ms for ~0.6% of
+            # values).
+            return batch.put(key, self.value, ttl=(expire - now_ms - 0.5) / 1000)
+        if kind == "delete":
+            return batch.delete(key)
+        if kind == "merge":
+            for operand in self.operands:
+                batch.merge(key, operand)
+            return batch
+        assert self.end is not None
+        return batch.delete_range(key, self.end)
+
+
+def _record(key: bytes, seq: int, value: bytes | None, wal_id: int) -> WalRecord:
+    """The record of a WAL entry, its kind decoded from the value's class
+    (``slatepy.format.kinds``)."""
+    if value is None or value.__class__ is bytes:
+        return WalRecord(seq, key, value, wal_id)
+    if isinstance(value, Expiring):
+        return WalRecord(seq, key, value.value, wal_id, expire_at_ms=value.expire_at_ms)
+    if isinstance(value, Operands):
+        operands = tuple(value.operands())
+        newest = operands[-1] if operands else b""
+        return WalRecord(seq, key, newest, wal_id, "merge", operands=operands)
+    return WalRecord(seq, key, bytes(value), wal_id)
+
+
+def _range_record(tombstone: RangeTombstone, wal_id: int) -> WalRecord:
+    return WalRecord(
+        tombstone.seq, tombstone.start, None, wal_id, "delete_range", end=tombstone.end
+    )
+
+
+def _order(record: WalRecord) -> tuple[int, int]:
+    """Sort key: by seq, a seq's range deletes (rank 0) before its point writes (rank 1)."""
+    return record.seq, 0 if record.kind == "delete_range" else 1
+
+
+def _holds_writes(props: SstProperties) -> bool:
+    """True if a WAL SST holds a write: an entry or a range tombstone (a fence holds none)."""
+    return bool(props.entry_count or props.range_tombstones)
+
+
+def _min_seq(props: SstProperties) -> int:
+    """The lowest seq of a WAL SST that holds writes (``min_seq`` counts entries only)."""
+    seqs = [t.seq for t in props.range_tombstones]
+    if props.entry_count:
+        seqs.append(props.min_seq)
+    return min(seqs)
 
 
 class WalHistoryGone(SlatepyError):
@@ -134,7 +243,9 @@ class WalReader(Closing):
         To start a replica: note ``last_seq()``, copy the database (a ``DbReader`` scan),
         then apply ``iter(last_seq + 1, follow=True)``: every write the copy missed is
         after that seq, and the ones it also holds are applied again in order (an in-order
-        replay of puts and deletes converges on the same state).
+        replay of puts, deletes and range deletes converges on the same state; merges do
+        not: one the copy holds would be applied twice, so with merges copy while no merge
+        is written).
         """
         ids = self._wal.ids()
         if not ids:
@@ -143,7 +254,7 @@ class WalReader(Closing):
         first, end = self._live_run(ids)
         for wal_id in range(end - 1, first - 1, -1):
             props = tables.top(self._wal.path(wal_id)).props
-            if props.entry_count:
+            if _holds_writes(props):
                 return props.max_seq
         return 0
 
@@ -259,7 +370,7 @@ class WalReader(Closing):
         def max_seq_from(wal_id: int) -> int | None:
             for probe in range(wal_id, hi):
                 props = tables.top(self._wal.path(probe)).props
-                if props.entry_count:
+                if _holds_writes(props):
                     return props.max_seq
             return None
 
@@ -277,8 +388,8 @@ class WalReader(Closing):
         tables = TableReader(self.store, cache_bytes=1 << 20)
         for wal_id in range(first, end):
             props = tables.top(self._wal.path(wal_id)).props
-            if props.entry_count:
-                return props.min_seq
+            if _holds_writes(props):
+                return _min_seq(props)
         return None
 
     def _compacted_seq(self) -> int:
@@ -286,7 +397,9 @@ class WalReader(Closing):
         return 0 if stored is None else stored.manifest.max_compacted_seq()
 
     def _read(self, wal_id: int, min_seq: int) -> list[WalRecord]:
-        """WAL SST ``wal_id``'s records with seq >= ``min_seq``, in ``(seq, key)`` order."""
+        """WAL SST ``wal_id``'s records with seq >= ``min_seq``, in seq order: within a seq
+        (a batch) its range deletes (by start), then its point writes (by key), as replay and
+        a live write apply them (``Memtable.apply``)."""
         path = self._wal.path(wal_id)
         try:
             data = self._wal.read(wal_id)
@@ -294,9 +407,19 @@ class WalReader(Closing):
             # Listed a moment ago: only the garbage collector deletes WAL SSTs.
             self._check_not_collected(wal_id, min_seq)
             raise
-        _, entries = decode_wal_sst(path, data)
-        entries.sort(key=_by_seq)  # stable: a batch's entries stay in key order
-        return [WalRecord(seq, key, value, wal_id) for key, seq, value in entries if seq >= min_seq]
+        meta, entries = decode_wal_sst(path, data)
+        records = [
+            _record(key, seq, value, wal_id) for key, seq, value in entries if seq >= min_seq
+        ]
+        ranges = [_range_record(t, wal_id) for t in meta.props.range_tombstones if t.seq >= min_seq]
+        if not ranges:
+            records.sort(key=_by_seq)  # stable: a batch's entries stay in key order
+            return records
+        # Stable: ranges come sorted by start, entries by key. A range tombstone deletes the
+        # versions below its seq, so an entry of this SST with a lower seq is deleted by it
+        # (it was written before), one with its seq or above is not: seq order says exactly
+        # that to a consumer applying records one by one.
+        return sorted(ranges + records, key=_order)
 
     def _check_not_collected(self, wal_id: int, from_seq: int) -> None:
         """Raise :class:`WalHistoryGone` if WAL SST ``wal_id`` is missing because it was

@@ -31,11 +31,13 @@ Beyond the one database (RFCs 0017 and 0018):
   ``memory://``, which cannot be reopened by URL) reads that frozen model plus its own writes,
   before and after the source is compacted and collected, and its writes never reach the
   source;
-* the WAL's change feed (``WalReader``) yields records in ``(seq, key)`` order and in the order
-  the writes were issued, every record is a write that was issued, and every acknowledged put
-  after the feed's start is in it unless a later write to its key may have shared its WAL SST
-  (the feed holds net changes per SST) or the garbage collector took that part of the WAL
-  (``WalHistoryGone``);
+* the WAL's change feed (``WalReader``) yields records in seq order (a seq's range deletes
+  first, then its point writes by key) and in the order the writes were issued, every record
+  is a write that was issued, of the kind issued (a put with the expiry it was written with, a
+  merge with its operands, a range delete with its bounds), and every acknowledged put and
+  awaited range delete after the feed's start is in it, unless (a put) a later write to its
+  key may have shared its WAL SST (the feed holds net changes per SST) or the garbage
+  collector took that part of the WAL (``WalHistoryGone``);
 * every (re)open of the writer picks a compression codec at random, so SSTs of every codec
   coexist and are compacted together, and how much it keeps in memory once compacted
   (``memtable_retain_bytes``: nothing, a little, so that prunes cut it, or the default).
@@ -68,7 +70,6 @@ from slatepy.errors import (
     SlatepyError,
     TransactionConflict,
 )
-from slatepy.format.kinds import Expiring, Operands
 from slatepy.gc import GarbageCollector
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
@@ -109,14 +110,10 @@ def counter_of(value: bytes | None) -> int | None:
     return None if value is None else int(value.rsplit(b"=", 1)[1])
 
 
-def feed_values(value: bytes | None) -> list[bytes | None]:
-    """What a change feed record's value says was written: merge operands one by one, an
-    expiring value without its expiry."""
-    if isinstance(value, Operands):
-        return list(value.operands())
-    if isinstance(value, Expiring):
-        return [value.value]
-    return [value]
+def feed_values(record: WalRecord) -> list[bytes | None]:
+    """What a change feed record (not a range delete) says was written: merge operands one
+    by one, a put's value, a delete's None."""
+    return list(record.operands) if record.kind == "merge" else [record.value]
 
 
 def counter_or_operand(value: bytes | None) -> int | None:
@@ -142,6 +139,12 @@ class WriteLog:
     """Per key, the positions of the writes issued to it."""
     puts: dict[bytes, tuple[bytes, int, int | None]] = field(default_factory=dict)
     """Per put value (values are unique): key, issue position, acknowledgement position."""
+    ranges: set[tuple[bytes, bytes]] = field(default_factory=set)
+    """The bounds of every range delete issued."""
+    awaited_ranges: list[tuple[bytes, bytes, int]] = field(default_factory=list)
+    """The range deletes acknowledged as durable: bounds, and the counter of the last write
+    issued before them (the feed must hold those issued after its start: a range delete
+    is never superseded in a WAL SST)."""
 
     def issue(self, key: bytes, value: bytes | None) -> None:
         self.position += 1
@@ -405,9 +408,10 @@ class Torture:
         *,
         ttl: int | None = None,
         deleted_range: tuple[bytes, bytes] | None = None,
-    ) -> None:
+    ) -> bool:
         """Write ``ops`` (as the model sees them): a put (with ``ttl``), a delete, a batch of
-        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range)."""
+        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range).
+        False if the write failed (the writer is then dropped)."""
         db = self.writer()
         for key, value in ops:
             self.model.written(key, value)
@@ -429,7 +433,7 @@ class Torture:
         except SlatepyError:
             self.report.failed["write"] += 1
             self.crash()  # a writer that could not make a write durable refuses all others
-            return
+            return False
         if durable:
             # Earlier unawaited writes are in this SST or an earlier one (one PUT in flight).
             self._acknowledge_pending()
@@ -438,6 +442,7 @@ class Torture:
             self.report.acknowledged_writes += len(ops)
         else:
             self.pending += ops
+        return True
 
     def op_put(self) -> None:
         key = self.rng.choice(KEYS)
@@ -460,14 +465,21 @@ class Torture:
             if start <= key < end:
                 self.merged[key].add(None)
         durable = self.rng.random() < 0.7
+        log, issued = self.model.log, self.counter
+        assert log is not None
+        log.ranges.add((start, end))
         if ops:
-            self._write(ops, durable=durable, deleted_range=(start, end))
-            return
-        try:
-            self.writer().delete_range(start, end, await_durable=durable)
-        except SlatepyError:
-            self.report.failed["write"] += 1
-            self.crash()
+            written = self._write(ops, durable=durable, deleted_range=(start, end))
+        else:
+            try:
+                self.writer().delete_range(start, end, await_durable=durable)
+                written = True
+            except SlatepyError:
+                self.report.failed["write"] += 1
+                self.crash()
+                written = False
+        if written and durable:
+            log.awaited_ranges.append((start, end, issued))
 
     def op_merge(self) -> None:
         """A durable merge into a merge key: on success the key holds every value it may
@@ -987,20 +999,36 @@ class Torture:
         log = self.model.log
         assert log is not None
         seen: set[bytes] = set()
-        last: tuple[int, bytes] | None = None
+        ranges: set[tuple[bytes, bytes]] = set()
+        last: tuple[int, int, bytes, bytes] | None = None
         last_counter: tuple[int, int] | None = None
         first_counter: int | None = None
         for record in records:
             where = f"change feed record {record}"
             if mark is not None and record.seq <= mark[0]:
                 raise Violation(f"{where}: before the start, seq {mark[0] + 1}")
-            if last is not None and (record.seq, record.key) <= last:
-                raise Violation(f"{where}: out of (seq, key) order after {last}")
-            last = (record.seq, record.key)
-            values = feed_values(record.value)
+            # A seq's range deletes apply before its point writes (Memtable.apply).
+            order = (record.seq, record.kind != "delete_range", record.key, record.end or b"")
+            if last is not None and order <= last:
+                raise Violation(f"{where}: out of (seq, range deletes first, key) order")
+            last = order
+            if record.kind == "delete_range":
+                assert record.end is not None
+                if (record.key, record.end) not in log.ranges or record.value is not None:
+                    raise Violation(f"{where}: no such range delete was issued")
+                ranges.add((record.key, record.end))
+                continue
+            if (record.kind == "delete") != (record.value is None) or (
+                (record.kind == "merge") != (record.key in MERGE_KEYS)
+            ):
+                raise Violation(f"{where}: not the kind of write issued to {record.key!r}")
+            values = feed_values(record)
             for value in values:
                 if value not in log.values.get(record.key, set()):
                     raise Violation(f"{where}: {record.key!r} = {value!r} was never written")
+            expires = self.model.expires.get(record.value) if record.value is not None else None
+            if record.expire_at_ms != (None if expires is None else round(expires * 1000)):
+                raise Violation(f"{where}: written to expire at {expires} s")
             counters = [c for c in map(counter_or_operand, values) if c is not None]
             if not counters:
                 continue
@@ -1019,12 +1047,16 @@ class Torture:
         after = mark[1] if mark is not None else first_counter
         if after is None:
             return  # nothing with a counter left in the WAL: it was all collected
+        start = "the oldest write" if mark is None else mark[0] + 1
         missing = {v: k for v, k in log.required(after).items() if v not in seen}
         if missing:
             raise Violation(
-                f"the change feed from {'the oldest write' if mark is None else mark[0] + 1} "
-                f"lacks acknowledged writes {sorted(missing)!r}"
+                f"the change feed from {start} lacks acknowledged writes {sorted(missing)!r}"
             )
+        lost = {(a, b) for a, b, issued in log.awaited_ranges if issued > after} - ranges
+        if lost:
+            raise Violation(f"the change feed from {start} lacks awaited range deletes {lost!r}")
+        self.report.checks["cdc range deletes"] += len(ranges)
 
     def op_compact(self) -> None:
         try:
