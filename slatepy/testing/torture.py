@@ -949,22 +949,8 @@ class Torture:
         self.report.checks["clone read"] += 1
 
     def _compact_and_collect(self, store: FaultyStore) -> None:
-        try:
-            Compactor(
-                with_external(store, self.settings),
-                settings=self.settings,
-                policy=POLICY,
-                expiry_clock=self.clock,
-                merge_operator=concat,
-            ).run_until_idle(max_rounds=8)
-        except FencedError:
-            pass
-        except SlatepyError:
-            self.report.failed["compact"] += 1
-        try:
-            GarbageCollector(store, settings=self.settings, min_age=0).collect()
-        except SlatepyError:
-            self.report.failed["gc"] += 1
+        self._compact(with_external(store, self.settings))
+        self._collect(store)
 
     # -- change feed -------------------------------------------------------------------
     def op_cdc(self) -> None:
@@ -1059,9 +1045,15 @@ class Torture:
         self.report.checks["cdc range deletes"] += len(ranges)
 
     def op_compact(self) -> None:
+        self._compact(self.faulty)
+
+    def op_gc(self) -> None:
+        self._collect(self.faulty)
+
+    def _compact(self, store: ObjectStore) -> None:
         try:
             Compactor(
-                self.faulty,
+                store,
                 settings=self.settings,
                 policy=POLICY,
                 expiry_clock=self.clock,
@@ -1072,9 +1064,9 @@ class Torture:
         except SlatepyError:
             self.report.failed["compact"] += 1
 
-    def op_gc(self) -> None:
+    def _collect(self, store: ObjectStore) -> None:
         try:
-            GarbageCollector(self.faulty, settings=self.settings, min_age=0).collect()
+            GarbageCollector(store, settings=self.settings, min_age=0).collect()
         except SlatepyError:
             self.report.failed["gc"] += 1
 
