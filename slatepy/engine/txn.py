@@ -162,6 +162,7 @@ class Transaction:
         self._reads: set[bytes] = set()
         self._ranges: list[tuple[bytes, bytes | None]] = []
         self._state: Literal["open", "committed", "rolled back"] = "open"
+        self._ended = False  # its token handed back to the tracker
 
     @property
     def isolation(self) -> Isolation:
@@ -268,7 +269,7 @@ class Transaction:
         self._check_open()
         try:
             if self._writes:
-                self._db._apply(list(self._writes.items()), await_durable, check=self._validate)
+                self._db._apply(list(self._writes.items()), await_durable, check=self._last_check)
             self._state = "committed"
         finally:
             if self._state == "open":
@@ -302,9 +303,20 @@ class Transaction:
                 if changed is not None:
                     raise self._conflict(f"key {changed!r} in a range it scanned was written")
 
+    def _last_check(self) -> None:
+        """:meth:`_validate`, then the token handed back in the same hold of the writer's
+        lock: once validated, the transaction needs no more tracking (the commit's own
+        writes are still recorded for the others), and a separate hold per commit costs
+        threads a lock hand-off each."""
+        self._validate()
+        self._tracker.end(self._token)
+        self._ended = True
+
     def _end(self) -> None:
-        with self._lock:
-            self._tracker.end(self._token)
+        if not self._ended:
+            with self._lock:
+                self._tracker.end(self._token)
+            self._ended = True
 
     def _conflict(self, what: str) -> TransactionConflict:
         return TransactionConflict(
