@@ -29,6 +29,7 @@ from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.iterator import View
+from slatepy.engine.locks import acquire
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.startup import start_writer
@@ -341,7 +342,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         transaction's validation) runs under the writer's lock just before, so no write lands
         between it and the batch."""
         self._backpressure()
-        with self._lock:
+        acquire(self._lock)  # not ``with``: see slatepy.engine.locks
+        try:
             self._check_open()
             self._wal.check()
             if check is not None:
@@ -365,6 +367,8 @@ class Db(Closing, ReadSurface, WriteSurface):
                     # One WAL generation holds the whole batch, so it lands in one SST.
                     generation = self._wal.append(entries, awaited=await_durable)
                     self._memtable.apply(entries)
+        finally:
+            self._lock.release()
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
@@ -605,9 +609,19 @@ class Db(Closing, ReadSurface, WriteSurface):
             ClosedError: the database is closed.
         """
         isolation = check_isolation(isolation)
-        with self._lock:
-            self._check_open()
-            start, token = self._seq, self._txns.begin(self._seq)
+        self._check_open()
+        # Without the writer's lock when no write holds it: a lock hand-off per begin is
+        # what several threads' transactions queue on (RFC 0020, "Beginning without the
+        # lock"). The token goes in first, under a seq no later than the start: every write
+        # that checks for open transactions after this line records its keys.
+        token = self._txns.begin(self._seq)
+        start = self._seq
+        if self._lock.locked():
+            # A write may hold a seq above ``start`` it has not applied, or may have passed
+            # its check for open transactions before the token went in: the start is taken
+            # once it is done, as a write's seq and its effects go together under the lock.
+            with self._lock:
+                start = self._seq
         return Transaction(
             self, self._txns, self._lock, isolation=isolation, start_seq=start, token=token
         )

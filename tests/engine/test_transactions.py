@@ -12,8 +12,17 @@ import time
 import msgspec
 import pytest
 
-from slatepy import ClosedError, Db, DbReader, InvalidArgument, Settings, TransactionConflict
-from slatepy.engine.txn import ConflictTracker
+from slatepy import (
+    ClosedError,
+    Db,
+    DbReader,
+    InvalidArgument,
+    Settings,
+    TransactionConflict,
+    WriteBatch,
+)
+from slatepy.engine.memtable import Memtable
+from slatepy.engine.txn import ConflictTracker, Transaction
 from slatepy.store import open_store
 from tests.conftest import Backend
 from tests.engine.layered import TO_RUN, compact
@@ -159,6 +168,57 @@ def test_bank_transfers_from_threads_keep_the_total(backend: Backend) -> None:
         assert all(int(v) >= 0 for _, v in db.scan())
         assert not db._txns.active  # every transaction ended: nothing tracked
         assert db._txns._last == {}
+
+
+def test_a_transaction_begun_during_a_write_starts_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``begin()`` skips the writer's lock while no write holds it. A write caught holding
+    it (its seq taken, its values not yet in the memtable) is waited for, so the snapshot
+    has its values: a start taken at once would read the old value, and a commit over it
+    would not conflict (a lost update)."""
+    entered, release = threading.Event(), threading.Event()
+    apply = Memtable.apply_versions
+
+    def paused(self: Memtable, versions: dict[bytes, tuple[int, bytes | None]]) -> None:
+        entered.set()
+        assert release.wait(10)
+        apply(self, versions)
+
+    with Db.open("memory://") as db:
+        db.put(b"k", b"old")
+        monkeypatch.setattr(Memtable, "apply_versions", paused)
+        batch = WriteBatch().put(b"k", b"new").put(b"j", b"1")
+        writer = threading.Thread(target=db.write, args=(batch,))
+        writer.start()
+        assert entered.wait(10)
+        begun: list[Transaction] = []
+        starter = threading.Thread(target=lambda: begun.append(db.begin()))
+        starter.start()
+        starter.join(0.2)
+        waited = starter.is_alive()
+        release.set()
+        writer.join(10)
+        starter.join(10)
+        assert waited, "begin() returned while a write held the lock"
+        txn = begun[0]
+        assert txn.get(b"k") == b"new"
+        txn.put(b"k", b"mine")
+        txn.commit()
+        assert db.get(b"k") == b"mine"
+
+
+def test_a_write_after_a_lock_free_begin_conflicts() -> None:
+    """With no write in flight ``begin()`` takes no lock; a write that lands right after
+    is still tracked against the transaction."""
+    with Db.open("memory://") as db:
+        db.put(b"k", b"old")
+        txn = db.begin()
+        db.put(b"k", b"theirs")
+        txn.put(b"k", b"mine")
+        with pytest.raises(TransactionConflict):
+            txn.commit()
+        assert db.get(b"k") == b"theirs"
 
 
 def test_misuse_is_typed() -> None:
