@@ -39,8 +39,9 @@ class SlatepyEngine:
         return self.db.metrics
 
     def put_many(self, keys: Sequence[bytes], value: bytes) -> None:
+        put = self.db.put  # looked up once, as the rocksdict loop does
         for key in keys:
-            self.db.put(key, value, await_durable=False)
+            put(key, value, await_durable=False)
         self.db.flush()
 
     def batches(self, keys: Sequence[bytes], value: bytes, size: int, awaited: bool) -> None:

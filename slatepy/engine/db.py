@@ -350,7 +350,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 check()
             self._seq += SEQ_STEP
             seq = self._seq
-            if self._txns.active:
+            if self._txns.open:
                 self._txns.record(ops, seq)
                 if ranges:
                     self._txns.record_ranges(ranges, seq)
@@ -394,23 +394,25 @@ class Db(Closing, ReadSurface, WriteSurface):
 
     def _apply_one(self, key: bytes, value: bytes | None, await_durable: bool) -> None:
         """:meth:`_apply` of one put or delete (not a merge, not in a transaction's commit),
-        without building a batch: the path of every single write."""
-        compactor = self._compactor
+        without building a batch: the path of every single write, whose one version tuple
+        goes to both the WAL buffer and the memtable."""
+        compactor, memtable = self._compactor, self._memtable
         # _backpressure's conditions, tested here first: most writes have nothing to do.
         if (compactor is not None and compactor.backoff.idle) or (
-            self._memtable.size_bytes >= self._wake_bytes
+            memtable.size_bytes >= self._wake_bytes
         ):
             self._backpressure()
         with self._lock:
             if self._closed:
                 self._check_open()
             seq = self._seq + SEQ_STEP
+            version = (seq, value)
             # Before anything changes: raises the WAL's fatal error, as _apply's check does.
-            generation = self._wal.append_one(key, seq, value, awaited=await_durable)
+            generation = self._wal.append_version(key, version, await_durable)
             self._seq = seq
-            if self._txns.active:
+            if self._txns.open:
                 self._txns.record(((key, value),), seq)
-            self._memtable.put(key, seq, value)
+            memtable.put_version(key, version)
         if await_durable:
             self._wal.flush(generation, only_this=True)
 

@@ -99,21 +99,29 @@ class Memtable:
     def put(self, key: bytes, seq: int, value: bytes | None) -> None:
         """Record a version; a newer sequence number replaces an older one (merge operands
         stack on it instead: :meth:`Merging.stack`)."""
-        old = self._data.get(key)
         if value.__class__ is Operands:
-            value = self._stack(key, seq, old, value)
-        elif self._stacks:
-            self._stacks.pop(key, None)
+            value = self._stack(key, seq, self._data.get(key), value)
+        self.put_version(key, (seq, value))
+
+    def put_version(self, key: bytes, version: Version) -> None:
+        """Record ``version``, ``(seq, value)``, whose value is not merge operands still to
+        stack (:meth:`put` stacks them first): the single write's path, given the tuple the
+        writer also puts in its WAL buffer."""
+        data = self._data
+        old = data.get(key)
+        value = version[1]
+        if self._stacks and value.__class__ is not Operands:
+            self._stacks.pop(key, None)  # a value ends the key's stack of operands
         if old is None:
             self._new_keys.append(key)
-            self.size_bytes += ENTRY_OVERHEAD + len(key)
+            added = ENTRY_OVERHEAD + len(key)
         else:
             old_value = old[1]
-            if old_value is not None:
-                self.size_bytes -= VALUE_OVERHEAD + len(old_value)
-        self._data[key] = (seq, value)
+            added = 0 if old_value is None else -VALUE_OVERHEAD - len(old_value)
+        data[key] = version
         if value is not None:  # value_cost, inlined: this runs once per written entry
-            self.size_bytes += VALUE_OVERHEAD + len(value)
+            added += VALUE_OVERHEAD + len(value)
+        self.size_bytes += added
 
     def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
         """The value that holds ``value`` written over ``old``, the stack of operands kept."""

@@ -65,29 +65,31 @@ class ConflictTracker:
         self._last: dict[bytes, int] = {}
         self._log: deque[tuple[int, list[bytes]]] = deque()
         self._ranges: list[tuple[bytes, bytes, int]] = []  # range deletes (RFC 0019), by seq
-        self._open: dict[int, int] = {}  # transaction token -> start seq
+        self.open: dict[int, int] = {}
+        """Open transactions' tokens, each to the seq its records are kept from: empty (false)
+        while none is open, when writes record nothing. A plain dict the writer tests on
+        every write (a property would cost a call)."""
         self._tokens = count(1)
         self.horizon = 0
         """Transactions that began below this seq may have lost records: they conflict."""
 
-    @property
-    def active(self) -> bool:
-        return bool(self._open)
-
-    def begin(self, start_seq: int) -> int:
+    def begin(self, floor_seq: int) -> int:
+        """Register a transaction whose start is ``floor_seq`` or later (``Db.begin`` reads
+        it after this call): records of writes above ``floor_seq`` are kept while it is
+        open. Returns its token for :meth:`end`."""
         token = next(self._tokens)
-        self._open[token] = start_seq
+        self.open[token] = floor_seq
         return token
 
     def end(self, token: int) -> None:
-        self._open.pop(token, None)
-        if not self._open:
+        self.open.pop(token, None)
+        if not self.open:
             self._last.clear()
             self._log.clear()
             self._ranges.clear()
             self.horizon = 0
             return
-        self._trim(min(self._open.values()))
+        self._trim(min(self.open.values()))
 
     def record(self, ops: Sequence[Op], seq: int) -> None:
         keys = [key for key, _ in ops]

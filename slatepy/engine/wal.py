@@ -66,6 +66,7 @@ class WalWriter:
         self._merging = merging
         self._epoch = epoch
         self._settings = settings
+        self._flush_bytes = settings.flush_bytes
         self._next_id = next_id
         # The condition's lock, for paths that take it without waiting: ``with`` on it is
         # C-level, on the Condition a Python-level wrapper (a third of a put's WAL cost).
@@ -141,21 +142,22 @@ class WalWriter:
             if not awaited:
                 self._buffer_unawaited += count
             self._buffer_bytes += added
-            if self._buffer_bytes >= self._settings.flush_bytes:
+            if self._buffer_bytes >= self._flush_bytes:
                 self._wake.set()
             return self._generation
 
-    def append_one(self, key: bytes, seq: int, value: bytes | None, *, awaited: bool) -> int:
-        """:meth:`append` of one entry whose value is not merge operands (a put or a
-        delete), without building the entry: a single write's path."""
+    def append_version(self, key: bytes, version: tuple[int, bytes | None], awaited: bool) -> int:
+        """:meth:`append` of one ``(seq, value)`` whose value is not merge operands (a put or
+        a delete), the tuple the writer also puts in its memtable: a single write's path."""
         with self._mutex:
             if self._error is not None:
                 raise self._error
-            self._buffer[key] = (seq, value)
+            self._buffer[key] = version
             if not awaited:
                 self._buffer_unawaited += 1
+            value = version[1]
             self._buffer_bytes += len(key) + (0 if value is None else len(value)) + 16
-            if self._buffer_bytes >= self._settings.flush_bytes:
+            if self._buffer_bytes >= self._flush_bytes:
                 self._wake.set()
             return self._generation
 

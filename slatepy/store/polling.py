@@ -20,20 +20,19 @@ class IdleBackoff:
         self.ceiling = max(base, ceiling)
         self.factor = factor
         self.current = base
-
-    @property
-    def idle(self) -> bool:
-        """Whether the last polls found nothing (the interval is above the base)."""
-        return self.current > self.base
+        self.idle = False
+        """Whether the last polls found nothing (the interval is above the base). An
+        attribute kept with ``current``, not a property: every single put reads it."""
 
     def polled(self, *, changed: bool) -> float:
         """Record a poll's outcome; return the interval before the next one."""
         self.current = self.base if changed else min(self.ceiling, self.current * self.factor)
+        self.idle = self.current > self.base
         return self.current
 
     def activity(self) -> bool:
         """Something changed that no poll has seen yet: back to the base interval. Returns
         whether the poller was idle (then it should be woken: it may be in a long sleep)."""
         was_idle = self.idle
-        self.current = self.base
+        self.current, self.idle = self.base, False
         return was_idle

@@ -166,7 +166,7 @@ def test_bank_transfers_from_threads_keep_the_total(backend: Backend) -> None:
         total = sum(int(v) for _, v in db.scan())
         assert total == 100 * len(accounts)
         assert all(int(v) >= 0 for _, v in db.scan())
-        assert not db._txns.active  # every transaction ended: nothing tracked
+        assert not db._txns.open  # every transaction ended: nothing tracked
         assert db._txns._last == {}
 
 
@@ -257,7 +257,7 @@ def test_the_tracker_is_bounded_and_forgets_when_idle() -> None:
     tracker.end(old)
     assert all(s > 100 for s in tracker._last.values())  # only what `young` needs
     tracker.end(young)
-    assert not tracker.active and tracker._last == {} and tracker.horizon == 0
+    assert not tracker.open and tracker._last == {} and tracker.horizon == 0
 
 
 def test_a_transaction_older_than_the_horizon_conflicts() -> None:
