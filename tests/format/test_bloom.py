@@ -19,7 +19,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slatepy.format.bloom import BloomFilter, build_filter, probe_count
+from slatepy.format.bloom import _CHUNK, BloomFilter, build_filter, probe_count
 
 _MASK64 = (1 << 64) - 1
 
@@ -68,9 +68,11 @@ def test_build_matches_the_reference_for_every_probe_count(count: int, bits_per_
     assert build_filter(keys, count, bits_per_key) == reference_filter(keys, count, bits_per_key)
 
 
-def test_build_matches_the_reference_on_many_keys() -> None:
-    keys = random_keys(random.Random(7), 60_000)
-    assert build_filter(keys, len(keys), 10) == reference_filter(keys, len(keys), 10)
+@pytest.mark.parametrize("count", [_CHUNK - 1, _CHUNK, _CHUNK + 1, 3 * _CHUNK + 5])
+def test_build_matches_the_reference_across_chunks(count: int) -> None:
+    """build_filter hashes ``_CHUNK`` keys at a time: every chunk, the last one partial."""
+    keys = random_keys(random.Random(count), count)
+    assert build_filter(keys, count, 10) == reference_filter(keys, count, 10)
 
 
 def test_probes_past_two_to_the_64_do_not_wrap() -> None:
