@@ -400,7 +400,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         )
         payload = sum(map(len, keys)) + sum(map(len, values))
         generation = self._wal.append_versions(versions, len(keys), payload, awaited=await_durable)
-        self._memtable.apply_versions(versions)
+        # Without a key written twice, the versions hold every key and value: their payload.
+        self._memtable.apply_versions(versions, payload if len(versions) == len(keys) else None)
         return generation
 
     def _apply_one(self, key: bytes, value: bytes | None, await_durable: bool) -> None:

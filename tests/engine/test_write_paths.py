@@ -127,16 +127,19 @@ def _memtable_state(table: Memtable) -> tuple[object, ...]:
 @given(
     before=st.lists(st.tuples(key_st, st.one_of(st.none(), value_st)), max_size=8),
     batch=st.lists(st.tuples(key_st, value_st), min_size=1, max_size=8),
+    give_payload=st.booleans(),
 )
 def test_memtable_apply_versions_is_apply_entry_by_entry(
-    before: list[tuple[bytes, bytes | None]], batch: list[tuple[bytes, bytes]]
+    before: list[tuple[bytes, bytes | None]], batch: list[tuple[bytes, bytes]], give_payload: bool
 ) -> None:
     bulk, single = Memtable(), Memtable()
     for seq, (key, value) in enumerate(before, 1):
         bulk.put(key, seq, value)
         single.put(key, seq, value)
     seq = len(before) + 1
-    bulk.apply_versions(dict((key, (seq, value)) for key, value in batch))
+    versions = dict((key, (seq, value)) for key, value in batch)
+    payload = sum(len(key) + len(version[1] or b"") for key, version in versions.items())
+    bulk.apply_versions(versions, payload if give_payload else None)
     single.apply([(key, seq, value) for key, value in batch])
     assert _memtable_state(bulk) == _memtable_state(single)
     # Each new key once in the unsorted tail, in the order first written.
