@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from operator import itemgetter
+from collections.abc import Iterator, Sequence
+from typing import cast, overload
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
 from slatepy.errors import InvalidArgument
@@ -11,8 +12,6 @@ from slatepy.format.kinds import Expiring, Operands
 
 Op = tuple[bytes, bytes | None]
 """``(key, value)``; value None deletes the key."""
-
-_VALUE = itemgetter(1)
 
 
 def check_key(key: object) -> bytes:
@@ -81,6 +80,38 @@ def check_range(start: object, end: object) -> None:
         raise InvalidArgument(f"scan start {start!r} is after end {end!r}")
 
 
+class PutColumns(Sequence[tuple[bytes, bytes]]):
+    """A batch of puts alone, as a column of keys and one of values (``WriteBatch.puts_at``).
+
+    It reads as the sequence of ``(key, value)`` ops ``Db._apply`` takes, so every path
+    that takes ops takes it; ``Db._append_puts`` uses the columns themselves and skips
+    splitting ops and checking their kinds (a pass over the batch each).
+    """
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: list[bytes], values: list[bytes]) -> None:
+        self.keys = keys
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        return zip(self.keys, self.values, strict=True)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[bytes, bytes]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[bytes, bytes]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[bytes, bytes] | list[tuple[bytes, bytes]]:
+        if isinstance(index, slice):
+            return list(zip(self.keys[index], self.values[index], strict=True))
+        return self.keys[index], self.values[index]
+
+
 class WriteBatch:
     """Puts, deletes and range deletes applied atomically by ``Db.write``: all become
     durable, or none.
@@ -90,12 +121,18 @@ class WriteBatch:
     batch's earlier operations on keys in its range; later ones stay).
     """
 
-    __slots__ = ("_ops", "_ranges", "_ttls")
+    # The ops are two parallel columns rather than a list of (key, value) tuples: a put
+    # appends to both (no tuple to allocate), and a batch of puts alone reaches the memtable
+    # and the WAL buffer as the columns they take (``puts_at``).
+    __slots__ = ("_keys", "_puts_only", "_ranges", "_ttls", "_values")
 
     def __init__(self) -> None:
-        self._ops: list[Op] = []
-        self._ttls: dict[int, float | None] = {}  # index in _ops -> ttl, for puts given one
+        self._keys: list[bytes] = []
+        self._values: list[bytes | None] = []  # None deletes; Operands merge
+        self._ttls: dict[int, float | None] = {}  # index in the columns -> ttl, for puts given one
         self._ranges: list[tuple[bytes, bytes]] = []
+        self._puts_only = True
+        """True while every op is a put (no delete or merge was added): the values are bytes."""
 
     def put(self, key: bytes, value: bytes, *, ttl: float | None = None) -> WriteBatch:
         """Set ``key``; with ``ttl`` (seconds, counted from when the batch is written) it
@@ -106,41 +143,51 @@ class WriteBatch:
         if type(value) is not bytes or len(value) > MAX_VALUE_SIZE:
             value = check_value(value)
         if ttl is not None:
-            self._ttls[len(self._ops)] = check_ttl(ttl)
-        self._ops.append((key, value))
+            self._ttls[len(self._keys)] = check_ttl(ttl)
+        self._keys.append(key)
+        self._values.append(value)
         return self
 
     def delete(self, key: bytes) -> WriteBatch:
-        self._ops.append((check_key(key), None))
+        self._keys.append(check_key(key))
+        self._values.append(None)
+        self._puts_only = False
         return self
 
     def merge(self, key: bytes, operand: bytes) -> WriteBatch:
         """Add a merge operand to ``key`` (see ``Db.merge``); the database must have a merge
         operator. Operands on one key in a batch apply in the order added."""
         key, operand = check_key(key), check_value(operand)
-        self._ops.append((key, Operands.of([operand])))
+        self._keys.append(key)
+        self._values.append(Operands.of([operand]))
+        self._puts_only = False
         return self
 
     @property
     def has_merges(self) -> bool:
-        return Operands in set(map(type, map(_VALUE, self._ops)))  # C-level: once a batch
+        if self._puts_only:
+            return False
+        return Operands in set(map(type, self._values))  # C-level: once a batch
 
     def delete_range(self, start: bytes, end: bytes) -> WriteBatch:
         """Delete every key ``start <= key < end`` (as of this batch)."""
         start, end = check_delete_range(start, end)
-        kept = [(i, op) for i, op in enumerate(self._ops) if not start <= op[0] < end]
-        self._ttls = {j: self._ttls[i] for j, (i, _) in enumerate(kept) if i in self._ttls}
-        self._ops = [op for _, op in kept]
+        keys, values = self._keys, self._values
+        kept = [i for i, key in enumerate(keys) if not start <= key < end]
+        if len(kept) < len(keys):
+            self._ttls = {j: self._ttls[i] for j, i in enumerate(kept) if i in self._ttls}
+            self._keys = [keys[i] for i in kept]
+            self._values = [values[i] for i in kept]
         self._ranges.append((start, end))
         return self
 
     def __len__(self) -> int:
-        return len(self._ops) + len(self._ranges)
+        return len(self._keys) + len(self._ranges)
 
     @property
     def ops(self) -> list[Op]:
         """The puts (without their TTLs), deletes and merges (values of class ``Operands``)."""
-        return list(self._ops)
+        return list(zip(self._keys, self._values, strict=True))
 
     @property
     def ranges(self) -> list[tuple[bytes, bytes]]:
@@ -150,13 +197,27 @@ class WriteBatch:
     def ops_at(self, now_ms: int, default_ttl: float | None) -> list[Op]:
         """The puts and deletes as written at ``now_ms``: a put with a TTL (its own, else
         ``default_ttl``) becomes an expiring value."""
+        return list(zip(self._keys, self._values_at(now_ms, default_ttl), strict=True))
+
+    def puts_at(self, now_ms: int, default_ttl: float | None) -> PutColumns | None:
+        """:meth:`ops_at` as columns if the batch holds puts alone (no delete, merge or
+        range delete), else None."""
+        if not self._puts_only or self._ranges:
+            return None
+        # Only puts were added, so every value is bytes (an Expiring once a TTL applies).
+        values = cast(list[bytes], self._values_at(now_ms, default_ttl))
+        return PutColumns(list(self._keys), values)
+
+    def _values_at(self, now_ms: int, default_ttl: float | None) -> list[bytes | None]:
+        """A copy of the values as written at ``now_ms`` (see :meth:`ops_at`)."""
         if not self._ttls and default_ttl is None:
-            return list(self._ops)
-        out: list[Op] = []
-        for i, (key, value) in enumerate(self._ops):
-            ttl = self._ttls.get(i, default_ttl)
+            return list(self._values)
+        out: list[bytes | None] = []
+        ttls = self._ttls
+        for i, value in enumerate(self._values):
+            ttl = ttls.get(i, default_ttl)
             written = value
             if ttl is not None and value is not None and value.__class__ is bytes:
                 written = expiring(value, ttl, now_ms)  # deletes and merges take no TTL
-            out.append((key, written))
+            out.append(written)
         return out

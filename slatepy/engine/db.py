@@ -10,7 +10,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import (
+    PutColumns,
     WriteBatch,
     check_delete_range,
     check_key,
@@ -323,17 +324,24 @@ class Db(Closing, ReadSurface, WriteSurface):
         if not isinstance(batch, WriteBatch):
             raise InvalidArgument(f"write() takes a WriteBatch, got {type(batch).__name__}")
         if len(batch):
+            written_ms, default_ttl = now_ms(self._clock), self._settings.default_ttl
+            # Puts alone (the common batch) go as columns: no merges to look for, no ops to
+            # split again (see _append_puts).
+            puts = batch.puts_at(written_ms, default_ttl)
+            if puts is not None:
+                self._apply(puts, await_durable)
+                return
             if batch.has_merges and self._merging.operator is None:
                 raise InvalidArgument(
                     "the batch merges, which needs a merge operator: open the database with "
                     "Db.open(url, merge_operator=fn)"
                 )
-            ops = batch.ops_at(now_ms(self._clock), self._settings.default_ttl)
+            ops = batch.ops_at(written_ms, default_ttl)
             self._apply(ops, await_durable, *batch.ranges)
 
     def _apply(
         self,
-        ops: list[tuple[bytes, bytes | None]],
+        ops: Sequence[tuple[bytes, bytes | None]],
         await_durable: bool,
         *ranges: tuple[bytes, bytes],
         check: Callable[[], None] | None = None,
@@ -373,23 +381,27 @@ class Db(Closing, ReadSurface, WriteSurface):
             self._wal.flush(generation, only_this=True)
 
     def _append_puts(
-        self, ops: list[tuple[bytes, bytes | None]], seq: int, await_durable: bool
+        self, ops: Sequence[tuple[bytes, bytes | None]], seq: int, await_durable: bool
     ) -> int | None:
         """Add a batch to the WAL buffer and the memtable if it holds only puts (no deletes
         or merges): one dict of versions updates both at C speed, the last op on a key
         winning as entry by entry. Returns the WAL generation, or None (not only puts:
         nothing done). Called under the writer's lock."""
-        values = list(map(_VALUE, ops))
-        kinds = set(map(type, values))
-        if _TOMBSTONE in kinds or Operands in kinds:
-            return None
-        keys = list(map(_KEY, ops))
+        if isinstance(ops, PutColumns):  # puts alone, split already (WriteBatch.puts_at)
+            keys, values = ops.keys, ops.values
+        else:
+            values = list(map(_VALUE, ops))
+            kinds = set(map(type, values))
+            if _TOMBSTONE in kinds or Operands in kinds:
+                return None
+            keys = list(map(_KEY, ops))
         versions: dict[bytes, Version] = dict(
             zip(keys, zip(repeat(seq), values))  # noqa: B905 (repeat is endless)
         )
         payload = sum(map(len, keys)) + sum(map(len, values))
-        generation = self._wal.append_versions(versions, len(ops), payload, awaited=await_durable)
-        self._memtable.apply_versions(versions)
+        generation = self._wal.append_versions(versions, len(keys), payload, awaited=await_durable)
+        # Without a key written twice, the versions hold every key and value: their payload.
+        self._memtable.apply_versions(versions, payload if len(versions) == len(keys) else None)
         return generation
 
     def _apply_one(self, key: bytes, value: bytes | None, await_durable: bool) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from itertools import compress
 from operator import is_not, itemgetter, not_
@@ -52,6 +52,20 @@ def value_cost(value: bytes | None) -> int:
 def entry_cost(key: bytes, value: bytes | None) -> int:
     """The memory one memtable entry holds (see ``ENTRY_OVERHEAD``)."""
     return ENTRY_OVERHEAD + len(key) + value_cost(value)
+
+
+def _overwrite_cost(keys: Iterable[bytes], olds: Iterable[Version]) -> int:
+    """What ``Memtable.apply_versions`` counts too much for the keys it overwrites when it
+    first counts every key as new: each one's entry overhead and key, and the value of its
+    old version in ``olds`` (a tombstone has none)."""
+    overwritten = list(keys)
+    old_values: list[bytes] = list(filter(partial(is_not, None), map(_VALUE, olds)))
+    return (
+        ENTRY_OVERHEAD * len(overwritten)
+        + sum(map(len, overwritten))
+        + VALUE_OVERHEAD * len(old_values)
+        + sum(map(len, old_values))
+    )
 
 
 class Memtable:
@@ -166,31 +180,50 @@ class Memtable:
             finally:
                 self._batching = False
 
-    def apply_versions(self, versions: dict[bytes, Version]) -> None:
+    def apply_versions(self, versions: dict[bytes, Version], payload: int | None = None) -> None:
         """Record a batch of versions with values (no tombstones, no merge operands), visible
-        to :meth:`get` all at once like :meth:`apply`, by C-level maps and one
-        ``dict.update`` rather than a :meth:`put` per entry; the same entries, key order of
-        new keys and ``size_bytes`` as :meth:`apply`."""
+        to :meth:`get` all at once like :meth:`apply`, by C-level maps rather than a
+        :meth:`put` per entry; the same entries, key order of new keys and ``size_bytes`` as
+        :meth:`apply`.
+
+        Every version must be a new tuple with a seq above those held here (as a write's
+        are): it then cannot be the object already held for its key, which is how the keys
+        a batch adds are told from the ones it overwrites. ``payload`` is the length of the
+        keys and values in ``versions`` when the caller knows it (else counted here).
+        """
+        if not versions:
+            return
         data = self._data
-        olds = list(map(data.get, versions))
-        new_keys = list(compress(versions, map(not_, olds)))  # a version tuple is truthy
-        old_values = list(filter(partial(is_not, None), map(_VALUE, filter(None, olds))))
-        values = list(map(_VALUE, versions.values()))
-        added = (
-            ENTRY_OVERHEAD * len(new_keys)
-            + sum(map(len, new_keys))
-            + VALUE_OVERHEAD * (len(values) - len(old_values))
-            + sum(map(len, values))
-            - sum(map(len, old_values))
-        )
+        values = versions.values()
+        if payload is None:
+            payload = sum(map(len, versions)) + sum(map(len, map(_VALUE, values)))
+        added = (ENTRY_OVERHEAD + VALUE_OVERHEAD) * len(versions) + payload  # all keys new
         with self._batch_lock:
             self._batching = True
             try:
                 if self._stacks:  # plain values end a key's stack of operands (see put)
                     for key in versions:
                         self._stacks.pop(key, None)
-                data.update(versions)
-                self._new_keys += new_keys
+                if next(iter(versions)) in data:
+                    # The first key is here already, so likely most are: a pass to look the
+                    # old versions up, then one to write over them.
+                    olds: list[Version | None] = list(map(data.get, versions))
+                    data.update(versions)
+                    self._new_keys += compress(versions, map(not_, olds))  # a tuple is truthy
+                    added -= _overwrite_cost(compress(versions, olds), filter(None, olds))
+                else:
+                    # Likely all new: one pass over the (large) dict inserts the new keys and
+                    # returns the versions of the others (two passes for the batch above).
+                    before = len(data)
+                    held = list(map(data.setdefault, versions, values))
+                    if len(data) - before == len(versions):  # all new (the common case)
+                        self._new_keys += versions
+                    else:
+                        there = list(map(is_not, held, values))
+                        self._new_keys += compress(versions, map(not_, there))
+                        overwritten = list(compress(versions, there))
+                        data.update(zip(overwritten, compress(values, there), strict=True))
+                        added -= _overwrite_cost(overwritten, compress(held, there))
                 self.size_bytes += added
             finally:
                 self._batching = False

@@ -180,10 +180,12 @@ def test_a_transaction_begun_during_a_write_starts_after_it(
     entered, release = threading.Event(), threading.Event()
     apply = Memtable.apply_versions
 
-    def paused(self: Memtable, versions: dict[bytes, tuple[int, bytes | None]]) -> None:
+    def paused(
+        self: Memtable, versions: dict[bytes, tuple[int, bytes | None]], payload: int | None
+    ) -> None:
         entered.set()
         assert release.wait(10)
-        apply(self, versions)
+        apply(self, versions, payload)
 
     with Db.open("memory://") as db:
         db.put(b"k", b"old")

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from slatepy import Db, Settings, WriteBatch
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
-from slatepy.engine.batch import check_key, check_value
+from slatepy.engine.batch import check_key, check_value, expiring
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import InvalidArgument, TransactionConflict
-from slatepy.format.kinds import Expiring
+from slatepy.format.kinds import Expiring, Operands
 from slatepy.store.url import open_store
 
 FAST = Settings(flush_interval=60, compactor="off", gc_min_age=3600)
@@ -127,18 +127,98 @@ def _memtable_state(table: Memtable) -> tuple[object, ...]:
 @given(
     before=st.lists(st.tuples(key_st, st.one_of(st.none(), value_st)), max_size=8),
     batch=st.lists(st.tuples(key_st, value_st), min_size=1, max_size=8),
+    give_payload=st.booleans(),
 )
 def test_memtable_apply_versions_is_apply_entry_by_entry(
-    before: list[tuple[bytes, bytes | None]], batch: list[tuple[bytes, bytes]]
+    before: list[tuple[bytes, bytes | None]], batch: list[tuple[bytes, bytes]], give_payload: bool
 ) -> None:
     bulk, single = Memtable(), Memtable()
     for seq, (key, value) in enumerate(before, 1):
         bulk.put(key, seq, value)
         single.put(key, seq, value)
     seq = len(before) + 1
-    bulk.apply_versions(dict((key, (seq, value)) for key, value in batch))
+    versions = dict((key, (seq, value)) for key, value in batch)
+    payload = sum(len(key) + len(version[1] or b"") for key, version in versions.items())
+    bulk.apply_versions(versions, payload if give_payload else None)
     single.apply([(key, seq, value) for key, value in batch])
     assert _memtable_state(bulk) == _memtable_state(single)
+    # Each new key once in the unsorted tail, in the order first written.
+    assert bulk._new_keys == single._new_keys
+
+
+class ReferenceBatch:
+    """WriteBatch's documented behaviour, kept plainly: a list of (key, value) ops."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[bytes, object]] = []
+        self.ttls: dict[int, float] = {}
+        self.ranges: list[tuple[bytes, bytes]] = []
+
+    def add(self, op: tuple) -> None:
+        if op[0] == "put":
+            if op[3] is not None:
+                self.ttls[len(self.ops)] = op[3]
+            self.ops.append((op[1], op[2]))
+        elif op[0] == "delete":
+            self.ops.append((op[1], None))
+        elif op[0] == "merge":
+            self.ops.append((op[1], Operands.of([op[2]])))
+        else:
+            kept = [(i, o) for i, o in enumerate(self.ops) if not op[1] <= o[0] < op[2]]
+            self.ttls = {j: self.ttls[i] for j, (i, _) in enumerate(kept) if i in self.ttls}
+            self.ops = [o for _, o in kept]
+            self.ranges.append((op[1], op[2]))
+
+    def ops_at(self, now_ms: int, default_ttl: float | None) -> list[tuple[bytes, object]]:
+        out = []
+        for i, (key, value) in enumerate(self.ops):
+            ttl = self.ttls.get(i, default_ttl)
+            if ttl is not None and value.__class__ is bytes:
+                out.append((key, expiring(value, ttl, now_ms)))  # type: ignore[arg-type]
+            else:
+                out.append((key, value))
+        return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(op_st, max_size=10),
+    default_ttl=st.sampled_from([None, 5.0]),
+)
+def test_write_batch_holds_what_its_calls_describe(
+    ops: list[tuple], default_ttl: float | None
+) -> None:
+    """The batch's columns read back as the documented list of ops: last op wins, a range
+    delete drops the earlier ops in its range, TTLs stay with their puts; puts_at gives the
+    columns exactly when the batch holds puts alone."""
+    batch, reference = WriteBatch(), ReferenceBatch()
+    for op in ops:
+        reference.add(op)
+        if op[0] == "put":
+            batch.put(op[1], op[2], ttl=op[3])
+        elif op[0] == "delete":
+            batch.delete(op[1])
+        elif op[0] == "merge":
+            batch.merge(op[1], op[2])
+        else:
+            batch.delete_range(op[1], op[2])
+    now = 1_700_000_000_000
+    assert batch.ops == reference.ops
+    assert batch.ranges == reference.ranges
+    assert len(batch) == len(reference.ops) + len(reference.ranges)
+    assert batch.has_merges == any(v.__class__ is Operands for _, v in reference.ops)
+    expected = reference.ops_at(now, default_ttl)
+    assert batch.ops_at(now, default_ttl) == expected
+    assert [v.__class__ for _, v in batch.ops_at(now, default_ttl)] == [
+        v.__class__ for _, v in expected
+    ]
+    puts = batch.puts_at(now, default_ttl)
+    if all(op[0] == "put" for op in ops):
+        assert puts is not None
+        assert list(puts) == expected and len(puts) == len(expected)
+        assert [puts[i] for i in range(len(puts))] == puts[:] == expected
+    else:
+        assert puts is None
 
 
 def test_ttls_expire_through_the_single_and_the_bulk_paths() -> None:
