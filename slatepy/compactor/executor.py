@@ -24,7 +24,7 @@ import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, islice
-from operator import eq, itemgetter, ne, neg
+from operator import eq, itemgetter, lt, ne, neg, not_
 from typing import NamedTuple, cast
 
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
@@ -269,8 +269,8 @@ PROGRESS_EVERY = 4096
 PLAIN_BATCH_ROWS = 512
 """Rows the columnar path writes between GIL yields and checks for output to send."""
 SOURCE_GROUP_ROWS = 2048
-"""Rows of an input the columnar path merges at a time (at most, unless one block has more;
-fewer when they reach the input's read chunk in bytes)."""
+"""Rows of an input the columnar path takes at a time (whole blocks: the block reaching it
+ends the group), or fewer when their keys and values reach the input's read chunk."""
 MAX_WINDOW_ROWS = 8192
 """Rows of several inputs the columnar path merges in one step (about 2 ms of sorting)."""
 
@@ -478,25 +478,42 @@ def _batches(
 def _merge_plain(window: Window) -> tuple[list[bytes], list[int], list[bytes | None]]:
     """The newest version of each key of a window, in C (each source's keys are unique).
 
-    The entries are concatenated in source order and sorted by key: a stable sort of the
-    indexes, which keeps each key's entries in source order. When no key repeats that is
-    the merge (a sort of the keys alone costs about a third as much as one of tuples).
-    Otherwise the window is sorted again by (key, newest seq first, source order) and the
-    first entry of each key kept, as ``merge_folding`` keeps it.
+    The entries are concatenated in source order and their indexes sorted by key: a stable
+    sort (of runs already sorted), so each key's entries stay in source order. The first of
+    each key is then the one to keep when, within every key, seqs do not increase in
+    source order (inputs come newest first: so it is unless versions were written out of
+    order, or ties); else the window is sorted again by (key, newest seq first, source
+    order) and the first entry of each key kept, as ``merge_folding`` keeps it.
     """
     keys = list(chain.from_iterable(w[0] for w in window))
     seqs = list(chain.from_iterable(w[1] for w in window))
     values = list(chain.from_iterable(w[2] for w in window))
     index = sorted(range(len(keys)), key=keys.__getitem__)
     merged = list(map(keys.__getitem__, index))
-    if any(map(eq, merged, islice(merged, 1, None))):
-        # The concatenation index breaks ties on seq by source order; being unique, it
-        # keeps the sort from comparing anything further.
-        order = sorted(zip(keys, map(neg, seqs), range(len(keys)), strict=True))
-        merged = list(map(itemgetter(0), order))
-        first = list(map(ne, merged, chain((None,), merged)))
-        index = list(map(itemgetter(2), compress(order, first)))
+    merged_seqs = list(map(seqs.__getitem__, index))
+    repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
+    if any(repeats):
+        if any(
+            map(lt, compress(merged_seqs, repeats), compress(islice(merged_seqs, 1, None), repeats))
+        ):
+            return _merge_sorting_seqs(keys, seqs, values)
+        first = [True, *map(not_, repeats)]
+        index = list(compress(index, first))
         merged = list(compress(merged, first))
+        merged_seqs = list(compress(merged_seqs, first))
+    return merged, merged_seqs, list(map(values.__getitem__, index))
+
+
+def _merge_sorting_seqs(
+    keys: list[bytes], seqs: list[int], values: list[bytes | None]
+) -> tuple[list[bytes], list[int], list[bytes | None]]:
+    """:func:`_merge_plain` by a sort of (key, -seq, concatenation index): the index breaks
+    ties on seq by source order and, being unique, keeps the sort from comparing further."""
+    order = sorted(zip(keys, map(neg, seqs), range(len(keys)), strict=True))
+    merged = list(map(itemgetter(0), order))
+    first = list(map(ne, merged, chain((None,), merged)))
+    index = list(map(itemgetter(2), compress(order, first)))
+    merged = list(compress(merged, first))
     return merged, list(map(seqs.__getitem__, index)), list(map(values.__getitem__, index))
 
 

@@ -373,35 +373,45 @@ def test_range_tombstones_take_the_entry_path(monkeypatch: pytest.MonkeyPatch) -
     assert len(calls) == 500 - 20  # k00010..k00029 are under the range tombstone
 
 
-def estimates(entries: list[tuple[bytes, int, bytes]], compression: str) -> list[int]:
+def builder(compression: str, version: int) -> SstBuilder:
+    return SstBuilder(
+        writer_epoch=0,
+        block_size=256,
+        compression=compression,  # type: ignore[arg-type]
+        format_version=version,
+    )
+
+
+def estimates(entries: list[tuple[bytes, int, bytes]], compression: str, version: int) -> list[int]:
     """The estimated size of an SST builder before each of ``entries`` is added."""
-    builder = SstBuilder(writer_epoch=0, block_size=256, compression=compression)  # type: ignore[arg-type]
+    one = builder(compression, version)
     sizes = []
     for entry in entries:
-        sizes.append(builder.estimated_size)
-        builder.add(*entry)
+        sizes.append(one.estimated_size)
+        one.add(*entry)
     return sizes
 
 
+@pytest.mark.parametrize("version", [5, 3])
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_extend_below_stops_where_a_loop_of_add_would(compression: str) -> None:
+def test_extend_below_stops_where_a_loop_of_add_would(compression: str, version: int) -> None:
     """``extend_below`` adds what ``add`` one by one would before the estimated size reaches
     the limit (the first entry always), and the SSTs are byte-identical: limits at, just
     below and just above the sizes the loop sees, inside blocks and right after one closed."""
     entries = [(b"key%05d" % i, i + 1, b"v" * (i % 37)) for i in range(600)]
     keys, seqs, values = (list(column) for column in zip(*entries, strict=True))
-    seen = estimates(entries, compression)
+    seen = estimates(entries, compression, version)
     limits = {1, 1 << 30} | {s + d for s in seen[::7] for d in (-1, 0, 1)}
     for limit in sorted(limits):
         for begin in (0, 17):
-            one = SstBuilder(writer_epoch=0, block_size=256, compression=compression)  # type: ignore[arg-type]
+            one = builder(compression, version)
             stop = begin
             for i in range(begin, len(entries)):
                 if i > begin and one.estimated_size >= limit:
                     break
                 one.add(*entries[i])
                 stop = i + 1
-            bulk = SstBuilder(writer_epoch=0, block_size=256, compression=compression)  # type: ignore[arg-type]
+            bulk = builder(compression, version)
             assert bulk.extend_below(keys, seqs, values, begin, limit) == stop, limit
             assert bulk.estimated_size == one.estimated_size
             assert bytes(bulk.finish().data) == bytes(one.finish().data)
