@@ -23,14 +23,9 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from slatepy.compactor.executor import (
-    drops_tombstones,
-    merge_plan,
-    plan_range_tombstones,
-    write_outputs,
-)
+from slatepy.compactor.executor import compact_plan
 from slatepy.compactor.lease import (
     Takeover,
     Watch,
@@ -49,7 +44,6 @@ from slatepy.compactor.planner import (
 )
 from slatepy.config import Settings
 from slatepy.errors import CompactionAbandoned, FencedError, NotFound
-from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
@@ -60,9 +54,6 @@ from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
-
-CANCEL_CHECK_EVERY = 4096
-"""Merged entries between two looks at the cancel flag (a few ms of merging)."""
 
 
 class Compactor:
@@ -177,23 +168,18 @@ class Compactor:
         # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
-        outputs = write_outputs(
-            self._until_cancelled(
-                todo,
-                merge_plan(
-                    todo, manifest, self.tables, self._merging, bottom=drops_tombstones(todo)
-                ),
-            ),
+        outputs = compact_plan(
+            todo,
+            manifest,
             self.tables,
             self.policy,
-            drop_tombstones=drops_tombstones(todo),
             block_size=self.settings.block_size,
             bloom_bits_per_key=self.settings.bloom_bits_per_key,
             compression=self.settings.compression,
             compression_level=self.settings.compression_level,
-            range_tombstones=plan_range_tombstones(todo, manifest, self.tables),
             clock=self._expiry_clock,
             merging=self._merging,
+            progress=lambda: self._progress(todo),
         )
 
         def publish(latest: Manifest, _: int) -> Manifest:
@@ -348,14 +334,12 @@ class Compactor:
                 "for the garbage collector"
             )
 
-    def _until_cancelled(self, todo: Plan, entries: Iterator[Entry]) -> Iterator[Entry]:
-        """``entries``, checking now and then for cancellation and renewing the lease (a
-        long merge publishes nothing for a while; a standby must still see us alive)."""
-        for count, entry in enumerate(entries):
-            if count % CANCEL_CHECK_EVERY == 0:
-                self._check_cancelled(todo)
-                self.renew_if_due()
-            yield entry
+    def _progress(self, todo: Plan) -> None:
+        """Called now and then during a compaction: stop if it was cancelled, and renew the
+        lease (a long merge publishes nothing for a while; a standby must still see us
+        alive)."""
+        self._check_cancelled(todo)
+        self.renew_if_due()
 
     def run_until_idle(self, *, max_rounds: int = 1000) -> int:
         """Run compactions until none is left (or ``max_rounds``); return how many ran."""

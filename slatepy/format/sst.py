@@ -369,6 +369,63 @@ class SstBuilder:
             self._add_block(block.finish())
             begin = end
 
+    def extend_below(
+        self, keys: list[bytes], seqs: list[int], values: list[bytes], begin: int, limit: int
+    ) -> int:
+        """Add plain entries ``begin:`` (strictly increasing keys, after those added before)
+        as a loop of :meth:`add` would that stops before an entry once
+        :attr:`estimated_size` reaches ``limit`` (entry ``begin`` is always added); return
+        the index after the last entry added. The same bytes as that loop: a compaction
+        cuts its outputs this way (``slatepy.compactor.executor``).
+
+        Each step adds at most the rest of the open block through :meth:`extend`, so the
+        size checked before each entry is the one :meth:`add` would have seen: a closed
+        block counts as stored (compressed, framed), which only closing it tells.
+        """
+        count = len(keys)
+        if begin >= count:
+            return begin
+        if not self._columnar:  # tests and benchmarks of older formats only
+            for i in range(begin, count):
+                if i > begin and self.estimated_size >= limit:
+                    return i
+                self.add(keys[i], seqs[i], values[i])
+            return count
+        block = self._block
+        assert isinstance(block, ColumnBlockBuilder)
+        # ends[j]: the estimated bytes entries begin..begin+j-1 add to an open block.
+        ends = list(
+            accumulate(
+                map(
+                    operator.add,
+                    map(
+                        operator.add,
+                        map(len, islice(keys, begin, None)),
+                        map(len, islice(values, begin, None)),
+                    ),
+                    repeat(COLUMN_ENTRY_OVERHEAD),
+                ),
+                initial=0,
+            )
+        )
+        room = self._block_size - COLUMN_BLOCK_OVERHEAD
+        r = 0  # entries added so far
+        whole = count - begin
+        while r < whole:
+            estimate = self._offset + block.encoded_size
+            if r and estimate >= limit:
+                break
+            # Where the open block closes, and where the estimate before an entry reaches
+            # ``limit`` if it does not close first (ends[e] - ends[r] is what r..e-1 add).
+            closes = bisect_left(ends, ends[r] + room - block.filled, r + 1)
+            stop = min(closes, bisect_left(ends, ends[r] + limit - estimate, r + 1), whole)
+            i, j = begin + r, begin + stop
+            self.extend(keys[i:j], seqs[i:j], values[i:j])
+            r = stop
+            if stop < closes:  # stopped by the limit inside the block: the estimate reached it
+                break
+        return begin + r
+
     def add_all(self, entries: list[Entry]) -> SstBuilder:
         for key, seq, value in entries:
             self.add(key, seq, value)

@@ -602,6 +602,23 @@ class TableReader:
             loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
         )
 
+    def scan_all_columns(
+        self, path: str, *, chunk_bytes: int, size: int | None = None
+    ) -> Iterator[Piece]:
+        """The entries of :meth:`scan_all` (read the same way: ``chunk_bytes`` per ranged
+        GET, no caches) a block at a time, as :data:`Piece` columns: compaction's columnar
+        path merges and writes whole runs of plain entries without a step per entry."""
+        top = self._tops.get(path)
+        tail, tail_start = b"", 0
+        if top is None:
+            top, tail, tail_start = self._open(path, size)
+        if top.props.block_count == 0:
+            return
+        loader = _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
+        yield from self._stream_columns(
+            loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
+        )
+
     def clear_caches(self) -> None:
         """Drop the cached blocks and index partitions (a closed database's memory); reads
         still work, from the store."""
