@@ -591,16 +591,11 @@ class TableReader:
         neither floods the store with requests nor evicts the read path's blocks. An SST
         that fits in the bytes read to open it (most WAL SSTs) costs that one GET.
         """
-        top = self._tops.get(path)
-        tail, tail_start = b"", 0
-        if top is None:
-            top, tail, tail_start = self._open(path, size)
-        if top.props.block_count == 0:
-            return
-        loader = _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
-        yield from self._stream(
-            loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
-        )
+        loader = self._uncached_loader(path, size)
+        if loader is not None:
+            yield from self._stream(
+                loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
+            )
 
     def scan_all_columns(
         self, path: str, *, chunk_bytes: int, size: int | None = None
@@ -608,16 +603,22 @@ class TableReader:
         """The entries of :meth:`scan_all` (read the same way: ``chunk_bytes`` per ranged
         GET, no caches) a block at a time, as :data:`Piece` columns: compaction's columnar
         path merges and writes whole runs of plain entries without a step per entry."""
+        loader = self._uncached_loader(path, size)
+        if loader is not None:
+            yield from self._stream_columns(
+                loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
+            )
+
+    def _uncached_loader(self, path: str, size: int | None) -> _ChunkLoader | None:
+        """The loader of a whole-SST read that bypasses the caches (the bytes read to open
+        it are its first chunk), or None for an SST without blocks."""
         top = self._tops.get(path)
         tail, tail_start = b"", 0
         if top is None:
             top, tail, tail_start = self._open(path, size)
         if top.props.block_count == 0:
-            return
-        loader = _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
-        yield from self._stream_columns(
-            loader, b"", None, background=False, first_bytes=chunk_bytes, limit=chunk_bytes
-        )
+            return None
+        return _ChunkLoader(self, path, top, None, cached=False, tail=tail, tail_start=tail_start)
 
     def clear_caches(self) -> None:
         """Drop the cached blocks and index partitions (a closed database's memory); reads
