@@ -56,8 +56,11 @@ MAX_TRACKED_KEYS = 1_000_000
 class ConflictTracker:
     """The newest write seq of each key written since the oldest open transaction began.
 
-    Every method is called under the writer's lock (``Db._lock``), which orders them with the
-    writes themselves.
+    Every method but :meth:`begin` is called under the writer's lock (``Db._lock``), which
+    orders them with the writes themselves. ``Db.begin`` registers without it while no write
+    holds it (RFC 0020, "Several threads"): the token goes into :attr:`open` before the
+    start seq is read, and each write reads :attr:`open` after taking its seq, so a write
+    above the start always records its keys.
     """
 
     def __init__(self, max_keys: int = MAX_TRACKED_KEYS) -> None:
