@@ -414,7 +414,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             memtable.size_bytes >= self._wake_bytes
         ):
             self._backpressure()
-        with self._lock:
+        acquire(self._lock)
+        try:
             if self._closed:
                 self._check_open()
             seq = self._seq + SEQ_STEP
@@ -425,6 +426,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             if self._txns.open:
                 self._txns.record(((key, value),), seq)
             memtable.put_version(key, version)
+        finally:
+            self._lock.release()
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
