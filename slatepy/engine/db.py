@@ -628,9 +628,9 @@ class Db(Closing, ReadSurface, WriteSurface):
         isolation = check_isolation(isolation)
         self._check_open()
         # Without the writer's lock when no write holds it: a lock hand-off per begin is
-        # what several threads' transactions queue on (RFC 0020, "Beginning without the
-        # lock"). The token goes in first, under a seq no later than the start: every write
-        # that checks for open transactions after this line records its keys.
+        # what several threads' transactions queue on (RFC 0020, "Several threads"). The
+        # token goes in first, under a seq no later than the start: every write that checks
+        # for open transactions after this line records its keys.
         token = self._txns.begin(self._seq)
         start = self._seq
         if self._lock.locked():
