@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 
 from slatepy.cli import verify
-from slatepy.compactor.executor import merge_plan, plan_range_tombstones, write_outputs
+from slatepy.compactor.executor import compact_plan
 from slatepy.compactor.planner import CompactionPolicy, WalToL0
 from slatepy.config import Settings
 from slatepy.engine.clone import with_external
@@ -62,7 +62,6 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.store.stack import open_stack
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
-from slatepy.table.merge_operator import NO_MERGING
 from slatepy.table.reader import TableReader
 
 REPAIR_ATTEMPTS = 5
@@ -260,16 +259,15 @@ def _repair(
         tables = TableReader(store, cache_bytes=8 * 1024 * 1024)
         todo = WalToL0(first, final.wal_cut - 1)
         new_l0 = tuple(
-            write_outputs(
-                merge_plan(todo, base, tables, NO_MERGING, bottom=False),
+            compact_plan(
+                todo,
+                base,
                 tables,
                 CompactionPolicy(),
-                drop_tombstones=False,
                 block_size=settings.block_size,
                 bloom_bits_per_key=settings.bloom_bits_per_key,
                 compression=settings.compression,
                 compression_level=settings.compression_level,
-                range_tombstones=plan_range_tombstones(todo, base, tables),
             )
         )
 
