@@ -290,6 +290,31 @@ def counted_adds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
+def both_paths(
+    monkeypatch: pytest.MonkeyPatch, store: ObjectStore, plan: Plan, target: int
+) -> tuple[list[tuple[SstHandle, bytes]], list[tuple[SstHandle, bytes]], list[int]]:
+    """The outputs of the columnar path, of the entry path, and the ``SstBuilder.add``
+    calls the columnar one made (512-byte blocks, no compression)."""
+    expected = outputs(
+        store,
+        Inputs(plan, Manifest()),
+        columnar=False,
+        target=target,
+        block_size=512,
+        compression="none",
+    )
+    calls = counted_adds(monkeypatch)
+    got = outputs(
+        store,
+        Inputs(plan, Manifest()),
+        columnar=True,
+        target=target,
+        block_size=512,
+        compression="none",
+    )
+    return got, expected, calls
+
+
 def overlapping_plain(count: int, keys: int) -> list[Source]:
     """``count`` inputs over the same keys, every key in each (newer inputs' seqs higher,
     but ties on seq too: key ``i`` has seq ``i % 3`` in every input)."""
@@ -304,23 +329,7 @@ def test_plain_inputs_take_the_columnar_path_only(monkeypatch: pytest.MonkeyPatc
     and the outputs are the entry path's."""
     store = open_store("memory://")
     plan = put_wal(store, overlapping_plain(3, 3000), 512, tombstone=None)
-    expected = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=False,
-        target=8000,
-        block_size=512,
-        compression="none",
-    )
-    calls = counted_adds(monkeypatch)
-    got = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=True,
-        target=8000,
-        block_size=512,
-        compression="none",
-    )
+    got, expected, calls = both_paths(monkeypatch, store, plan, 8000)
     assert calls == []
     assert got == expected
     assert len(got) > 5 and sum(h.entry_count for h, _ in got) == 3000
@@ -335,23 +344,7 @@ def test_a_window_of_other_kinds_takes_the_entry_path_alone(
     srcs[0][b"k02500"] = (9, None)
     store = open_store("memory://")
     plan = put_wal(store, srcs, 512, tombstone=None)
-    expected = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=False,
-        target=20_000,
-        block_size=512,
-        compression="none",
-    )
-    calls = counted_adds(monkeypatch)
-    got = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=True,
-        target=20_000,
-        block_size=512,
-        compression="none",
-    )
+    got, expected, calls = both_paths(monkeypatch, store, plan, 20_000)
     assert got == expected
     assert 0 < len(calls) < 2500
 

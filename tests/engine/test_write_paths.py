@@ -79,15 +79,20 @@ def write(db: Db, ops: list[tuple]) -> None:
         return
     batch = WriteBatch()
     for op in ops:
-        if op[0] == "put":
-            batch.put(op[1], op[2], ttl=op[3])
-        elif op[0] == "delete":
-            batch.delete(op[1])
-        elif op[0] == "merge":
-            batch.merge(op[1], op[2])
-        else:
-            batch.delete_range(op[1], op[2])
+        add_to(batch, op)
     db.write(batch, await_durable=False)
+
+
+def add_to(batch: WriteBatch, op: tuple) -> None:
+    """Add one generated op (put, delete, merge or range delete) to ``batch``."""
+    if op[0] == "put":
+        batch.put(op[1], op[2], ttl=op[3])
+    elif op[0] == "delete":
+        batch.delete(op[1])
+    elif op[0] == "merge":
+        batch.merge(op[1], op[2])
+    else:
+        batch.delete_range(op[1], op[2])
 
 
 def contents(db: Db) -> dict[bytes, bytes]:
@@ -194,14 +199,7 @@ def test_write_batch_holds_what_its_calls_describe(
     batch, reference = WriteBatch(), ReferenceBatch()
     for op in ops:
         reference.add(op)
-        if op[0] == "put":
-            batch.put(op[1], op[2], ttl=op[3])
-        elif op[0] == "delete":
-            batch.delete(op[1])
-        elif op[0] == "merge":
-            batch.merge(op[1], op[2])
-        else:
-            batch.delete_range(op[1], op[2])
+        add_to(batch, op)
     now = 1_700_000_000_000
     assert batch.ops == reference.ops
     assert batch.ranges == reference.ranges
