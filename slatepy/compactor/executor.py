@@ -12,8 +12,8 @@ they become part of the database only when the manifest update publishing them s
 
 :func:`compact_plan` runs a compaction. Runs of plain values (the common case) are merged
 and written a column at a time, in C; other entries, and compactions with range tombstones,
-one at a time (:func:`merge_plan` and :func:`write_outputs`, the reference the columnar path
-is tested against: the same bytes either way). RFC 0003, addendum on the columnar path.
+one at a time (:func:`merge_plan`, the reference the columnar path is tested against: the
+same bytes either way). RFC 0003, addendum on the columnar path.
 """
 
 from __future__ import annotations
@@ -134,58 +134,6 @@ def _chain(tables: TableReader, paths: list[tuple[str, int | None]], chunk: int)
         yield from tables.scan_all(path, chunk_bytes=chunk, size=size)
 
 
-def write_outputs(
-    entries: Iterator[Entry],
-    tables: TableReader,
-    policy: CompactionPolicy,
-    *,
-    drop_tombstones: bool,
-    block_size: int,
-    bloom_bits_per_key: int,
-    compression: Compression = "none",
-    compression_level: int = 0,
-    range_tombstones: Sequence[RangeTombstone] = (),
-    clock: Clock = time.time,
-    merging: Merging = NO_MERGING,
-) -> list[SstHandle]:
-    """Write the merged stream as SSTs in key order, cut at ``policy.target_sst_bytes``.
-
-    Entry kinds follow :func:`slatepy.table.visibility.compacted_entries`: entries under
-    ``range_tombstones`` (the inputs', :func:`plan_range_tombstones`) go, expired values
-    become tombstones (``clock`` says what has expired) or, with ``drop_tombstones`` (the
-    bottom: nothing older exists), go with the tombstones. The range tombstones themselves
-    are written with the last output (an SST of no entries if none is left), unless
-    ``drop_tombstones``: at the bottom nothing older is left under them.
-
-    The outputs have disjoint, increasing key ranges: as L0 SSTs (WalToL0) a key is in at
-    most one of them, so their order among themselves does not matter to reads; as a sorted
-    run (L0ToRun) they are its SSTs in order. If the stream fails, the output being written
-    is aborted; outputs already written stay unreferenced until GC deletes them.
-    """
-    writer = _Writer(
-        tables.store,
-        policy,
-        drop_tombstones=drop_tombstones,
-        block_size=block_size,
-        bloom_bits_per_key=bloom_bits_per_key,
-        compression=compression,
-        compression_level=compression_level,
-    )
-    try:
-        writer.add_entries(
-            compacted_entries(
-                entries,
-                RangeIndex(range_tombstones),
-                bottom=drop_tombstones,
-                clock=clock,
-                merging=merging,
-            )
-        )
-        return writer.finish(range_tombstones)
-    finally:
-        writer.abort()
-
-
 def compact_plan(
     plan: Plan,
     manifest: Manifest,
@@ -201,9 +149,20 @@ def compact_plan(
     progress: Callable[[], None] | None = None,
     columnar: bool = True,
 ) -> list[SstHandle]:
-    """Merge a plan's inputs and write the outputs: the same SSTs (bytes, cuts, handles) as
-    ``write_outputs(merge_plan(...), ...)``, at a fraction of its CPU when the inputs are
-    plain values.
+    """Merge a plan's inputs and write the outputs, in key order, cut at
+    ``policy.target_sst_bytes``.
+
+    Entry kinds follow :func:`slatepy.table.visibility.compacted_entries`: entries under the
+    inputs' range tombstones (:func:`plan_range_tombstones`) go, expired values become
+    tombstones (``clock`` says what has expired) or, at the bottom (:func:`drops_tombstones`:
+    nothing older exists), go with the tombstones. The range tombstones themselves are
+    written with the last output (an SST of no entries if none is left), except at the
+    bottom, where nothing older is left under them.
+
+    The outputs have disjoint, increasing key ranges: as L0 SSTs (WalToL0) a key is in at
+    most one of them, so their order among themselves does not matter to reads; as a sorted
+    run (L0ToRun) they are its SSTs in order. If the merge fails, the output being written
+    is aborted; outputs already written stay unreferenced until GC deletes them.
 
     Without range tombstones among the inputs, the inputs are read a block at a time as
     columns and merged a window at a time (:func:`_windows`: every version of a key in the
@@ -211,29 +170,14 @@ def compact_plan(
     case, is merged in C (concatenated when one input has it all, else sorted and deduped)
     and written with :meth:`SstBuilder.extend_below`; any other window takes the entry
     path (``merge_folding``, ``compacted_entries``, ``SstBuilder.add``). With range
-    tombstones, or ``columnar`` False (tests compare the two), everything takes the entry
-    path.
+    tombstones, or ``columnar`` False, everything takes the entry path (:func:`merge_plan`),
+    which the tests hold the columnar path to: the same bytes, cuts and handles.
 
     ``progress`` is called before the first entry and about every ``PROGRESS_EVERY``
     entries after (the compactor checks for cancellation and renews its lease there).
     """
     bottom = drops_tombstones(plan)
     range_tombstones = plan_range_tombstones(plan, manifest, tables)
-    if range_tombstones or not columnar:
-        entries = merge_plan(plan, manifest, tables, merging, bottom=bottom)
-        return write_outputs(
-            entries if progress is None else _reporting(entries, progress),
-            tables,
-            policy,
-            drop_tombstones=bottom,
-            block_size=block_size,
-            bloom_bits_per_key=bloom_bits_per_key,
-            compression=compression,
-            compression_level=compression_level,
-            range_tombstones=range_tombstones,
-            clock=clock,
-            merging=merging,
-        )
     writer = _Writer(
         tables.store,
         policy,
@@ -243,9 +187,21 @@ def compact_plan(
         compression=compression,
         compression_level=compression_level,
     )
-    fold = folding(RangeIndex(), merging, complete=bottom)
-    ranges = RangeIndex()
     try:
+        if range_tombstones or not columnar:
+            entries = merge_plan(plan, manifest, tables, merging, bottom=bottom)
+            writer.add_entries(
+                compacted_entries(
+                    entries if progress is None else _reporting(entries, progress),
+                    RangeIndex(range_tombstones),
+                    bottom=bottom,
+                    clock=clock,
+                    merging=merging,
+                )
+            )
+            return writer.finish(range_tombstones)
+        fold = folding(RangeIndex(), merging, complete=bottom)
+        ranges = RangeIndex()
         reported = 0
         for batch in _batches(_column_sources(plan, manifest, tables), fold):
             if progress is not None and writer.count >= reported:
