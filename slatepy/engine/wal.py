@@ -172,7 +172,7 @@ class WalWriter:
             if not awaited:
                 self._buffer_unawaited += count
             self._buffer_bytes += payload + 16 * count
-            if self._buffer_bytes >= self._settings.flush_bytes:
+            if self._buffer_bytes >= self._flush_bytes:
                 self._wake.set()
             return self._generation
 

@@ -412,7 +412,7 @@ class SstBuilder:
         r = 0  # entries added so far
         whole = count - begin
         while r < whole:
-            estimate = self._offset + block.encoded_size
+            estimate = self.estimated_size
             if r and estimate >= limit:
                 break
             # Where the open block closes, and where the estimate before an entry reaches
