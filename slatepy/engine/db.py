@@ -127,6 +127,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         )
         self._view = start.manifest
         self._view_time = time.monotonic()
+        self._stale_view_seconds = settings.gc_min_age / 4
         self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
         # Writers assign even seqs only, so an ingestion's (odd) global seq fits strictly
@@ -454,9 +455,14 @@ class Db(Closing, ReadSurface, WriteSurface):
         return default if value is None else value
 
     def _get(self, key: bytes) -> bytes | None:
-        key = check_key(key)
-        self._check_open()
-        self._refresh_stale_view()
+        # The hottest read: check_key's, _check_open's and _refresh_stale_view's fast paths
+        # inlined, as put does.
+        if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_SIZE:
+            key = check_key(key)
+        if self._closed:
+            self._check_open()
+        if time.monotonic() - self._view_time > self._stale_view_seconds:
+            self.refresh()
         version = self._memtable.get(key)  # a batch is seen whole (Memtable.apply)
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
@@ -476,8 +482,10 @@ class Db(Closing, ReadSurface, WriteSurface):
         except NotFound:
             found = self._read(lambda v: get_compacted(self._tables, v, key), view)
         # close() empties the memtable: a get it raced may have missed a key there.
-        self._check_open()
-        version = newer_version(version, found)
+        if self._closed:
+            self._check_open()
+        if found is not None and (version is None or found[0] > version[0]):
+            version = found  # newer_version, inlined
         if version is not None:
             value = version[1]
             if value.__class__ is bytes and ranges is EMPTY and view_ranges(self._view) is EMPTY:
@@ -678,7 +686,7 @@ class Db(Closing, ReadSurface, WriteSurface):
 
     def _refresh_stale_view(self) -> None:
         """Keep the read view younger than a quarter of GC's grace period (RFC 0003)."""
-        if time.monotonic() - self._view_time > self._settings.gc_min_age / 4:
+        if time.monotonic() - self._view_time > self._stale_view_seconds:
             self.refresh()
 
     def _adopt_published(self, manifest: Manifest) -> None:

@@ -11,6 +11,7 @@ import tracemalloc
 import pytest
 
 from slatepy import Db, Settings, WriteBatch
+from slatepy.engine.memtable import Memtable, Version
 from slatepy.errors import ClosedError
 from slatepy.store import open_store
 
@@ -50,14 +51,17 @@ def test_a_get_racing_close_raises_rather_than_miss_a_write(
     db = Db.open(open_store("memory://"), settings=SETTINGS)
     db.put(b"k", b"v")  # in the memtable only (and durable in the WAL)
     passed_the_check, closed = threading.Event(), threading.Event()
-    refresh = db._refresh_stale_view
+    memtable_get = Memtable.get
 
-    def pause_after_the_open_check() -> None:
-        passed_the_check.set()
-        assert closed.wait(5)
-        refresh()
+    def pause_after_the_open_check(memtable: Memtable, key: bytes) -> Version | None:
+        if memtable is db._memtable and not passed_the_check.is_set():
+            passed_the_check.set()
+            assert closed.wait(5)
+            # As if paused before reading db._memtable: close() has replaced it since.
+            return memtable_get(db._memtable, key)
+        return memtable_get(memtable, key)
 
-    monkeypatch.setattr(db, "_refresh_stale_view", pause_after_the_open_check)
+    monkeypatch.setattr(Memtable, "get", pause_after_the_open_check)
     outcome: list[object] = []
 
     def get() -> None:

@@ -74,7 +74,7 @@ def test_a_block_is_decompressed_once_then_served_from_the_cache(
     for _ in range(20):  # past PROMOTE_AFTER_HITS: the cached block is decoded whole too
         assert tables.get(PATH, b"key00000501") is not None
     assert len(unframed) == 1 and tables.stats().block_reads == 1
-    (block,) = (v for v, _ in tables._blocks._entries.values())
+    (block,) = tables._blocks.values()
     # The cache holds the decompressed block, larger than the frame read from the store.
     assert isinstance(block, IndexedBlock | Block) and block.size_in_memory > unframed[0]
 

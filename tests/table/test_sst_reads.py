@@ -388,12 +388,12 @@ def test_a_columnar_block_is_cached_raw_until_hot() -> None:
     reader = TableReader(store_with(sst(400, block_size=4096)))
     key, seq, value = rows[100]
     assert reader.get(PATH, key) == (seq, value)
-    ((cached, _),) = reader._blocks._entries.values()
+    (cached,) = reader._blocks.values()
     raw_bytes = reader.stats().block_cache_bytes
     assert isinstance(cached, RawColumnarBlock) and raw_bytes < 4096 + 200
     for _ in range(PROMOTE_COLUMNAR_AFTER_HITS):
         assert reader.get(PATH, key) == (seq, value)
-    ((cached, _),) = reader._blocks._entries.values()
+    (cached,) = reader._blocks.values()
     assert isinstance(cached, Block) and reader.stats().block_cache_bytes > 1.5 * raw_bytes
     assert reader.get(PATH, key) == (seq, value) and reader.get(PATH, key + b"~") is None
 
@@ -414,7 +414,7 @@ def test_get_many_decodes_a_cached_columnar_block_once(monkeypatch: pytest.Monke
     wanted = rows[:30]
     assert reader.get_many(PATH, [k for k, _, _ in wanted]) == [(s, v) for _, s, v in wanted]
     assert len(decodes) == 1
-    ((cached, _),) = reader._blocks._entries.values()
+    (cached,) = reader._blocks.values()
     assert isinstance(cached, Block)  # kept decoded: the next batch decodes nothing
     assert reader.get_many(PATH, [k for k, _, _ in wanted]) == [(s, v) for _, s, v in wanted]
     assert len(decodes) == 1
