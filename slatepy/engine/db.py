@@ -588,8 +588,15 @@ class Db(Closing, ReadSurface, WriteSurface):
         """A consistent read view that later writes, compaction and GC leave unchanged until
         it is released (``close()`` or ``with``); see :mod:`slatepy.engine.snapshot`.
 
-        Costs a manifest update (it pins the view in the store) and a copy of the
-        memtable's index (a dict copy).
+        Its ``seq`` ends a WAL SST: the writes it sees are all in WAL SSTs before the writes
+        it does not, so a change feed from ``seq + 1`` (``WalReader.iter``) holds exactly the
+        writes missing from it, each once. A replica copies the snapshot, then follows the
+        feed from there, and merges are applied once (a feed started at a seq inside a WAL
+        SST repeats that SST's merges, which the WAL stacks into one record).
+
+        Costs a manifest update (it pins the view in the store), a copy of the memtable's
+        index (a dict copy), and the writing of the WAL writes buffered so far, if any, as
+        their own WAL SST (what makes the boundary).
 
         Raises:
             ClosedError: the database is closed.
@@ -599,10 +606,14 @@ class Db(Closing, ReadSurface, WriteSurface):
         for _ in range(SNAPSHOT_ATTEMPTS):
             pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
             self._apply_manifest(stored.manifest)
+            sealed = None
             with self._lock:
                 same = self._view is stored.manifest and not self._closed
                 if same:
                     memtable, seq = self._memtable.frozen_copy(), self._seq
+                    sealed = self._wal.seal()  # no write between it and the seq just read
+            if sealed is not None:
+                self._wal.write_sealed(sealed)
             if same:
                 return Snapshot(
                     url=self.url,

@@ -141,7 +141,9 @@ class Snapshot(ReadSurface):
 
     @property
     def seq(self) -> int:
-        """The sequence number of the newest write the snapshot sees."""
+        """The sequence number of the newest write the snapshot sees. It ends a WAL SST, so a
+        change feed from ``seq + 1`` holds exactly the writes the snapshot lacks: copy the
+        snapshot, then follow ``WalReader.iter(seq + 1)`` to start a replica."""
         return self._seq
 
     @property

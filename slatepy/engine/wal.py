@@ -30,6 +30,8 @@ from slatepy.store.numbered import NumberedObjects
 from slatepy.table.merge_operator import NO_MERGING, Merging
 
 Buffer = dict[bytes, tuple[int, bytes | None]]
+Sealed = tuple[int, int, Buffer, list[RangeTombstone], int]
+"""A generation closed for writing: ``(generation, wal_id, buffer, ranges, unawaited)``."""
 
 _SEQ, _VALUE = itemgetter(0), itemgetter(1)
 _PLAIN = {bytes}
@@ -206,6 +208,24 @@ class WalWriter:
                 self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
                 self.check()
 
+    def seal(self) -> Sealed | None:
+        """Close the open generation now, whatever it holds, and return it for
+        :meth:`write_sealed` (None: it holds nothing). Every write appended before this call
+        is then in a lower WAL id than every write appended after it: the boundary a
+        snapshot needs so a change feed from its seq + 1 holds exactly the writes it lacks
+        (``Db.snapshot``). Writes no data, so the caller may hold the writer's lock. After a
+        fatal error it seals nothing: no write can follow then, so there is no boundary to
+        make."""
+        with self._mutex:
+            if self._error is not None or not (self._buffer or self._ranges):
+                return None
+            return self._seal()
+
+    def write_sealed(self, sealed: Sealed) -> None:
+        """Write a generation :meth:`seal` closed; a failure is stored and raised to later
+        writes and flushes, as the background flusher's are."""
+        self._write(*sealed)
+
     def buffered(self) -> int:
         """Entries in the open generation (written, not yet sealed into a WAL SST)."""
         with self._cond:
@@ -224,7 +244,7 @@ class WalWriter:
             if self._error is not None:
                 self._buffer_unawaited = 0
 
-    def _seal(self) -> tuple[int, int, Buffer, list[RangeTombstone], int]:
+    def _seal(self) -> Sealed:
         """Close the open generation and give it the next WAL id (caller holds the lock)."""
         sealed = (
             self._generation,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from slatepy import Db, Settings, WalReader, WalRecord, WriteBatch
+from slatepy import Db, DbReader, Settings, WalReader, WalRecord, WriteBatch
 from slatepy.cli.main import main
 from slatepy.compactor import CompactionPolicy, Compactor
+from slatepy.engine.snapshot import Snapshot
 from slatepy.gc import GarbageCollector
 from slatepy.store import ObjectStore, open_store
 
@@ -177,6 +178,52 @@ def test_merges_sharing_a_wal_sst_come_as_one_record_of_their_operands() -> None
     assert (records[b"p"].kind, records[b"p"].value) == ("put", b"base,3")
     assert (records[b"t"].value, records[b"t"].expire_at_ms) == (b"base,4", clock.ms() + 5000)
     assert (records[b"d"].kind, records[b"d"].value) == ("put", b"5")
+
+
+def _replica_from(snapshot: Snapshot, store: ObjectStore, clock: Clock) -> Db:
+    """The documented way to start a replica: copy a snapshot, then apply the feed from the
+    snapshot's seq + 1."""
+    replica = Db.open("memory://", settings=SETTINGS, merge_operator=concat, clock=clock)
+    batch = WriteBatch()
+    for key, value in snapshot.scan():
+        batch.put(key, value)
+    replica.write(batch)
+    apply_feed(list(WalReader(store, settings=SETTINGS).iter(snapshot.seq + 1)), replica, clock)
+    return replica
+
+
+def test_a_replica_from_a_writer_s_snapshot_applies_each_merge_once() -> None:
+    """A writer's snapshot seals the WAL writes buffered so far into their own SST, so its
+    seq ends an SST. Before, the merge of "b" shared a WAL SST with the merge of "c" after
+    the snapshot: the feed from seq + 1 gave both as one record, and the replica, whose copy
+    held "b" already, read "a,b,b,c"."""
+    store, clock = open_store("memory://"), Clock()
+    with Db.open(store, settings=SETTINGS, merge_operator=concat, clock=clock) as db:
+        db.merge(b"m", b"a")  # its own WAL SST (awaited)
+        db.merge(b"m", b"b", await_durable=False)  # buffered when the snapshot is taken
+        db.put(b"k", b"1", await_durable=False)
+        with db.snapshot() as snapshot:
+            db.merge(b"m", b"c", await_durable=False)
+            db.put(b"k", b"2")
+            with _replica_from(snapshot, store, clock) as replica:
+                assert dict(replica.scan()) == dict(db.scan()) == {b"m": b"a,b,c", b"k": b"2"}
+        written = db._wal.ssts_written
+        db.snapshot().close()  # nothing buffered: the boundary is there, no SST to write
+        assert db._wal.ssts_written == written
+
+
+def test_a_replica_from_a_reader_s_snapshot_applies_each_merge_once() -> None:
+    """A reader applies whole WAL SSTs, so its snapshot's seq ends one already."""
+    store, clock = open_store("memory://"), Clock()
+    with Db.open(store, settings=SETTINGS, merge_operator=concat, clock=clock) as db:
+        db.merge(b"m", b"a")
+        with DbReader.open(store, settings=SETTINGS, merge_operator=concat) as reader:
+            db.merge(b"m", b"b", await_durable=False)
+            db.merge(b"m", b"c")  # one WAL SST with "b", after the reader's view
+            with reader.snapshot() as snapshot:
+                assert snapshot.get(b"m") == b"a"
+                with _replica_from(snapshot, store, clock) as replica:
+                    assert replica.get(b"m") == db.get(b"m") == b"a,b,c"
 
 
 def test_a_batch_s_range_deletes_come_before_its_point_writes() -> None:
