@@ -601,19 +601,29 @@ class Db(Closing, ReadSurface, WriteSurface):
         Raises:
             ClosedError: the database is closed.
             ManifestConflictError: compactions kept publishing while the view was pinned.
+            SlatepyError: the writer failed (writing the WAL, or before).
         """
         self._check_open()
         for _ in range(SNAPSHOT_ATTEMPTS):
             pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
             self._apply_manifest(stored.manifest)
-            sealed = None
-            with self._lock:
-                same = self._view is stored.manifest and not self._closed
-                if same:
-                    memtable, seq = self._memtable.frozen_copy(), self._seq
-                    sealed = self._wal.seal()  # no write between it and the seq just read
+            sealed, reserved = None, True
+            self._wal.reserve()  # a write slot for the seal, waited for outside the lock
+            try:
+                with self._lock:
+                    same = self._view is stored.manifest and not self._closed
+                    if same:
+                        memtable, seq = self._memtable.frozen_copy(), self._seq
+                        reserved = False
+                        sealed = self._wal.seal()  # no write between it and the seq read
+            finally:
+                if reserved:
+                    self._wal.unreserve()
             if sealed is not None:
                 self._wal.write_sealed(sealed)
+                if self._wal.error is not None:  # the writer failed: no boundary, no writes
+                    pin.release()
+                    raise self._wal.error
             if same:
                 return Snapshot(
                     url=self.url,

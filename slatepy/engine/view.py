@@ -225,7 +225,7 @@ def values_of(
 
 def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
     """The newer of a key's memtable and compacted versions. The memtable's is newer unless
-    an ingestion published after it (RFC 0016)."""
+    an ingestion published after it (RFC 0016). ``Db._get`` inlines this rule."""
     if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
         return memtable
     return compacted

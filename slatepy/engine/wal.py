@@ -80,6 +80,7 @@ class WalWriter:
         self._buffer_unawaited = 0  # entries in the open generation nobody awaits
         self._generation = 0  # the open one; every lower generation is sealed
         self._in_flight: set[int] = set()
+        self._reserved = 0  # write slots held by reserve() for a seal()
         self._failed: dict[int, SlatepyError] = {}
         self._error: SlatepyError | None = None
         self.lost_unawaited = 0  # unawaited entries in failed generations, not yet reported
@@ -191,7 +192,7 @@ class WalWriter:
                 generation = self._generation
             while generation == self._generation and (self._buffer or self._ranges):
                 self.check()
-                if len(self._in_flight) < self._settings.max_parallel_writes:
+                if len(self._in_flight) + self._reserved < self._settings.max_parallel_writes:
                     sealed = self._seal()
                     break
                 self._cond.wait()
@@ -208,17 +209,40 @@ class WalWriter:
                 self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
                 self.check()
 
+    def reserve(self) -> None:
+        """Wait for a free write slot and hold it for the next :meth:`seal` (or
+        :meth:`unreserve`). A seal under the writer's lock must not wait for a slot, nor
+        write past ``max_parallel_writes``: fencing counts on no more PUTs than that in
+        flight (``slatepy.engine.fencing``)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self._error is not None
+                    or len(self._in_flight) + self._reserved < self._settings.max_parallel_writes
+                )
+            )
+            self._reserved += 1
+
+    def unreserve(self) -> None:
+        """Give back the slot :meth:`reserve` holds, unused."""
+        with self._cond:
+            self._reserved -= 1
+            self._cond.notify_all()
+
     def seal(self) -> Sealed | None:
-        """Close the open generation now, whatever it holds, and return it for
-        :meth:`write_sealed` (None: it holds nothing). Every write appended before this call
-        is then in a lower WAL id than every write appended after it: the boundary a
-        snapshot needs so a change feed from its seq + 1 holds exactly the writes it lacks
-        (``Db.snapshot``). Writes no data, so the caller may hold the writer's lock. After a
-        fatal error it seals nothing: no write can follow then, so there is no boundary to
-        make."""
-        with self._mutex:
+        """Close the open generation now, whatever it holds, in the slot :meth:`reserve`
+        holds, and return it for :meth:`write_sealed` (None: it holds nothing, and the slot
+        is given back). Every write appended before this call is then in a lower WAL id than
+        every write appended after it: the boundary a snapshot needs so a change feed from
+        its seq + 1 holds exactly the writes it lacks (``Db.snapshot``). Writes no data, so
+        the caller may hold the writer's lock. After a fatal error it seals nothing: no
+        write can follow then, so there is no boundary to make."""
+        with self._cond:
             if self._error is not None or not (self._buffer or self._ranges):
+                self._reserved -= 1
+                self._cond.notify_all()
                 return None
+            self._reserved -= 1  # the slot passes to the sealed generation, in flight
             return self._seal()
 
     def write_sealed(self, sealed: Sealed) -> None:

@@ -32,7 +32,8 @@ class LruCache(Generic[V]):
     neighbours on every hit, three scattered objects, which in a large warm cache is mostly
     memory latency and was a fifth of a warm point get. So eviction treats an entry as last
     used when it was last moved, which is fewer than a sixteenth of the cache's entries in
-    insertions before it really was; a cache that takes no insertions (all warm) moves each
+    insertions before it really was (the window counts entries, eviction bytes: one large
+    insertion may evict several); a cache that takes no insertions (all warm) moves each
     entry at most once.
 
     Safe to share between threads. ``hits`` and ``misses`` count :meth:`get` calls only, so

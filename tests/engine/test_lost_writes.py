@@ -16,6 +16,7 @@ import pytest
 from slatepy import CorruptionError, Db, DbReader, FencedError, Settings, WriteBatch, WritesLost
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.engine.memtable import Memtable
+from slatepy.engine.snapshot import Snapshot
 from slatepy.errors import StoreUnavailable
 from slatepy.format.sst import decode_sst
 from slatepy.manifest.store import ManifestStore
@@ -330,3 +331,48 @@ def test_a_missing_wal_sst_in_the_middle_is_reported(backend: Backend) -> None:
     with pytest.raises(CorruptionError, match=wal.path(missing)):
         fresh.refresh()
     fresh.close()
+
+
+# 13. A snapshot's WAL seal waits for a write slot: fencing counts on max_parallel_writes.
+def test_a_snapshot_does_not_put_more_wal_ssts_in_flight_than_allowed(
+    backend: Backend,
+) -> None:
+    """``Db.snapshot()`` seals the buffered WAL writes into their own SST. It wrote that SST
+    at once, even with ``max_parallel_writes`` PUTs in flight already: a newer writer that
+    fenced that many slots could then see an acknowledged write land past its fence."""
+    gate = WalGate()
+    settings = with_settings(backend, max_parallel_writes=1, flush_interval=60)
+    db = Db.open(InterceptStore(backend.store(), gate), settings=settings)
+    gate.armed = True
+    db.put(b"first", b"1", await_durable=False)
+    flushing, flushed = run_in_thread(db.flush)
+    gate.wait_for(1)  # the one slot is in flight
+    db.put(b"second", b"2", await_durable=False)
+    snapshotting, snapshot = run_in_thread(db.snapshot)
+    assert not gate._arrived.acquire(timeout=0.5), "a second WAL PUT went in flight"
+    gate.release.set()
+    gate.wait_for(1)  # the snapshot's seal, once the slot was free
+    for thread in (flushing, snapshotting):
+        thread.join(WAIT)
+    assert flushed == [None]
+    (snap,) = snapshot
+    assert isinstance(snap, Snapshot), snap
+    with snap:
+        assert snap.get(b"second") == b"2"
+    db.put(b"third", b"3")
+    db.close()
+
+
+def test_a_snapshot_whose_wal_seal_fails_raises_and_unpins(backend: Backend) -> None:
+    """The seal's SST failing leaves no boundary (and a failed writer): the snapshot raises
+    the failure instead of returning, and takes its pin out of the manifest again."""
+    store = FailingWal(backend.store(), TypeError("a bug in the client"))
+    db = Db.open(store, settings=with_settings(backend, flush_interval=60))
+    db.put(b"k", b"v", await_durable=False)
+    store.armed = True
+    with pytest.raises(StoreUnavailable):
+        db.snapshot()
+    stored = ManifestStore(backend.store()).load()
+    assert stored is not None and not stored.manifest.snapshots
+    with pytest.raises(WritesLost):
+        db.close()

@@ -213,7 +213,8 @@ def test_a_replica_from_a_writer_s_snapshot_applies_each_merge_once() -> None:
 
 
 def test_a_replica_from_a_reader_s_snapshot_applies_each_merge_once() -> None:
-    """A reader applies whole WAL SSTs, so its snapshot's seq ends one already."""
+    """A reader applies whole WAL SSTs, so its snapshot's seq ends one already (this held
+    before the writer's snapshots sealed too: it pins the documented way for readers)."""
     store, clock = open_store("memory://"), Clock()
     with Db.open(store, settings=SETTINGS, merge_operator=concat, clock=clock) as db:
         db.merge(b"m", b"a")

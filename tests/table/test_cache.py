@@ -31,7 +31,7 @@ def test_an_entry_larger_than_the_capacity_stays_until_the_next_put() -> None:
 def test_an_entry_used_after_a_window_of_insertions_moves_to_the_young_end() -> None:
     cache = filled(64)
     window = 64 >> RECENCY_SHIFT
-    for i in range(64, 64 + window + 1):  # more insertions than the window since 0's move
+    for i in range(64, 64 + window + 1):  # evicts 0..window; more insertions than the window
         cache.put(i, i, 1)
     assert cache.get(window + 1) == window + 1  # now the oldest entry: moved on this hit
     cache.put("new", 0, 1)
