@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -622,7 +623,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             if sealed is not None:
                 self._wal.write_sealed(sealed)
                 if self._wal.error is not None:  # the writer failed: no boundary, no writes
-                    pin.release()
+                    with contextlib.suppress(SlatepyError):  # else the pin expires on its own
+                        pin.release()
                     raise self._wal.error
             if same:
                 return Snapshot(
