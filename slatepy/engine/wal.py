@@ -238,11 +238,10 @@ class WalWriter:
         the caller may hold the writer's lock. After a fatal error it seals nothing: no
         write can follow then, so there is no boundary to make."""
         with self._cond:
+            self._reserved -= 1  # the slot passes to the sealed generation, or back
             if self._error is not None or not (self._buffer or self._ranges):
-                self._reserved -= 1
                 self._cond.notify_all()
                 return None
-            self._reserved -= 1  # the slot passes to the sealed generation, in flight
             return self._seal()
 
     def write_sealed(self, sealed: Sealed) -> None:
