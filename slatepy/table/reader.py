@@ -413,8 +413,9 @@ class TableReader:
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
     ) -> tuple[Block | IndexedBlock, Cached]:
         """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
-        cache. Raw and verified (versions 3 and 4), both; decoded and raw (version 5: it is
-        decoded to be searched anyway, in C); decoded (legacy blocks), both."""
+        cache. Raw and verified (versions 3 and 4), both; decoded, and decoded too or raw
+        (version 5: it is decoded to be searched anyway, in C; cached raw only when the
+        decoded form would evict something); decoded (legacy blocks), both."""
         index, offset = part.first_block + j, part.offsets[j]
         found: Block | IndexedBlock
         cached: Cached
@@ -424,7 +425,12 @@ class TableReader:
                 found = cached = open_block(stored)
                 first = found.first_key
             elif top.columnar_blocks:
-                found, cached = open_columnar(stored)
+                found, raw = open_columnar(stored)
+                # Decoded to be searched anyway: kept so while the cache has room for it (it
+                # evicts nothing), else as its bytes (half the memory) until it is hit again.
+                blocks = self._blocks
+                fits = blocks.size + found.size_in_memory <= blocks.capacity
+                cached = found if fits else raw
                 first = found.keys[0]
             else:
                 found = cached = decode_stored_block(stored, top)
@@ -468,10 +474,11 @@ class TableReader:
         only the keys the lookup compares are parsed, and it costs its encoded size); when a
         scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
         decoded whole and replaces itself there, so hot blocks are searched with a list
-        bisect and cold ones never parsed. A version 5 block is cached the same way (its raw
-        bytes, :class:`RawColumnarBlock`), though decoded (in C) to answer each lookup, so
-        it is kept decoded from its ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy
-        (version 1/2) block is decoded whole.
+        bisect and cold ones never parsed. A version 5 block is decoded (in C) to answer
+        each lookup, so it is cached decoded while the cache has room, and once full as its
+        raw bytes (:class:`RawColumnarBlock`), kept decoded from its
+        ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy (version 1/2) block is decoded
+        whole.
         """
         index = part.first_block + j
         key = (path, index)

@@ -381,11 +381,26 @@ def test_gets_and_scans_share_cached_raw_blocks(version: int) -> None:
         assert reader.get(PATH, key + b"~") is None
 
 
-def test_a_columnar_block_is_cached_raw_until_hot() -> None:
-    """A version 5 block read by a get is cached as its bytes (the decoded form takes about
-    twice the memory); its ``PROMOTE_COLUMNAR_AFTER_HITS``-th cache hit caches it decoded."""
+def test_a_columnar_block_is_cached_decoded_while_the_cache_has_room() -> None:
+    """A version 5 block read by a get is decoded to answer it: with room in the block
+    cache it stays so, and its next get only bisects (it was cached as its bytes and
+    decoded again on that get)."""
     rows = entries(400)
     reader = TableReader(store_with(sst(400, block_size=4096)))
+    key, seq, value = rows[100]
+    assert reader.get(PATH, key) == (seq, value)
+    (cached,) = reader._blocks.values()
+    assert isinstance(cached, Block)
+    assert reader.get(PATH, key) == (seq, value)
+    assert reader._blocks.values() == [cached]
+
+
+def test_a_columnar_block_is_cached_raw_until_hot_in_a_full_cache() -> None:
+    """A version 5 block whose decoded form would evict something is cached as its bytes
+    (the decoded form takes about twice the memory); its ``PROMOTE_COLUMNAR_AFTER_HITS``-th
+    cache hit caches it decoded."""
+    rows = entries(400)
+    reader = TableReader(store_with(sst(400, block_size=4096)), block_cache_bytes=4096 + 200)
     key, seq, value = rows[100]
     assert reader.get(PATH, key) == (seq, value)
     (cached,) = reader._blocks.values()
@@ -401,8 +416,8 @@ def test_a_columnar_block_is_cached_raw_until_hot() -> None:
 def test_get_many_decodes_a_cached_columnar_block_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch of keys in one raw cached version 5 block decoded it once per key."""
     rows = entries(400)
-    reader = TableReader(store_with(sst(400, block_size=4096)))
-    assert reader.get(PATH, rows[0][0]) == rows[0][1:]  # cached raw
+    reader = TableReader(store_with(sst(400, block_size=4096)), block_cache_bytes=4096 + 200)
+    assert reader.get(PATH, rows[0][0]) == rows[0][1:]  # cached raw: no room decoded
     decodes: list[int] = []
     decode_body = columnar._decode_body
 
