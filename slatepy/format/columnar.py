@@ -143,9 +143,10 @@ class ColumnBlockBuilder:
 
 class RawColumnarBlock:
     """A verified version 5 block kept as its body's bytes: what the block cache holds for a
-    block read by point lookups until it is hot (as :class:`~slatepy.format.block.IndexedBlock`
-    for version 3), so a cold block costs its encoded size, not its decoded one (about twice
-    as much). A lookup decodes it (in C, about what a search of a raw version 3 block cost).
+    block read by point lookups when the cache has no room for it decoded, until it is hot
+    (as :class:`~slatepy.format.block.IndexedBlock` for version 3), so a cold block costs its
+    encoded size, not its decoded one (about twice as much). A lookup decodes it (in C,
+    about what a search of a raw version 3 block cost).
     """
 
     __slots__ = ("data", "hits")

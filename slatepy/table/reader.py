@@ -427,7 +427,8 @@ class TableReader:
             elif top.columnar_blocks:
                 found, raw = open_columnar(stored)
                 # Decoded to be searched anyway: kept so while the cache has room for it (it
-                # evicts nothing), else as its bytes (half the memory) until it is hit again.
+                # evicts nothing, give or take a concurrent miss), else as its bytes (half the
+                # memory) until it is hit again.
                 blocks = self._blocks
                 fits = blocks.size + found.size_in_memory <= blocks.capacity
                 cached = found if fits else raw
