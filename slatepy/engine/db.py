@@ -416,7 +416,9 @@ class Db(Closing, ReadSurface, WriteSurface):
             memtable.size_bytes >= self._wake_bytes
         ):
             self._backpressure()
-        acquire(self._lock)
+        lock = self._lock
+        if not lock.acquire(False):  # acquire()'s first try, inlined: this path is hot
+            acquire(lock)
         try:
             if self._closed:
                 self._check_open()
@@ -429,7 +431,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 self._txns.record(((key, value),), seq)
             memtable.put_version(key, version)
         finally:
-            self._lock.release()
+            lock.release()
         if await_durable:
             self._wal.flush(generation, only_this=True)
 
