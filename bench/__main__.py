@@ -14,8 +14,8 @@ Workloads (16-byte keys, 100-byte values): puts without awaiting durability; bat
 awaited (each durable before the next: RocksDB's ``sync``) and not awaited (RocksDB's default
 write options; one flush at the end); sequential durable puts (p50/p99); random gets of
 recent writes (slatepy's memtable keeps them, ``memtable_retain_bytes``); random gets from
-SSTs with warm caches; gets from a freshly opened reader; a full scan; 80/20 get/put with 4
-workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
+SSTs with warm caches, one a call and 1,000 a call (``Db.get_many``, RocksDB's multi-get);
+gets from a freshly opened reader; a full scan; 80/20 get/put with 4 workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
 ``minio`` (the MinIO of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each
 time: slatepy's object-store requests and bytes moved per 1,000 operations (SlateDB's
 requests happen inside its Rust core: only the latency proxy below counts them), and the
@@ -294,6 +294,13 @@ def run_engine(
         engine.to_ssts()
         engine.get_many(sample)  # warm the caches
         measure("gets, SSTs warm", len(sample), lambda: engine.get_many(sample))
+        if hasattr(engine, "get_batches"):  # SlateDB's Python package has no batched get
+            found = measure(
+                "gets, SSTs warm, batches of 1,000",
+                len(sample),
+                lambda: engine.get_batches(sample, 1000),
+            )
+            assert found == len(sample), (engine_name, found)
         rows = measure("full scan", total, engine.scan_all, "rows/s")
         assert rows == total, (engine_name, rows)
         ops = min(keys, 20_000)

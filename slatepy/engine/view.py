@@ -209,23 +209,26 @@ def values_of(
     :func:`get_many_compacted` found, as :func:`visible` reads it (``ranges``: the
     memtable's range tombstones, ``view``: the view ``found`` came from); None for absent or
     deleted keys. ``merging`` and ``tables`` serve keys holding merge operands."""
-    return [
-        visible(
-            key,
-            newer_version(version, found.get(key)),
-            ranges,
-            view,
-            clock,
-            merging=merging,
-            tables=tables,
-        )
-        for key, version in zip(keys, newer, strict=True)
-    ]
+    plain = ranges is EMPTY and (view is None or view_ranges(view) is EMPTY)
+    values: list[bytes | None] = []
+    for key, memtable in zip(keys, newer, strict=True):
+        version = found.get(key)
+        if version is None or (memtable is not None and memtable[0] >= version[0]):
+            version = memtable  # newer_version, inlined
+        value = None if version is None else version[1]
+        if value is None or (plain and value.__class__ is bytes):
+            values.append(value)  # absent, deleted, or a plain value nothing can cover
+        else:
+            values.append(
+                visible(key, version, ranges, view, clock, merging=merging, tables=tables)
+            )
+    return values
 
 
 def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
     """The newer of a key's memtable and compacted versions. The memtable's is newer unless
-    an ingestion published after it (RFC 0016). ``Db._get`` inlines this rule."""
+    an ingestion published after it (RFC 0016). ``Db._get`` and :func:`values_of` inline
+    this rule."""
     if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
         return memtable
     return compacted

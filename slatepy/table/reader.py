@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Collection, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Collection, Iterator, MutableSequence, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
@@ -302,26 +302,50 @@ class TableReader:
         """
         top = self._tops.get(path) or self.top(path, size=size)
         found: list[Found | None] = [None] * len(keys)
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None:
+            return found
+        top_keys = top.first_keys
         by_partition: dict[int, list[int]] = {}
-        for i, key in enumerate(keys):
-            if top.may_hold(key):
-                by_partition.setdefault(top.partition_for(key), []).append(i)
+        for i in range(bisect_left(keys, first), bisect_right(keys, last)):  # keys sorted
+            p = bisect_right(top_keys, keys[i]) - 1
+            by_partition.setdefault(p if p > 0 else 0, []).append(i)
         parts = self._partitions(path, top, list(by_partition))
         by_block: dict[int, list[int]] = {}
         where: dict[int, tuple[Partition, int]] = {}
         for p, indexes in by_partition.items():
             part = parts[p]
+            part_keys, base = part.first_keys, part.first_block
             for i in indexes:
-                key = keys[i]
-                j = part.block_for(key) if part.may_contain(key) else None
-                if j is not None:
-                    by_block.setdefault(part.first_block + j, []).append(i)
-                    where[part.first_block + j] = (part, j)
-        blocks = self._blocks_for(path, top, where)
+                j = bisect_right(part_keys, keys[i]) - 1
+                if j >= 0:
+                    group = by_block.get(base + j)
+                    if group is None:
+                        by_block[base + j] = [i]
+                        where[base + j] = (part, j)
+                    else:
+                        group.append(i)
+
+        def worth_reading(b: int) -> bool:
+            # As in get: the filter is asked only before a block would be read.
+            may_contain = where[b][0].may_contain
+            return any(may_contain(keys[i]) for i in by_block[b])
+
+        blocks = self._blocks_for(path, top, where, worth_reading)
         for b, indexes in by_block.items():
-            block = blocks[b]
-            for i in indexes:
-                found[i] = block.get(keys[i])
+            block = blocks.get(b)
+            if block.__class__ is Block:  # get's warm path, for each key of the block
+                block_keys = block.keys
+                count = len(block_keys)
+                for i in indexes:
+                    key = keys[i]
+                    x = bisect_left(block_keys, key)
+                    if x < count and block_keys[x] == key:
+                        found[i] = block.seqs[x], block.values[x]
+            elif block is not None:
+                for i in indexes:
+                    found[i] = block.get(keys[i])
         return found
 
     def _partitions(self, path: str, top: SstTop, indexes: list[int]) -> dict[int, Partition]:
@@ -347,18 +371,23 @@ class TableReader:
         return parts
 
     def _blocks_for(
-        self, path: str, top: SstTop, where: dict[int, tuple[Partition, int]]
+        self,
+        path: str,
+        top: SstTop,
+        where: dict[int, tuple[Partition, int]],
+        worth_reading: Callable[[int], bool],
     ) -> dict[int, Cached]:
         """The blocks ``where`` names (SST-wide index → its partition and place there):
         cached ones as they are (a raw version 5 one decoded, once, and cached so: each of its
-        lookups would decode it whole), the others read together in coalesced GETs and
-        cached."""
+        lookups would decode it whole), the others that are ``worth_reading`` read together
+        in coalesced GETs and cached (the rest left out)."""
         blocks: dict[int, Cached] = {}
         missing: list[int] = []
         for b in sorted(where):
             block = self._blocks.get((path, b))
             if block is None:
-                missing.append(b)
+                if worth_reading(b):
+                    missing.append(b)
                 continue
             if block.__class__ is RawColumnarBlock:
                 part, j = where[b]

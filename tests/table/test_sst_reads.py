@@ -519,3 +519,25 @@ def test_request_counts_on_each_backend(backend: Backend) -> None:
     assert set(store.metrics.snapshot()) == {"get_range"}
     assert store.metrics.requests("get_range") <= len(data) // (1 << 20) + 5 + 2
     assert read_ahead_threads() == []
+
+
+@pytest.mark.parametrize("block_cache_bytes", [64 * 1024 * 1024, 4096 + 200])
+def test_get_many_answers_as_get_does_cold_warm_and_raw(block_cache_bytes: int) -> None:
+    """get_many answers keys from decoded cached blocks directly, from raw cached ones after
+    one decode, and reads the others (asking the filter first): the same answers as get,
+    whichever way each block is held."""
+    rows = entries(400)
+    store = store_with(sst(400, block_size=1024))
+    rng = random.Random(5)
+    present = [k for k, _, _ in rng.sample(rows, 60)]
+    keys = sorted({*present, *(k + b"~" for k in present[:20]), b"", b"\xff"})
+    expected = [TableReader(store).get(PATH, k) for k in keys]
+    assert sum(e is not None for e in expected) == 60
+    reader = TableReader(store, block_cache_bytes=block_cache_bytes)
+    assert reader.get_many(PATH, keys) == expected  # cold: read
+    assert reader.get_many(PATH, keys) == expected  # warm, or raw and decoded again
+    assert reader.get_many(PATH, keys[::3]) == expected[::3]
+    store.metrics.reset()
+    absent = [k + b"~" for k in present[20:40]]
+    assert TableReader(store).get_many(PATH, sorted(absent)) == [None] * 20
+    assert store.metrics.requests("get_range") <= 3, "blocks read for keys the filter ruled out"
