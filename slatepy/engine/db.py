@@ -529,7 +529,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._refresh_stale_view()
         with self._lock:
             self._check_open()
-            newer = [self._memtable.get(k) for k in keys]
+            newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
         rest = sorted(

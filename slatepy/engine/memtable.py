@@ -321,6 +321,11 @@ class Memtable:
                 return self._data.get(key)
         return self._data.get(key)
 
+    def get_many(self, keys: list[bytes]) -> list[Version | None]:
+        """:meth:`get` of each of ``keys``, all seeing a batch whole."""
+        with self._batch_lock:
+            return list(map(self._data.get, keys))
+
     def range(self, start: bytes, end: bytes | None) -> list[Entry]:
         """Entries with ``start <= key < end`` (``end`` None = unbounded), tombstones included."""
         if self._new_keys:

@@ -291,7 +291,7 @@ class DbReader(Closing, ReadSurface):
         keys = [check_key(k) for k in keys]
         with self._lock:
             self._check_open()
-            newer = [self._memtable.get(k) for k in keys]
+            newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
         rest = sorted(

@@ -159,7 +159,7 @@ class Snapshot(ReadSurface):
         """The values of ``keys`` in order (None where absent or deleted)."""
         keys = [check_key(k) for k in keys]
         self._before_read()
-        newer = [self._memtable.get(k) for k in keys]
+        newer = self._memtable.get_many(keys)
         view = self._manifest
         ingested = view.last_ingest_seq
         rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None or v[0] < ingested})
