@@ -15,13 +15,13 @@ awaited (each durable before the next: RocksDB's ``sync``) and not awaited (Rock
 write options; one flush at the end); sequential durable puts (p50/p99); random gets of
 recent writes (slatepy's memtable keeps them, ``memtable_retain_bytes``); random gets from
 SSTs with warm caches, one a call and 1,000 a call (``Db.get_many``, RocksDB's multi-get);
-gets from a freshly opened reader; a full scan; 80/20 get/put with 4 workers. Stores: ``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and
-``minio`` (the MinIO of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each
-time: slatepy's object-store requests and bytes moved per 1,000 operations (SlateDB's
-requests happen inside its Rust core: only the latency proxy below counts them), and the
-store's raw conditional PUT and GET latency from the same run. Writes
-``bench/results/<name>.json``, a Markdown table ``<name>.md``, and ``<name>.png`` when
-matplotlib is installed.
+gets from a freshly opened reader; a full scan; 80/20 get/put with 4 workers. Stores:
+``memory``, ``file``, ``s3`` (moto in its own process on 127.0.0.1) and ``minio`` (the MinIO
+of ``compose.yaml``, given ``SLATEPY_TEST_S3_ENDPOINT``). Next to each time: slatepy's
+object-store requests and bytes moved per 1,000 operations (SlateDB's requests happen inside
+its Rust core: only the latency proxy below counts them), and the store's raw conditional
+PUT and GET latency from the same run. Writes ``bench/results/<name>.json``, a Markdown
+table ``<name>.md``, and ``<name>.png`` when matplotlib is installed.
 
 Against a store as slow as real S3 (issue 15):
 
