@@ -212,9 +212,7 @@ def values_of(
     plain = ranges is EMPTY and (view is None or view_ranges(view) is EMPTY)
     values: list[bytes | None] = []
     for key, memtable in zip(keys, newer, strict=True):
-        version = found.get(key)
-        if version is None or (memtable is not None and memtable[0] >= version[0]):
-            version = memtable  # newer_version, inlined
+        version = newer_version(memtable, found.get(key))
         value = None if version is None else version[1]
         if value is None or (plain and value.__class__ is bytes):
             values.append(value)  # absent, deleted, or a plain value nothing can cover
@@ -227,8 +225,7 @@ def values_of(
 
 def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
     """The newer of a key's memtable and compacted versions. The memtable's is newer unless
-    an ingestion published after it (RFC 0016). ``Db._get`` and :func:`values_of` inline
-    this rule."""
+    an ingestion published after it (RFC 0016). ``Db._get`` inlines this rule."""
     if compacted is None or (memtable is not None and memtable[0] >= compacted[0]):
         return memtable
     return compacted

@@ -306,26 +306,19 @@ class TableReader:
         first, last = props.first_key, props.last_key
         if first is None or last is None:
             return found
-        top_keys = top.first_keys
         by_partition: dict[int, list[int]] = {}
         for i in range(bisect_left(keys, first), bisect_right(keys, last)):  # keys sorted
-            p = bisect_right(top_keys, keys[i]) - 1
-            by_partition.setdefault(p if p > 0 else 0, []).append(i)
+            by_partition.setdefault(top.partition_for(keys[i]), []).append(i)
         parts = self._partitions(path, top, list(by_partition))
         by_block: dict[int, list[int]] = {}
         where: dict[int, tuple[Partition, int]] = {}
         for p, indexes in by_partition.items():
             part = parts[p]
-            part_keys, base = part.first_keys, part.first_block
             for i in indexes:
-                j = bisect_right(part_keys, keys[i]) - 1
-                if j >= 0:
-                    group = by_block.get(base + j)
-                    if group is None:
-                        by_block[base + j] = [i]
-                        where[base + j] = (part, j)
-                    else:
-                        group.append(i)
+                j = part.block_for(keys[i])
+                if j is not None:
+                    by_block.setdefault(part.first_block + j, []).append(i)
+                    where[part.first_block + j] = (part, j)
 
         def worth_reading(b: int) -> bool:
             # As in get: the filter is asked only before a block would be read.
@@ -334,16 +327,8 @@ class TableReader:
 
         blocks = self._blocks_for(path, top, where, worth_reading)
         for b, indexes in by_block.items():
-            block = blocks.get(b)
-            if block.__class__ is Block:  # get's warm path, for each key of the block
-                block_keys = block.keys
-                count = len(block_keys)
-                for i in indexes:
-                    key = keys[i]
-                    x = bisect_left(block_keys, key)
-                    if x < count and block_keys[x] == key:
-                        found[i] = block.seqs[x], block.values[x]
-            elif block is not None:
+            block = blocks.get(b)  # None: the filter ruled out every key of it
+            if block is not None:
                 for i in indexes:
                     found[i] = block.get(keys[i])
         return found

@@ -11,6 +11,7 @@ compare the outputs byte for byte: entries, cut points, handles.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import msgspec
 import pytest
@@ -295,23 +296,12 @@ def both_paths(
 ) -> tuple[list[tuple[SstHandle, bytes]], list[tuple[SstHandle, bytes]], list[int]]:
     """The outputs of the columnar path, of the entry path, and the ``SstBuilder.add``
     calls the columnar one made (512-byte blocks, no compression)."""
-    expected = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=False,
-        target=target,
-        block_size=512,
-        compression="none",
+    run = partial(
+        outputs, store, Inputs(plan, Manifest()), target=target, block_size=512, compression="none"
     )
+    expected = run(columnar=False)
     calls = counted_adds(monkeypatch)
-    got = outputs(
-        store,
-        Inputs(plan, Manifest()),
-        columnar=True,
-        target=target,
-        block_size=512,
-        compression="none",
-    )
+    got = run(columnar=True)
     return got, expected, calls
 
 
