@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
     demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))
-    demo.add_argument("--orders", type=int, default=20_000)
+    demo.add_argument(
+        "--orders", type=_positive_int, default=20_000, help="orders to ingest (at least 1)"
+    )
     inspect = sub.add_parser("inspect", help="show the manifest, levels, WAL and GC candidates")
     inspect.add_argument("url")
     inspect.add_argument("--limit", type=int, default=20, help="WAL SSTs to summarise")
@@ -166,6 +168,17 @@ def _add_checkpoint_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     clone.add_argument(
         "--checkpoint", default=None, help="clone this checkpoint (default: the current state)"
     )
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

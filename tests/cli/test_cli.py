@@ -27,6 +27,21 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     assert figures["ingest_rows_per_s"] > 0
 
 
+@pytest.mark.parametrize("orders", [1, 300])
+def test_demo_verifies_small_runs(tmp_path: Path, orders: int) -> None:
+    """Issue 32: fewer than 700 orders reported acknowledged writes MISSING (a false alarm)."""
+    lines: list[str] = []
+    run_demo(tmp_path / "demo", orders=orders, out=lines.append)
+    assert "every acknowledged write verified" in lines[-1]
+
+
+def test_demo_refuses_no_orders(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--orders", "0"])
+    assert exit_info.value.code == 2
+    assert "0 is less than 1" in capsys.readouterr().err
+
+
 def test_inspect_reports_manifest_and_wal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
