@@ -41,8 +41,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "aio": _KV | {"engine"},  # the asyncio facade of Db
     "slatepy": _LIBRARY,  # the package root re-exports the public API
     "testing": _LIBRARY,
-    "cli": _LIBRARY | {"testing"},  # `slatepy torture` runs the shipped torture harness
+    # `slatepy torture` runs the shipped torture harness; `slatepy catalog` the catalog.
+    "cli": _LIBRARY | {"testing", "catalog"},
     "spark": _LIBRARY,  # Spark data sources over the engine and persist (RFC 0016)
+    # The durable catalog (RFC 0028): above persist, below the CLI.
+    "catalog": _BASE | {"store", "format", "table", "persist"},
 }
 """Layer -> the layers it may import (besides itself). A module ``slatepy/x.py`` or package
 ``slatepy/x/`` is layer ``x``; ``slatepy/__init__.py`` is layer ``slatepy``."""
