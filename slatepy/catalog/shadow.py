@@ -63,7 +63,14 @@ class ShadowCatalog:
         return self._both("is_initialized", lambda s: s.is_initialized())  # type: ignore[no-any-return]
 
     def open(self) -> None:
-        self._both("open", lambda s: s.open())
+        # The open's audit event carries a time: both get the same one.
+        now = self.primary._clock()
+        clocks = self.primary._clock, self.secondary._clock
+        self.primary._clock = self.secondary._clock = lambda: now
+        try:
+            self._both("open", lambda s: s.open())
+        finally:
+            self.primary._clock, self.secondary._clock = clocks
 
     def open_read_only(self) -> None:
         self._both("open_read_only", lambda s: s.open_read_only())
@@ -87,6 +94,9 @@ class ShadowCatalog:
 
     def config(self, key: str) -> int | None:
         return self._both(f"config({key!r})", lambda s: s.config(key))  # type: ignore[no-any-return]
+
+    def deploy_generation(self) -> int | None:
+        return self._both("deploy_generation", lambda s: s.deploy_generation())  # type: ignore[no-any-return]
 
     def dump(self, *, ignore_large_collections: bool = False) -> str:
         return self._both(  # type: ignore[no-any-return]
