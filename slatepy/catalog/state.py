@@ -31,9 +31,15 @@ from slatepy.catalog.objects import (
     AuditEvent,
     ConfigKey,
     ConfigValue,
+    Database,
     IdAllocator,
     NameKey,
     Objects,
+    Shard,
+    ShardKey,
+    Sink,
+    Source,
+    StorageUsage,
     collection,
     initial_objects,
 )
@@ -315,6 +321,25 @@ class CatalogState:
             (msgspec.convert(k, coll.key), msgspec.convert(v, coll.value))
             for k, v in self.entries(name)
         ]
+
+    def databases(self) -> list[tuple[int, Database]]:
+        return [(k.id, v) for k, v in self.typed("databases")]
+
+    def sources(self) -> list[tuple[int, Source]]:
+        return [(k.id, v) for k, v in self.typed("sources")]
+
+    def sinks(self) -> list[tuple[int, Sink]]:
+        return [(k.id, v) for k, v in self.typed("sinks")]
+
+    def shards(self) -> list[tuple[ShardKey, Shard]]:
+        return self.typed("shards")
+
+    def audit_log(self) -> list[tuple[int, AuditEvent]]:
+        """Every audit event, oldest first (read from storage: it is not cached)."""
+        return [(k.id, v) for k, v in self.typed("audit_log")]
+
+    def storage_usage(self) -> list[tuple[int, StorageUsage]]:
+        return [(k.id, v) for k, v in self.typed("storage_usage")]
 
     def config(self, key: str) -> int | None:
         for k, v in self.entries("config"):

@@ -110,6 +110,8 @@ class Transaction:
         self._clock = clock
         self._writable = writable
         self._pending: dict[str, dict[bytes, bytes | None]] = {}
+        # The unique parts of the pending values: collection -> unique part -> key.
+        self._pending_unique: dict[str, dict[object, bytes]] = {}
         self._appended: list[tuple[str, bytes, bytes]] = []
         self._batch: list[Row] | None = None
 
@@ -145,7 +147,7 @@ class Transaction:
         key_b, value_b = coll.key_bytes(key), coll.value_bytes(value)
         previous = self._get(name, key_b)
         self._check_unique(coll, key_b, value_b)
-        self._pending.setdefault(name, {})[key_b] = value_b
+        self._put(coll, key_b, value_b)
         return None if previous is None else _to_dict(coll.decode_value(previous))
 
     def delete(self, name: str, key: Any) -> dict[str, Any] | None:
@@ -154,7 +156,7 @@ class Transaction:
         key_b = coll.key_bytes(key)
         previous = self._get(name, key_b)
         if previous is not None:
-            self._pending.setdefault(name, {})[key_b] = None
+            self._put(coll, key_b, None)
         return None if previous is None else _to_dict(coll.decode_value(previous))
 
     # -- typed methods ---------------------------------------------------------------------
@@ -277,16 +279,26 @@ class Transaction:
             )
         return coll
 
+    def _put(self, coll: Collection, key: bytes, value: bytes | None) -> None:
+        pending = self._pending.setdefault(coll.name, {})
+        if coll.unique is not None:
+            index = self._pending_unique.setdefault(coll.name, {})
+            old = pending.get(key)
+            if old is not None:
+                index.pop(coll.unique(coll.decode_value(old)), None)
+            if value is not None:
+                index[coll.unique(coll.decode_value(value))] = key
+        pending[key] = value
+
     def _check_unique(self, coll: Collection, key: bytes, value: bytes) -> None:
         if coll.unique is None:
             return
         wanted = coll.unique(coll.decode_value(value))
-        pending = self._pending.get(coll.name, {})
-        for other, raw in pending.items():
-            if other != key and raw is not None and coll.unique(coll.decode_value(raw)) == wanted:
-                raise _taken(coll, wanted, other)
+        other = self._pending_unique.get(coll.name, {}).get(wanted)
+        if other is not None and other != key:
+            raise _taken(coll, wanted, other)
         owner = self._cache.unique[coll.name].get(wanted)
-        if owner is not None and owner != key and owner not in pending:
+        if owner is not None and owner != key and owner not in self._pending.get(coll.name, {}):
             raise _taken(coll, wanted, owner)
 
 
