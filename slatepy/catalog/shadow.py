@@ -32,8 +32,6 @@ class ShadowCatalog:
         for state in (self.primary, self.secondary):
             try:
                 outcomes.append((call(state), None))
-            except CatalogError as exc:
-                outcomes.append((None, exc))
             except Exception as exc:  # every failure is compared, then re-raised
                 outcomes.append((None, exc))
         (first, error1), (second, error2) = outcomes

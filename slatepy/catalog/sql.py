@@ -84,7 +84,9 @@ class SqlStorage(Storage):
         if not create and not os.path.exists(self._sqlite_path):
             return None
         try:
-            conn = sqlite3.connect(self._sqlite_path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(
+                self._sqlite_path, timeout=30, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.description}: {exc}") from None
         conn.execute("PRAGMA journal_mode=WAL")

@@ -301,12 +301,20 @@ class CatalogState:
 
     def entries(self, name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every ``(key, value)`` of a collection as JSON-able dicts, sorted by key. Cached
-        collections come from memory once opened; the rest are read from storage."""
+        collections come from memory once opened; the rest are read from storage, by a
+        leader only after confirming its leadership.
+
+        Raises:
+            FencedError: this state leads no more (uncached collections only).
+        """
         coll = collection(name)
         if coll.cached and self._mode in ("writable", "read_only"):
             raw = list(self._cache.rows[name].items())
         else:
             self._check_not_closed()
+            if self._mode in ("writable", "fenced"):
+                # As Materialize's persist catalog: a leader reads only while it leads.
+                self.confirm_leadership()
             raw = self._storage.read_collection(name)
         items = [
             (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))

@@ -63,7 +63,10 @@ def test_two_states_on_one_memory_client_share_the_catalog() -> None:
         first.open()
         second.open()
         assert second.epoch == 2
+        assert len(first.entries("databases")) == 0  # cached: served from memory
         with pytest.raises(FencedError, match="epoch 1 fenced by new catalog epoch 2"):
+            first.entries("audit_log")  # uncached: a leader reads it only while it leads
+        with pytest.raises(FencedError):
             first.confirm_leadership()
         first.close()
         second.close()
