@@ -7,7 +7,8 @@ the data rows ``(collection_id, key, value, time, diff)`` and an upper per colle
 moved together: every write is one tick of the whole catalog). Every write is one
 serializable transaction that checks the fence first (the epoch, and the nonce of the
 writer's open, which catches a catalog dropped and made again) and then the upper; an open
-sets a new epoch and nonce in the same transaction. Nothing exists before the first open:
+sets a new epoch and nonce in the same transaction, and compacts: the rows of retracted
+values are deleted. Nothing exists before the first open:
 reads of a missing catalog see upper 0, and only ``write`` creates the tables (SQLite: the
 file too).
 """
@@ -196,6 +197,17 @@ class SqlStorage(Storage):
         cur.execute(f"SELECT min(upper) FROM {self._t['uppers']}")
         return int(cur.fetchone()[0])
 
+    def _compact(self, cur: Any) -> None:
+        """Delete the rows of every ``(collection, key, value)`` whose diffs sum to zero: what
+        was retracted leaves the table (an open does this, so a catalog's history never
+        outgrows its content by more than the changes since the last open)."""
+        data = self._t["data"]
+        cur.execute(
+            f"DELETE FROM {data} WHERE (collection_id, key, value) IN ("
+            f"SELECT collection_id, key, value FROM {data} "
+            "GROUP BY collection_id, key, value HAVING sum(diff) = 0)"
+        )
+
     # -- Storage -------------------------------------------------------------------------
 
     def upper(self) -> int:
@@ -280,6 +292,8 @@ class SqlStorage(Storage):
                     [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows],
                 )
             cur.execute(f"UPDATE {t['uppers']} SET upper = {p}", (expected_upper + 1,))
+            if new_epoch is not None:
+                self._compact(cur)
             return expected_upper + 1
 
         try:

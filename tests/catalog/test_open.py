@@ -133,3 +133,34 @@ def test_the_stash_nonce_fences_a_leader_of_a_dropped_catalog(single: Place) -> 
     with pytest.raises(FencedError, match="unexpected fence epoch 1, expected 1"):
         old.commit_transaction(tx)
     assert new.settings() == {}
+
+
+def _data_rows(place: Place) -> int:
+    table = f"{place.shard}_data"
+    if place.name == "sqlite":
+        with sqlite3.connect(place.url.removeprefix("sqlite:///")) as conn:
+            return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    with psycopg.connect(place.url) as conn:
+        row = conn.execute(f"SELECT count(*) FROM {table}").fetchone()  # type: ignore[arg-type]
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize("single", ["sqlite", "postgres"], indirect=True)
+def test_an_open_compacts_the_stash(single: Place) -> None:
+    state = single.state()
+    state.open()
+    for i in range(5):
+        tx = state.transaction()
+        tx.set_setting("churn", str(i))
+        state.commit_transaction(tx)
+    before = _data_rows(single)
+    single.state().open()
+    after = _data_rows(single)
+    # Gone: four retracted setting values (8 rows), 5 retracted audit allocator values
+    # (10 rows), the fence's epoch change leaves no data rows.
+    assert before - after == 18
+    reopened = single.state()
+    reopened.open_read_only()
+    assert reopened.settings() == {"churn": "4"}
+    assert len(reopened.audit_log()) == 6
