@@ -169,20 +169,31 @@ class Transaction:
         return list(range(start, start + amount))
 
     def create_database(self, name: str, url: str, *, owner: str = "") -> int:
-        """Record a KV database; returns its id. Raises if the name is taken."""
-        (new_id,) = self.allocate_ids("database")
-        self.set("databases", {"id": new_id}, Database(name, url, owner))
-        return new_id
+        """Record a KV database; returns its id. A taken name raises and changes nothing."""
+        return self._create("database", "databases", Database(name, url, owner))
 
     def create_source(self, source: Source) -> int:
         """Record a source (its connection string loses any password); returns its id."""
-        (new_id,) = self.allocate_ids("source")
-        self.set("sources", {"id": new_id}, source)
-        return new_id
+        return self._create("source", "sources", source)
 
     def create_sink(self, sink: Sink) -> int:
-        (new_id,) = self.allocate_ids("sink")
-        self.set("sinks", {"id": new_id}, sink)
+        return self._create("sink", "sinks", sink)
+
+    def _create(self, kind: str, name: str, value: Any) -> int:
+        """Insert ``value`` under a fresh id of ``kind``; if it is refused, the id is not
+        taken either."""
+        alloc_key = COLLECTIONS["id_allocators"].key_bytes(NameKey(kind))
+        pending = self._pending.setdefault("id_allocators", {})
+        had, before = alloc_key in pending, pending.get(alloc_key)
+        (new_id,) = self.allocate_ids(kind)
+        try:
+            self.set(name, {"id": new_id}, value)
+        except Exception:
+            if had:
+                pending[alloc_key] = before
+            else:
+                del pending[alloc_key]
+            raise
         return new_id
 
     def register_shard(self, location: str, shard: str, purpose: str, owner: str = "") -> None:

@@ -57,8 +57,10 @@ def test_reads_see_own_writes_and_names_are_unique(place: Place) -> None:
         "url": "file:///data/orders",
         "owner": "",
     }
+    allocated = tx.get("id_allocators", {"name": "database"})
     with pytest.raises(InvalidCatalogObject, match="'orders' is taken"):
         tx.create_database("orders", "file:///elsewhere")
+    assert tx.get("id_allocators", {"name": "database"}) == allocated  # changed nothing
     tx.set("databases", {"id": db}, {"name": "orders2", "url": "file:///data/orders"})
     tx.create_database("orders", "file:///data/orders-new")  # the rename freed the name
     src = tx.create_source(Source("pg", "postgres", data_shard="d1", remap_shard="r1"))
