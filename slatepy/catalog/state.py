@@ -31,18 +31,13 @@ from slatepy.catalog.objects import (
     AuditEvent,
     ConfigKey,
     ConfigValue,
-    Database,
     IdAllocator,
     NameKey,
     Objects,
-    Shard,
-    ShardKey,
-    Sink,
-    Source,
-    StorageUsage,
     collection,
     initial_objects,
 )
+from slatepy.catalog.reads import TypedReads
 from slatepy.catalog.storage import Contents, Row, Storage
 from slatepy.catalog.transaction import Cache, Transaction
 from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
@@ -70,7 +65,7 @@ def sort_key(key: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(key.values())
 
 
-class CatalogState:
+class CatalogState(TypedReads):
     """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`.
 
     Args:
@@ -321,52 +316,6 @@ class CatalogState:
             for k, v in raw
         ]
         return sorted(items, key=lambda kv: sort_key(kv[0]))
-
-    def typed(self, name: str) -> list[tuple[Any, Any]]:
-        """Every ``(key, value)`` of a collection as its Structs (see ``objects.py``)."""
-        coll = collection(name)
-        return [
-            (msgspec.convert(k, coll.key), msgspec.convert(v, coll.value))
-            for k, v in self.entries(name)
-        ]
-
-    def databases(self) -> list[tuple[int, Database]]:
-        return [(k.id, v) for k, v in self.typed("databases")]
-
-    def sources(self) -> list[tuple[int, Source]]:
-        return [(k.id, v) for k, v in self.typed("sources")]
-
-    def sinks(self) -> list[tuple[int, Sink]]:
-        return [(k.id, v) for k, v in self.typed("sinks")]
-
-    def shards(self) -> list[tuple[ShardKey, Shard]]:
-        return self.typed("shards")
-
-    def audit_log(self) -> list[tuple[int, AuditEvent]]:
-        """Every audit event, oldest first (read from storage: it is not cached)."""
-        return [(k.id, v) for k, v in self.typed("audit_log")]
-
-    def storage_usage(self) -> list[tuple[int, StorageUsage]]:
-        return [(k.id, v) for k, v in self.typed("storage_usage")]
-
-    def config(self, key: str) -> int | None:
-        for k, v in self.entries("config"):
-            if k["key"] == key:
-                return int(v["value"])
-        return None
-
-    def deploy_generation(self) -> int | None:
-        """Config ``deploy_generation`` (readable before opening; None: uninitialized)."""
-        return self.config("deploy_generation")
-
-    def settings(self) -> dict[str, str]:
-        return {k["name"]: v["value"] for k, v in self.entries("settings")}
-
-    def system_configurations(self) -> dict[str, str]:
-        return {k["name"]: v["value"] for k, v in self.entries("system_configurations")}
-
-    def id_allocators(self) -> dict[str, int]:
-        return {k["name"]: v["next_id"] for k, v in self.entries("id_allocators")}
 
     def dump(self, *, ignore_large_collections: bool = False) -> str:
         """The catalog as stored now, as JSON: ``{"epoch": N, "collections": {name: [{"key",
