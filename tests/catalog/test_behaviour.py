@@ -15,6 +15,7 @@ from slatepy.catalog import (
     StorageUsage,
     UninitializedCatalog,
 )
+from slatepy.catalog.storage import Contents
 from slatepy.errors import FencedError, TransactionConflict
 from tests.catalog.conftest import Place
 
@@ -213,3 +214,27 @@ def test_the_dump_is_json_of_every_collection(place: Place) -> None:
     assert "audit_log" not in small["collections"]
     assert "storage_usage" not in small["collections"]
     assert set(small["collections"]) >= {"config", "id_allocators", "system_configurations"}
+
+
+def test_an_open_that_loses_the_race_to_another_open_reads_again(single: Place) -> None:
+    single.state().open()  # epoch 1
+    loser, winner = single.state(), single.state()
+    storage = loser._storage
+    real_read = storage.read
+    calls = []
+
+    def read_then_lose() -> Contents:
+        contents = real_read()
+        calls.append(contents.epoch)
+        if len(calls) == 1:
+            winner.open()  # between the loser's read and its write
+        return contents
+
+    storage.read = read_then_lose  # type: ignore[method-assign]
+    loser.open()
+    # The first write was fenced; the open read again (persist also reads for the message).
+    assert calls[0] == 1 and calls[-1] == 2
+    assert (winner.epoch, loser.epoch) == (2, 3)
+    with pytest.raises(FencedError):
+        winner.confirm_leadership()
+    loser.confirm_leadership()
