@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from slatepy.catalog import (
     StorageUsage,
     UninitializedCatalog,
 )
-from slatepy.catalog.storage import Contents
+from slatepy.catalog.storage import Contents, Row
 from slatepy.errors import FencedError, TransactionConflict
 from tests.catalog.conftest import Place
 
@@ -238,3 +239,29 @@ def test_an_open_that_loses_the_race_to_another_open_reads_again(single: Place) 
     with pytest.raises(FencedError):
         winner.confirm_leadership()
     loser.confirm_leadership()
+
+
+def test_a_debug_edit_that_loses_a_race_reads_again_and_retries(single: Place) -> None:
+    leader = single.state()
+    leader.open()
+    tool = single.state()
+    storage = tool._storage
+    real_write = storage.write
+    attempts = []
+
+    def lose_once(rows: list[Row], **kwargs: Any) -> int:
+        attempts.append(kwargs["expected_upper"])
+        if len(attempts) == 1:
+            tx = leader.transaction()
+            tx.set_setting("leader", "1")
+            leader.commit_transaction(tx)  # moves the upper under the edit
+        return real_write(rows, **kwargs)
+
+    storage.write = lose_once  # type: ignore[method-assign]
+    previous = tool.debug_commit(lambda tx: tx.set_setting("tool", "2"), user="tool")
+    assert previous is None
+    assert attempts == [1, 2]
+    check = single.state()
+    check.open_read_only()
+    assert check.settings() == {"leader": "1", "tool": "2"}
+    assert check.epoch == 1  # edits never bump the epoch
