@@ -41,8 +41,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "aio": _KV | {"engine"},  # the asyncio facade of Db
     "slatepy": _LIBRARY,  # the package root re-exports the public API
     "testing": _LIBRARY,
-    "cli": _LIBRARY | {"testing"},  # `slatepy torture` runs the shipped torture harness
+    # `slatepy torture` runs the shipped torture harness; `slatepy catalog` the catalog.
+    "cli": _LIBRARY | {"testing", "catalog"},
     "spark": _LIBRARY,  # Spark data sources over the engine and persist (RFC 0016)
+    # The durable catalog (RFC 0028): above persist, below the CLI.
+    "catalog": _BASE | {"store", "format", "table", "persist"},
 }
 """Layer -> the layers it may import (besides itself). A module ``slatepy/x.py`` or package
 ``slatepy/x/`` is layer ``x``; ``slatepy/__init__.py`` is layer ``slatepy``."""
@@ -198,6 +201,9 @@ def test_the_declared_layers_have_no_cycle() -> None:
         ("slatepy.spark.kv", "from slatepy.cli import main"),
         ("slatepy.spark.kv", "def f() -> None:\n    from slatepy.testing import moto"),
         ("slatepy.table.merge", "from slatepy.spark import sink"),
+        ("slatepy.catalog.state", "from slatepy.cli import main"),
+        ("slatepy.catalog.persist", "from slatepy.engine.db import Db"),
+        ("slatepy.persist.client", "from slatepy.catalog import open_catalog"),
     ],
 )
 def test_an_upward_or_sideways_import_is_caught(module: str, source: str) -> None:
@@ -220,6 +226,8 @@ def test_an_upward_or_sideways_import_is_caught(module: str, source: str) -> Non
         ("slatepy.engine.db", "if TYPE_CHECKING:\n    from slatepy.compactor import X", False),
         ("slatepy.cli.main", "def f() -> None:\n    from slatepy.testing import torture", False),
         ("slatepy.store.url", "import obstore\nimport xxhash", False),
+        ("slatepy.cli.catalog", "from slatepy.catalog import open_catalog", False),
+        ("slatepy.catalog.persist", "from slatepy.persist import PersistClient", False),
     ],
 )
 def test_a_downward_import_passes(module: str, source: str, is_package: bool) -> None:

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--min-age", type=float, default=None, help="seconds (default: settings)")
     gc.add_argument("-v", "--verbose", action="store_true", help="list every object")
     _add_checkpoint_commands(sub)
+    from slatepy.cli.catalog import add_catalog_commands
+
+    add_catalog_commands(sub)
     torture = sub.add_parser(
         "torture", help="soak: a random workload under injected faults, checked against a model"
     )
@@ -192,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env()
         if args.command == "persist":
             return _persist(args, settings)
+        if args.command == "catalog":
+            from slatepy.cli.catalog import run_catalog
+
+            return run_catalog(args, settings)
         if args.command == "dynamodb" and args.dynamodb_command == "create-table":
             from slatepy.store.dynamodb import create_table
 

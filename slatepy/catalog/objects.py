@@ -1,0 +1,248 @@
+"""The catalog's collections at the current schema version (RFC 0028 §2).
+
+Every collection is a map from a key Struct to a value Struct (msgspec), stored as their JSON
+(the key's JSON is canonical: the Struct's field order, so equal keys are equal bytes). Older
+versions' types are frozen in :mod:`slatepy.catalog.upgrade`; these are the newest, version
+:data:`CATALOG_VERSION`. Connection strings never hold secrets: every field that holds one is
+stored with its password removed (:func:`strip_password`, in the Structs' ``__post_init__``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import msgspec
+
+from slatepy.catalog.errors import InvalidCatalogObject
+
+CATALOG_VERSION = 2
+"""The schema version this code writes (config ``catalog_version``)."""
+
+_SECRET_PARAMS = frozenset({"password", "passwd", "secret", "sslpassword"})
+
+
+def strip_password(url: str) -> str:
+    """``url`` without a password in its user info or its query (``password=...``); other
+    strings (a path, a name) come back unchanged."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_PARAMS])
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class _Object(msgspec.Struct, forbid_unknown_fields=True):
+    """A catalog key or value: unknown fields are refused, so a typo never round-trips."""
+
+
+class IdKey(_Object):
+    id: int
+
+
+class NameKey(_Object):
+    name: str
+
+
+class ConfigKey(_Object):
+    key: str
+
+
+class ShardKey(_Object):
+    """A persist shard where it lives: a location URL (no password) and its shard id."""
+
+    location: str
+    shard: str
+
+    def __post_init__(self) -> None:
+        self.location = strip_password(self.location)
+
+
+class Database(_Object):
+    """A slatepy KV database (``url``: its store location, no password)."""
+
+    name: str
+    url: str
+    owner: str = ""
+
+    def __post_init__(self) -> None:
+        self.url = strip_password(self.url)
+
+
+class Shard(_Object):
+    """What a persist shard is for: ``purpose`` ``data``, ``remap``, ``sink`` or ``other``;
+    ``owner`` the source or sink name that writes it."""
+
+    purpose: str
+    owner: str = ""
+
+
+class Source(_Object):
+    """An upstream feeding a data shard through a remap shard (connection: no password)."""
+
+    name: str
+    kind: str
+    connection: str = ""
+    location: str = ""
+    data_shard: str = ""
+    remap_shard: str = ""
+    options: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        self.connection = strip_password(self.connection)
+        self.location = strip_password(self.location)
+
+
+class Sink(_Object):
+    """A writer of a slatepy target (a persist shard, a KV database) from a pipeline."""
+
+    name: str
+    kind: str
+    target: str
+    options: dict[str, str] = {}
+
+    def __post_init__(self) -> None:
+        self.target = strip_password(self.target)
+
+
+class IdAllocator(_Object):
+    next_id: int
+
+
+class ConfigValue(_Object):
+    value: int
+
+
+class StringValue(_Object):
+    value: str
+
+
+class AuditEvent(_Object):
+    """One committed change: ``event_type`` ``create``, ``update``, ``delete``, or
+    ``initialize``/``migrate`` for the catalog itself."""
+
+    event_type: str
+    collection: str
+    key: dict[str, Any]
+    user: str
+    occurred_at_ms: int
+
+
+class StorageUsage(_Object):
+    shard: str
+    location: str
+    bytes: int
+    collected_at_ms: int
+
+    def __post_init__(self) -> None:
+        self.location = strip_password(self.location)
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """One collection: its types and rules.
+
+    Attributes:
+        cached: Held in memory by an open catalog (``audit_log`` and ``storage_usage`` are
+            not: they are only appended to, and read from storage when asked for).
+        append_only: Only typed transaction methods append to it; nothing is changed or
+            deleted (the generic ``set``/``delete`` refuse it).
+        unique: The part of a value that must be unique in the collection (None: no rule).
+    """
+
+    name: str
+    key: type[_Object]
+    value: type[_Object]
+    cached: bool = True
+    append_only: bool = False
+    unique: Callable[[Any], object] | None = None
+
+    def decode_key(self, data: bytes) -> Any:
+        return msgspec.json.decode(data, type=self.key)
+
+    def decode_value(self, data: bytes) -> Any:
+        return msgspec.json.decode(data, type=self.value)
+
+    def key_bytes(self, key: Any) -> bytes:
+        """The canonical JSON of ``key`` (a Struct of this collection or a JSON-able dict)."""
+        return msgspec.json.encode(self._convert(key, self.key, "key"))
+
+    def value_bytes(self, value: Any) -> bytes:
+        return msgspec.json.encode(self._convert(value, self.value, "value"))
+
+    def _convert(self, obj: Any, kind: type[_Object], what: str) -> _Object:
+        if isinstance(obj, kind):
+            return msgspec.convert(msgspec.to_builtins(obj), kind)  # re-runs __post_init__
+        try:
+            return msgspec.convert(obj, kind)
+        except msgspec.ValidationError as exc:
+            raise InvalidCatalogObject(
+                f"{what} {obj!r} does not fit collection {self.name!r} ({kind.__name__}): {exc}"
+            ) from None
+
+
+def _name(value: Any) -> object:
+    return value.name
+
+
+COLLECTIONS: dict[str, Collection] = {
+    c.name: c
+    for c in (
+        Collection("databases", IdKey, Database, unique=_name),
+        Collection("shards", ShardKey, Shard),
+        Collection("sources", IdKey, Source, unique=_name),
+        Collection("sinks", IdKey, Sink, unique=_name),
+        Collection("id_allocators", NameKey, IdAllocator),
+        Collection("config", ConfigKey, ConfigValue),
+        Collection("settings", NameKey, StringValue),
+        Collection("system_configurations", NameKey, StringValue),
+        Collection("audit_log", IdKey, AuditEvent, cached=False, append_only=True),
+        Collection("storage_usage", IdKey, StorageUsage, cached=False, append_only=True),
+    )
+}
+"""Every collection by name, in dump order."""
+
+LARGE_COLLECTIONS = frozenset({"audit_log", "storage_usage"})
+"""Skipped by ``dump --ignore-large-collections``."""
+
+ID_KINDS = ("database", "source", "sink", "audit_log", "storage_usage")
+"""The id allocators a new catalog starts with (next id 1 each)."""
+
+
+def collection(name: str) -> Collection:
+    """The collection called ``name``.
+
+    Raises:
+        InvalidCatalogObject: no such collection.
+    """
+    found = COLLECTIONS.get(name)
+    if found is None:
+        raise InvalidCatalogObject(
+            f"unknown catalog collection {name!r}; the collections are {', '.join(COLLECTIONS)}"
+        )
+    return found
+
+
+Objects = dict[str, dict[bytes, bytes]]
+"""The raw content of a catalog: collection -> canonical key JSON -> value JSON."""
+
+
+def initial_objects(deploy_generation: int = 0) -> Objects:
+    """What a new catalog holds at :data:`CATALOG_VERSION`."""
+    enc = msgspec.json.encode
+    return {
+        "config": {
+            enc(ConfigKey("catalog_version")): enc(ConfigValue(CATALOG_VERSION)),
+            enc(ConfigKey("deploy_generation")): enc(ConfigValue(deploy_generation)),
+        },
+        "id_allocators": {enc(NameKey(kind)): enc(IdAllocator(1)) for kind in ID_KINDS},
+    }

@@ -1,0 +1,140 @@
+"""The catalog in one persist shard (RFC 0028 §3.1, the seed's persist implementation).
+
+Each row is one persist update: key ``collection NUL key-JSON``, value the value JSON, time
+the catalog's upper, diff ±1. The epoch is a row of the hidden collection ``_fence`` (value
+``{"epoch": N, "holder": "host:pid"}``), written together with an open's other changes.
+Every write is one ``compare_and_append`` at the expected upper: as every open writes, a
+commit of an older leader always finds a moved upper, which is its fence (the newer epoch is
+then read for the message). A read is a snapshot at ``upper - 1`` through a leased reader
+opened for it; an open downgrades the critical since ``catalog`` to ``upper - 1`` so
+compaction can consolidate the history below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
+from slatepy.errors import FencedError
+from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
+
+FENCE = "_fence"
+"""The hidden collection of the epoch row (never returned by a read's entries)."""
+CRITICAL_READER = "catalog"
+
+
+class _Fence(msgspec.Struct):
+    epoch: int
+    holder: str = ""
+
+
+def _key(collection: str, key: bytes) -> bytes:
+    return collection.encode() + b"\x00" + key
+
+
+class PersistStorage(Storage):
+    """A catalog in shard ``shard`` of ``client``.
+
+    Args:
+        owns_client: Close ``client`` with this storage.
+    """
+
+    def __init__(
+        self, client: PersistClient, shard: str, *, owns_client: bool, description: str
+    ) -> None:
+        self._client = client
+        self._shard = shard
+        self._owns_client = owns_client
+        self.description = description
+        self._writer: WriteHandle | None = None
+        self._fence_row: bytes | None = None
+
+    def _handle(self) -> WriteHandle:
+        if self._writer is None:
+            self._writer = self._client.open_writer(self._shard, purpose="catalog")
+        return self._writer
+
+    def upper(self) -> int:
+        upper = self._handle().fetch_recent_upper()
+        assert upper is not None, f"catalog shard {self._shard!r} is closed"
+        return upper
+
+    def read(self) -> Contents:
+        upper = self.upper()
+        if upper == 0:
+            self._fence_row = None
+            return Contents(0, 0, [])
+        reader = self._client.open_leased_reader(self._shard, purpose="catalog read")
+        try:
+            updates = reader.snapshot(upper - 1)
+        finally:
+            reader.expire()
+        return self._contents(upper, updates)
+
+    def _contents(self, upper: int, updates: Iterable[Update]) -> Contents:
+        entries: list[tuple[str, bytes, bytes]] = []
+        fence = _Fence(0)
+        self._fence_row = None
+        for (key, value), _, diff in updates:
+            coll, _, k = key.partition(b"\x00")
+            if diff != 1:
+                raise AssertionError(f"catalog row {key!r} has multiplicity {diff}")
+            if coll == FENCE.encode():
+                self._fence_row = value
+                fence = msgspec.json.decode(value, type=_Fence)
+            else:
+                entries.append((coll.decode(), k, value))
+        return Contents(upper, fence.epoch, entries, fence.holder)
+
+    def write(
+        self,
+        rows: list[Row],
+        *,
+        expected_upper: int,
+        epoch: int | None,
+        new_epoch: int | None = None,
+        holder: str = "",
+    ) -> int:
+        updates: list[Update] = [((_key(c, k), v), expected_upper, d) for c, k, v, d in rows]
+        fence_row = self._fence_row
+        if new_epoch is not None:
+            new_row = msgspec.json.encode(_Fence(new_epoch, holder))
+            if fence_row is not None:
+                updates.append(((_key(FENCE, b"{}"), fence_row), expected_upper, -1))
+            updates.append(((_key(FENCE, b"{}"), new_row), expected_upper, 1))
+            fence_row = new_row
+        try:
+            self._handle().compare_and_append(updates, expected_upper, expected_upper + 1)
+        except UpperMismatch as exc:
+            raise self._fenced(epoch, expected_upper, exc.current) from None
+        self._fence_row = fence_row
+        if new_epoch is not None:
+            self._downgrade_since(expected_upper)
+        return expected_upper + 1
+
+    def _downgrade_since(self, since: int) -> None:
+        hold = self._client.open_critical_since(self._shard, CRITICAL_READER)
+        opaque = hold.opaque
+        if hold.since is not None and hold.since < since:
+            hold.compare_and_downgrade_since(opaque, opaque, since)
+
+    def _fenced(self, epoch: int | None, expected: int, current: int | None) -> FencedError:
+        newest = self.read().epoch if current else 0
+        return FencedError(
+            f"catalog {self.description}: "
+            + fenced_message(epoch, newest, expected, -1 if current is None else current)
+        )
+
+    def confirm(self, upper: int, epoch: int) -> None:
+        current = self.upper()
+        if current != upper:
+            raise self._fenced(epoch, upper, current)
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.expire()
+        if self._owns_client:
+            self._client.close()

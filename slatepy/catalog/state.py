@@ -1,0 +1,410 @@
+"""The durable catalog state: one implementation over any :class:`Storage` (RFC 0028 §1, §4).
+
+Unopened, a state answers ``is_initialized``, ``check_open``, ``dump``, ``deploy_generation``
+and ``entries`` from storage. ``open()`` initializes or migrates in memory and writes the
+changes together with the epoch bump as one write at the upper it read; from then on every
+commit is one write at the cached upper, checked against the epoch first, so an older
+leader's commit after a newer ``open()`` raises ``FencedError`` and writes nothing.
+``open_read_only()`` caches a snapshot and refuses every mutation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from slatepy.catalog.errors import (
+    CatalogError,
+    MigrationNeeded,
+    ReadOnlyCatalog,
+    UninitializedCatalog,
+)
+from slatepy.catalog.objects import (
+    CATALOG_VERSION,
+    COLLECTIONS,
+    LARGE_COLLECTIONS,
+    AuditEvent,
+    ConfigKey,
+    ConfigValue,
+    IdAllocator,
+    NameKey,
+    Objects,
+    collection,
+    initial_objects,
+)
+from slatepy.catalog.reads import TypedReads
+from slatepy.catalog.storage import Contents, Row, Storage
+from slatepy.catalog.transaction import Cache, Transaction
+from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
+from slatepy.errors import FencedError, TransactionConflict
+
+T = TypeVar("T")
+Mode = Literal["unopened", "writable", "read_only", "fenced", "closed"]
+OPEN_ATTEMPTS = 5
+"""Tries of ``open()`` when another opener wins the race for the same upper."""
+
+
+def holder() -> str:
+    """Who this process is, for the fence row (``host:pid``)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def objects_of(contents: Contents) -> Objects:
+    objects: Objects = {}
+    for name, key, value in contents.entries:
+        objects.setdefault(name, {})[key] = value
+    return objects
+
+
+def sort_key(key: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(key.values())
+
+
+class CatalogState(TypedReads):
+    """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`.
+
+    Args:
+        storage: Where it lives (persist or the SQL stash).
+        clock: Wall clock in seconds, for audit events.
+        user: Recorded in the audit events of this state's commits.
+        deploy_generation: Set config ``deploy_generation`` to this at ``open()``.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        clock: Callable[[], float] = time.time,
+        user: str = "",
+        deploy_generation: int | None = None,
+    ) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._user = user
+        self._deploy_generation = deploy_generation
+        self._mode: Mode = "unopened"
+        self._epoch: int | None = None
+        self._upper = 0
+        self._cache = Cache()
+
+    @property
+    def description(self) -> str:
+        return self._storage.description
+
+    @property
+    def epoch(self) -> int | None:
+        """This state's epoch once opened (a read-only open: the epoch it saw), else None."""
+        return self._epoch
+
+    @property
+    def upper(self) -> int:
+        """The upper of the cached state (0 until opened)."""
+        return self._upper
+
+    @property
+    def is_read_only(self) -> bool:
+        return self._mode == "read_only"
+
+    # -- opening ------------------------------------------------------------------------
+
+    def is_initialized(self) -> bool:
+        """Whether anything ever opened this catalog for writing. Writes nothing."""
+        return self._storage.upper() > 0
+
+    def open(self) -> None:
+        """Initialize the catalog, or migrate it to this code's version, and become its
+        leader: the changes and the epoch bump are one write.
+
+        Raises:
+            IncompatibleCatalogVersion: the catalog is newer than this code (or too old).
+            FencedError: other openers kept winning the race (after several tries).
+        """
+        self._check_unopened()
+        for attempt in range(OPEN_ATTEMPTS):
+            contents = self._storage.read()
+            old = objects_of(contents)
+            if contents.upper == 0:
+                new, event = initial_objects(self._deploy_generation or 0), "initialize"
+            else:
+                new, found = upgrade({k: dict(v) for k, v in old.items()})
+                event = "migrate" if found != CATALOG_VERSION else ""
+                if self._deploy_generation is not None:
+                    new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
+                        msgspec.json.encode(ConfigValue(self._deploy_generation))
+                    )
+            if event:
+                self._append_event(new, event)
+            rows = diff_objects(old, new)
+            epoch = contents.epoch + 1
+            try:
+                self._upper = self._storage.write(
+                    rows,
+                    expected_upper=contents.upper,
+                    epoch=contents.epoch,
+                    new_epoch=epoch,
+                    holder=holder(),
+                )
+            except FencedError:
+                if attempt == OPEN_ATTEMPTS - 1:
+                    raise
+                continue
+            self._epoch = epoch
+            self._cache = Cache(new)
+            self._mode = "writable"
+            return
+
+    def open_read_only(self) -> None:
+        """Cache the catalog as it is now, changing nothing; every mutation then fails.
+
+        Raises:
+            UninitializedCatalog: nothing opened it for writing yet.
+            MigrationNeeded: it is at an older version (``open()`` would migrate it).
+            IncompatibleCatalogVersion: it is newer than this code.
+        """
+        self._check_unopened()
+        contents = self._read_initialized()
+        objects = objects_of(contents)
+        found = catalog_version(objects)
+        check_version(found)
+        if found < CATALOG_VERSION:
+            raise MigrationNeeded(
+                f"catalog {self.description} is at version {found}; this code's version is "
+                f"{CATALOG_VERSION}: open it for writing once to migrate it"
+            )
+        self._cache = Cache(objects)
+        self._upper, self._epoch = contents.upper, contents.epoch
+        self._mode = "read_only"
+
+    def check_open(self) -> tuple[int, int]:
+        """Would ``open()`` succeed? Reads and migrates in memory, writes nothing.
+
+        Returns:
+            The catalog's version (0: uninitialized: open would initialize it) and this
+            code's version.
+
+        Raises:
+            IncompatibleCatalogVersion: it would not (the catalog is too new or too old).
+        """
+        contents = self._storage.read()
+        if contents.upper == 0:
+            return 0, CATALOG_VERSION
+        _, found = upgrade(objects_of(contents))
+        return found, CATALOG_VERSION
+
+    def _append_event(self, objects: Objects, event: str) -> None:
+        """Add an audit event about the catalog itself to ``objects`` (and its id)."""
+        alloc_key = msgspec.json.encode(NameKey("audit_log"))
+        allocators = objects.setdefault("id_allocators", {})
+        raw = allocators.get(alloc_key)
+        next_id = 1 if raw is None else msgspec.json.decode(raw, type=IdAllocator).next_id
+        allocators[alloc_key] = msgspec.json.encode(IdAllocator(next_id + 1))
+        version = catalog_version(objects)
+        record = AuditEvent(
+            event, "config", {"key": "catalog_version", "value": version},
+            self._user, int(self._clock() * 1000),
+        )  # fmt: skip
+        audit = objects.setdefault("audit_log", {})
+        audit[msgspec.json.encode({"id": next_id})] = msgspec.json.encode(record)
+
+    # -- transactions ------------------------------------------------------------------
+
+    def transaction(self, *, user: str | None = None) -> Transaction:
+        """A transaction on the cached catalog (a read-only catalog's refuses writes)."""
+        self._check_open()
+        return Transaction(
+            self._cache,
+            base_upper=self._upper,
+            user=self._user if user is None else user,
+            clock=self._clock,
+            writable=self._mode == "writable",
+        )
+
+    def commit_transaction(self, tx: Transaction) -> None:
+        """Commit ``tx`` as one write at the cached upper (nothing, if it changed nothing).
+
+        Raises:
+            ReadOnlyCatalog: this state is not open for writing.
+            TransactionConflict: another transaction committed since ``tx`` was made.
+            FencedError: a newer ``open()`` (or a debug edit) happened; nothing was written
+                and this state refuses everything from now on.
+        """
+        self._check_writable()
+        if tx.base_upper != self._upper:
+            raise TransactionConflict(
+                f"the transaction read the catalog at {tx.base_upper}; it is at {self._upper} "
+                "now: make a new transaction"
+            )
+        rows = tx.batch()
+        if not rows:
+            return
+        self._write(rows)
+
+    def _write(self, rows: list[Row]) -> None:
+        try:
+            self._upper = self._storage.write(rows, expected_upper=self._upper, epoch=self._epoch)
+        except FencedError:
+            self._mode = "fenced"
+            raise
+        self._cache.apply(rows)
+
+    def confirm_leadership(self) -> None:
+        """A linearized check that this state is still the catalog's leader.
+
+        Raises:
+            FencedError: a newer opener (or an edit) changed the catalog.
+            ReadOnlyCatalog: this state was not opened for writing.
+        """
+        self._check_writable()
+        assert self._epoch is not None
+        try:
+            self._storage.confirm(self._upper, self._epoch)
+        except FencedError:
+            self._mode = "fenced"
+            raise
+
+    def debug_commit(
+        self, edit: Callable[[Transaction], T], *, user: str, timeout: float = 30.0
+    ) -> T:
+        """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
+        commit it at the current upper without bumping or checking the epoch, again from
+        a fresh read while another writer wins (up to ``timeout`` seconds): the debug
+        tool's edits. A live leader is fenced by them."""
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            contents = self._read_initialized()
+            tx = Transaction(Cache(objects_of(contents)), base_upper=contents.upper, user=user)
+            result = edit(tx)
+            rows = tx.batch()
+            if not rows:
+                return result
+            try:
+                self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+                return result
+            except FencedError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(1.0, delay * 2)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def entries(self, name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Every ``(key, value)`` of a collection as JSON-able dicts, sorted by key. Cached
+        collections come from memory once opened; the rest are read from storage, by a
+        leader only after confirming its leadership.
+
+        Raises:
+            FencedError: this state leads no more (uncached collections only).
+        """
+        coll = collection(name)
+        if coll.cached and self._mode in ("writable", "read_only"):
+            raw = list(self._cache.rows[name].items())
+        else:
+            self._check_not_closed()
+            if self._mode in ("writable", "fenced"):
+                # As Materialize's persist catalog: a leader reads only while it leads.
+                self.confirm_leadership()
+            raw = self._storage.read_collection(name)
+        items = [
+            (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
+            for k, v in raw
+        ]
+        return sorted(items, key=lambda kv: sort_key(kv[0]))
+
+    def dump(self, *, ignore_large_collections: bool = False) -> str:
+        """The catalog as stored now, as JSON: ``{"epoch": N, "collections": {name: [{"key",
+        "value", "time", "diff"}]}}`` (a consolidated snapshot: every time is the upper
+        minus one, every diff 1). Keys and values can be edited and passed back to the
+        debug tool.
+
+        Raises:
+            UninitializedCatalog: there is nothing to dump.
+        """
+        self._check_not_closed()
+        contents = self._read_initialized()
+        objects = objects_of(contents)
+        out: dict[str, Any] = {"epoch": contents.epoch, "collections": {}}
+        for name in COLLECTIONS:
+            if ignore_large_collections and name in LARGE_COLLECTIONS:
+                continue
+            rows = [
+                {
+                    "key": msgspec.json.decode(k),
+                    "value": msgspec.json.decode(v),
+                    "time": contents.upper - 1,
+                    "diff": 1,
+                }
+                for k, v in objects.get(name, {}).items()
+            ]
+            out["collections"][name] = sorted(rows, key=lambda r: sort_key(r["key"]))
+        return msgspec.json.encode(out).decode()
+
+    def current(self) -> Contents:
+        """The stored contents now, with the epoch and who holds it (the debug tool)."""
+        return self._read_initialized()
+
+    def close(self) -> None:
+        """Release the storage's connections and handles. Idempotent."""
+        if self._mode != "closed":
+            self._mode = "closed"
+            self._storage.close()
+
+    def __enter__(self) -> CatalogState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _read_initialized(self) -> Contents:
+        contents = self._storage.read()
+        if contents.upper == 0:
+            raise UninitializedCatalog(
+                f"no catalog at {self.description}: `slatepy catalog init URL` (or open()) "
+                "creates one"
+            )
+        return contents
+
+    def _check_not_closed(self) -> None:
+        if self._mode == "closed":
+            raise CatalogError(f"catalog {self.description} is closed")
+
+    def _check_unopened(self) -> None:
+        self._check_not_closed()
+        if self._mode != "unopened":
+            raise CatalogError(f"catalog {self.description} is open already ({self._mode})")
+
+    def _check_open(self) -> None:
+        self._check_not_closed()
+        if self._mode == "fenced":
+            raise FencedError(f"catalog {self.description}: this state was fenced")
+        if self._mode == "unopened":
+            raise CatalogError(f"catalog {self.description} is not open: open() it first")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._mode != "writable":
+            raise ReadOnlyCatalog(f"catalog {self.description} is open read-only")
+
+
+def diff_objects(old: Objects, new: Objects) -> list[Row]:
+    """The rows that turn ``old`` into ``new``."""
+    rows: list[Row] = []
+    for name in sorted(old.keys() | new.keys()):
+        before, after = old.get(name, {}), new.get(name, {})
+        for key in before.keys() | after.keys():
+            was, now = before.get(key), after.get(key)
+            if was == now:
+                continue
+            if was is not None:
+                rows.append((name, key, was, -1))
+            if now is not None:
+                rows.append((name, key, now, 1))
+    return rows
