@@ -131,6 +131,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._stale_view_seconds = settings.gc_min_age / 4
         self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
+        self._memtable.compacted_version = self._compacted_version
         # Writers assign even seqs only, so an ingestion's (odd) global seq fits strictly
         # between the writes before it and after it (RFC 0016): start at an even number.
         self._seq = start.last_seq + start.last_seq % 2
@@ -369,14 +370,16 @@ class Db(Closing, ReadSurface, WriteSurface):
                 generation = self._append_puts(ops, seq, await_durable)
             if generation is None:
                 entries: list[Entry] = [(key, seq, value) for key, value in ops]
+                # Before the WAL has it: a failed lookup must fail the write whole.
+                bases = self._memtable.ingested_bases(entries)
                 if ranges:
                     tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
                     generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
-                    self._memtable.apply(entries, tombstones)
+                    self._memtable.apply(entries, tombstones, bases)
                 else:
                     # One WAL generation holds the whole batch, so it lands in one SST.
                     generation = self._wal.append(entries, awaited=await_durable)
-                    self._memtable.apply(entries)
+                    self._memtable.apply(entries, (), bases)
         finally:
             self._lock.release()
         if await_durable:
@@ -687,6 +690,15 @@ class Db(Closing, ReadSurface, WriteSurface):
         if stored is not None:
             self._apply_manifest(stored.manifest)
 
+    def _compacted_version(self, key: bytes) -> Version | None:
+        """The newest version of ``key`` in the view's SSTs: what merge operands written over
+        a memtable version older than an ingestion fold over if it is newer (the memtable
+        asks, under the writer's lock, before the write is in the WAL; rare)."""
+        try:
+            return get_compacted(self._tables, self._view, key)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
+
     def _wait_for_compaction(self) -> None:
         """Backpressure: block until compaction shrinks the memtable below the limit."""
         deadline = time.monotonic() + self._settings.write_stall_timeout
@@ -725,6 +737,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 return  # an older manifest than the one we have
             self._view = manifest
             self._view_time = time.monotonic()
+            self._memtable.ingest_seq = manifest.last_ingest_seq
             cutoff = manifest.wal_id_last_compacted
             known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import compress
 from operator import is_not, itemgetter, not_
@@ -84,6 +84,8 @@ class Memtable:
         "_new_keys",
         "_sorted",
         "_stacks",
+        "compacted_version",
+        "ingest_seq",
         "merging",
         "ranges",
         "size_bytes",
@@ -106,16 +108,57 @@ class Memtable:
         self._stacks: dict[bytes, list[tuple[int, bytes]]] = {}
         """Per key whose version is stacked merge operands: each write's operands with its
         seq, so :meth:`prune` can take out exactly those now compacted."""
+        self.ingest_seq = 0
+        """The newest ingestion's global seq the owner knows of (RFC 0016)."""
+        self.compacted_version: Callable[[bytes], Version | None] | None = None
+        """The newest compacted version of a key, for merge operands written over a version
+        here that is older than an ingestion (see :meth:`ingested_bases`)."""
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def put(self, key: bytes, seq: int, value: bytes | None) -> None:
+    def put(
+        self,
+        key: bytes,
+        seq: int,
+        value: bytes | None,
+        bases: dict[bytes, Version] | None = None,
+    ) -> None:
         """Record a version; a newer sequence number replaces an older one (merge operands
-        stack on it instead: :meth:`Merging.stack`)."""
+        stack on it instead: :meth:`Merging.stack`). ``bases``: what
+        :meth:`ingested_bases` returned for the batch (None: look it up here)."""
         if value.__class__ is Operands:
-            value = self._stack(key, seq, self._data.get(key), value)
+            value = self._stack(key, seq, self._data.get(key), value, bases)
         self.put_version(key, (seq, value))
+
+    def _ingested_base(self, key: bytes, old: Version | None) -> Version | None:
+        """The compacted version of ``key`` newer than ``old``, an uncompacted version here
+        older than the newest ingestion: that ingestion may hold the key, and then merge
+        operands written now fold over its value, not over ``old`` (issue 29)."""
+        lookup = self.compacted_version
+        if lookup is None or old is None or old[0] <= self._compacted:
+            return None
+        if old[0] >= self.ingest_seq:
+            return None
+        found = lookup(key)
+        if found is None or found[0] <= old[0] or found[1].__class__ is Operands:
+            return None  # ingestions write values: compacted operands are another story
+        return found
+
+    def ingested_bases(self, entries: Iterable[Entry]) -> dict[bytes, Version]:
+        """For the merge operands among ``entries``, the ingested versions they fold over
+        instead of the version here (:meth:`_ingested_base`), looked up before a write is
+        recorded anywhere, so that a failed lookup changes nothing. Empty (no lookup) unless
+        an ingestion is newer than some version here."""
+        bases: dict[bytes, Version] = {}
+        if not self.ingest_seq or self.compacted_version is None:
+            return bases
+        for key, _, value in entries:
+            if value.__class__ is Operands and key not in bases:
+                base = self._ingested_base(key, self._data.get(key))
+                if base is not None:
+                    bases[key] = base
+        return bases
 
     def put_version(self, key: bytes, version: Version) -> None:
         """Record ``version``, ``(seq, value)``, whose value is not merge operands still to
@@ -137,7 +180,14 @@ class Memtable:
             added += VALUE_OVERHEAD + len(value)
         self.size_bytes += added
 
-    def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
+    def _stack(
+        self,
+        key: bytes,
+        seq: int,
+        old: Version | None,
+        value: Operands,
+        bases: dict[bytes, Version] | None = None,
+    ) -> bytes:
         """The value that holds ``value`` written over ``old``, the stack of operands kept."""
         if old is None or old[0] <= self._compacted:
             # Nothing here, or a version kept after its compaction, which may no longer be
@@ -146,6 +196,9 @@ class Memtable:
             # holds the kept version or a newer one.
             self._stacks[key] = [(seq, value)]
             return value
+        base = self._ingested_base(key, old) if bases is None else bases.get(key)
+        if base is not None and old[0] < base[0] < seq:
+            old = base  # an ingestion published a newer version: the operands go over it
         ranges = self.ranges
         if ranges is not EMPTY and old[0] < ranges.seq_at(key):
             old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
@@ -159,11 +212,16 @@ class Memtable:
         self._stacks[key] = [(seq, value)]  # no operator: over a base, they replace it
         return stacked
 
-    def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:
+    def apply(
+        self,
+        entries: Sequence[Entry],
+        ranges: Sequence[RangeTombstone] = (),
+        bases: dict[bytes, Version] | None = None,
+    ) -> None:
         """Record a batch of versions and range tombstones, visible to :meth:`get` all at once
-        (see the module)."""
+        (see the module); ``bases`` as :meth:`put` takes them."""
         if len(entries) == 1 and not ranges:
-            self.put(*entries[0])
+            self.put(*entries[0], bases)
             return
         with self._batch_lock:
             self._batching = True
@@ -176,7 +234,7 @@ class Memtable:
                         ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in ranges
                     )
                 for key, seq, value in entries:
-                    self.put(key, seq, value)
+                    self.put(key, seq, value, bases)
             finally:
                 self._batching = False
 

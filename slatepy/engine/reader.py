@@ -49,6 +49,7 @@ from slatepy.engine.batch import check_key
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Version
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
 from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
@@ -128,8 +129,14 @@ class DbReader(Closing, ReadSurface):
         stored, tail = self._register()
         first = stored.manifest.wal_id_last_compacted + 1
         try:
+            self._view = stored.manifest
             self._memtable, self._wal_max_seq = replay(
-                self._wal, first, tail + 1, merging=self._merging
+                self._wal,
+                first,
+                tail + 1,
+                merging=self._merging,
+                ingest_seq=stored.manifest.last_ingest_seq,
+                compacted_version=self._compacted_version,
             )
         except SlatepyError:
             self._forget_snapshot()  # a failed open leaves nothing behind (best effort)
@@ -212,6 +219,14 @@ class DbReader(Closing, ReadSurface):
     @property
     def metrics(self) -> StoreMetrics:
         return self._store.metrics
+
+    def _compacted_version(self, key: bytes) -> Version | None:
+        """The newest version of ``key`` in the view's SSTs (the memtable asks for merge
+        operands applied over a version older than an ingestion; rare)."""
+        try:
+            return get_compacted(self._tables, self._view, key)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
 
     def _version(self, key: bytes) -> tuple[int, bytes] | None:
         """``(seq, value)`` of what a read of ``key`` returns (None: absent, deleted or
@@ -514,6 +529,7 @@ class DbReader(Closing, ReadSurface):
         cutoff = stored.manifest.wal_id_last_compacted
         with self._lock:
             self._view = stored.manifest
+            self._memtable.ingest_seq = stored.manifest.last_ingest_seq
             self._manifest_id = self._checked_manifest_id = stored.id
             compacted = [i for i in self._wal_max_seq if i <= cutoff]
             if compacted:
