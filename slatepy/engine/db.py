@@ -469,11 +469,14 @@ class Db(Closing, ReadSurface, WriteSurface):
             self._check_open()
         if time.monotonic() - self._view_time > self._stale_view_seconds:
             self.refresh()
+        # The range tombstones before the version: a batch [delete_range, put] landing
+        # between the two must not leave the old version under the new tombstone (a half
+        # batch, issue 29); an older set of tombstones with a newer version is a whole state.
+        ranges = self._memtable.ranges
         version = self._memtable.get(key)  # a batch is seen whole (Memtable.apply)
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
         view = self._view
-        ranges = self._memtable.ranges
         if version is not None and version[0] > view.last_ingest_seq:
             value = version[1]
             if value.__class__ is bytes and ranges is EMPTY and view_ranges(view) is EMPTY:
@@ -578,17 +581,25 @@ class Db(Closing, ReadSurface, WriteSurface):
         key = check_key(key)
         self._check_open()
         self._refresh_stale_view()
-        version = self._memtable.get(key)
-        view = self._view  # after the memtable: see get()
-        if version is None or version[0] <= view.last_ingest_seq:
+        # The version, the range tombstones and the view together, under the lock writes,
+        # view adoption and pruning take: no half batch, no operand counted twice.
+        with self._lock:
+            self._check_open()
+            memtable = self._memtable
+            version, ranges, view = memtable.get(key), memtable.ranges, self._view
+        value = None if version is None else version[1]
+        if version is None or version[0] <= view.last_ingest_seq or value.__class__ is Operands:
             found = self._read(lambda v: get_compacted(self._tables, v, key), view)
             self._check_open()
             version = newer_version(version, found)
         if version is None or version[1] is None:
             return version
-        if version[1].__class__ is bytes and not self._memtable.ranges and not view_ranges(view):
+        if version[1].__class__ is bytes and not ranges and not view_ranges(view):
             return version
-        return version[0], self._get(key)  # an entry kind (RFC 0019): resolved as get does
+        value = visible(
+            key, version, ranges, view, self._clock, merging=self._merging, tables=self._tables
+        )
+        return version[0], value  # an entry kind (RFC 0019): resolved as get does
 
     def snapshot(self) -> Snapshot:
         """A consistent read view that later writes, compaction and GC leave unchanged until

@@ -234,8 +234,8 @@ class DbReader(Closing, ReadSurface):
         key = check_key(key)
         self._check_open()
         memtable = self._memtable
+        ranges = memtable.ranges  # before the version: see Db._get (no half batch)
         version = memtable.get(key)  # a WAL SST (a batch) is seen whole
-        ranges = memtable.ranges
         view = self._view
         if version is None or version[0] <= view.last_ingest_seq:
             # No version, or one older than an ingestion, which may hold a newer one.
