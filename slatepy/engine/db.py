@@ -117,6 +117,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._merging = Merging(merge_operator, clock)
         self._lock = threading.Lock()
         self._closed = False
+        self._refused = False  # closed, or the writer failed: reads check why (_check_readable)
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings, self._merging)
         self._manifests = manifests
@@ -143,6 +144,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             settings=settings,
             merging=self._merging,
         )
+        self._wal.on_failure = _weak_call(self._writer_failed)
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         budget, retain = settings.max_unflushed_bytes, settings.memtable_retain_bytes
         self._retain_bytes = budget // 2 if retain is None else retain
@@ -465,8 +467,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         # inlined, as put does.
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_SIZE:
             key = check_key(key)
-        if self._closed:
-            self._check_open()
+        if self._refused:
+            self._check_readable()
         if time.monotonic() - self._view_time > self._stale_view_seconds:
             self.refresh()
         # The range tombstones before the version: a batch [delete_range, put] landing
@@ -508,7 +510,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         memtable and the view are taken together, under the lock that adopting a view and
         pruning the memtable hold, so no operand is counted in both."""
         with self._lock:
-            self._check_open()
+            self._check_readable()
             version = self._memtable.get(key)
             view = self._view
             ranges = self._memtable.ranges
@@ -534,7 +536,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         keys = [check_key(k) for k in keys]
         self._refresh_stale_view()
         with self._lock:
-            self._check_open()
+            self._check_readable()
             newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
@@ -572,19 +574,19 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         self._refresh_stale_view()
         with self._lock:
-            self._check_open()
+            self._check_readable()
             entries = self._memtable.range(start, end)
             view, ranges = self._view, self._memtable.ranges
         return View(self._tables, view, entries, start, end, ranges, self._clock, self._merging)
 
     def _version(self, key: bytes) -> Version | None:
         key = check_key(key)
-        self._check_open()
+        self._check_readable()
         self._refresh_stale_view()
         # The version, the range tombstones and the view together, under the lock writes,
         # view adoption and pruning take: no half batch, no operand counted twice.
         with self._lock:
-            self._check_open()
+            self._check_readable()
             memtable = self._memtable
             version, ranges, view = memtable.get(key), memtable.ranges, self._view
         value = None if version is None else version[1]
@@ -618,9 +620,10 @@ class Db(Closing, ReadSurface, WriteSurface):
         Raises:
             ClosedError: the database is closed.
             ManifestConflictError: compactions kept publishing while the view was pinned.
-            SlatepyError: the writer failed (writing the WAL, or before).
+            SlatepyError: the writer failed (writing the WAL, or before): its memtable may
+                hold writes the database lost.
         """
-        self._check_open()
+        self._check_readable()
         for _ in range(SNAPSHOT_ATTEMPTS):
             pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
             self._apply_manifest(stored.manifest)
@@ -638,11 +641,15 @@ class Db(Closing, ReadSurface, WriteSurface):
                     self._wal.unreserve()
             if sealed is not None:
                 self._wal.write_sealed(sealed)
-                if self._wal.error is not None:  # the writer failed: no boundary, no writes
+            if same:
+                try:
+                    # Every write the copy holds is durable, or the writer failed: a snapshot
+                    # holds no write the database lost (issue 29).
+                    self._wal.settle()
+                except SlatepyError:
                     with contextlib.suppress(SlatepyError):  # else the pin expires on its own
                         pin.release()
-                    raise self._wal.error
-            if same:
+                    raise
                 return Snapshot(
                     url=self.url,
                     tables=self._tables,
@@ -673,7 +680,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             ClosedError: the database is closed.
         """
         isolation = check_isolation(isolation)
-        self._check_open()
+        self._check_readable()
         # Without the writer's lock when no write holds it: a lock hand-off per begin is
         # what several threads' transactions queue on (RFC 0020, "Several threads"). The
         # token goes in first, under a seq no later than the start: every write that checks
@@ -829,7 +836,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = self._refused = True
         _OPEN.discard(self)
         try:
             self._wal.flush()
@@ -911,7 +918,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
         _OPEN.discard(self)
         with self._lock:
-            self._closed = True
+            self._closed = self._refused = True
         if self._compactor is not None:
             self._compactor.close()
         self._wal.close()
@@ -919,6 +926,16 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the database is closed; open it again to use it")
+
+    def _check_readable(self) -> None:
+        """Reads need an open database whose writer has not failed: after a failure the
+        memtable may hold writes that were never made durable, and no read may return
+        those once the failure was reported (RFC 0026). ``WalWriter.dead_error`` says so."""
+        self._check_open()
+        self._wal.check()
+
+    def _writer_failed(self) -> None:
+        self._refused = True
 
 
 def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
@@ -934,5 +951,18 @@ def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], N
         target = ref()
         if target is not None:
             target(manifest)
+
+    return call
+
+
+def _weak_call(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` as a callback that does not keep its object alive (the WAL's flusher
+    thread holds the WAL writer, which holds this; see :func:`_weak_callback`)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        target = ref()
+        if target is not None:
+            target()
 
     return call

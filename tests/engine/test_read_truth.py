@@ -4,16 +4,21 @@ iterator view, fork, the failed writer's error, settings an external compactor f
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from slatepy import Db, DbReader, Settings, WriteBatch
+from slatepy import Db, DbReader, FencedError, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.engine.ingest import publish_ingest, write_ingest_ssts
 from slatepy.engine.memtable import Memtable, Version
+from slatepy.errors import StoreUnavailable
 from slatepy.store import ObjectStore, open_store
+from slatepy.testing.intercept import InterceptStore
 
 OFF = Settings(flush_interval=60, compactor="off", memtable_retain_bytes=0)
 ONE = CompactionPolicy(l0_trigger=1)
@@ -128,3 +133,83 @@ def test_a_reader_point_read_never_sees_half_a_batch() -> None:
         _pause_after_get(reader._memtable, reader.refresh)
         assert reader.get(b"k") in (b"old", b"new")
         assert reader.get(b"k") == b"new"
+
+
+class DiskFull(InterceptStore):
+    """A ``file://`` store whose disk is full while ``full`` is set: WAL PUTs fail as the
+    local store reports ENOSPC (``StoreUnavailable`` over the ``OSError``)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner, self._maybe_fail)
+        self.full = False
+
+    def _maybe_fail(self, path: str) -> None:
+        if self.full and path.startswith("wal/"):
+            cause = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            error = StoreUnavailable(
+                f"store request for {path} on {self.url} failed: {cause}",
+                path=path,
+                definite=False,
+            )
+            raise error from cause
+
+
+def _every_read(db: Db) -> list[Callable[[], object]]:
+    return [
+        lambda: db.get(b"k"),
+        lambda: db.get_many([b"k"]),
+        lambda: db.get_key_value(b"k"),
+        lambda: list(db.scan()),
+        lambda: list(db.iter(reverse=True)),
+        lambda: db.begin().get(b"k"),
+        db.snapshot,
+    ]
+
+
+def test_a_write_that_failed_on_a_full_disk_is_never_read_back(tmp_path: Path) -> None:
+    settings = Settings(flush_interval=60, compactor="off", wal_write_attempts=1)
+    store = DiskFull(open_store(tmp_path.as_uri()))
+    db = Db.open(store, settings=settings)
+    db.put(b"kept", b"1")
+    store.full = True
+    with pytest.raises(StoreUnavailable, match="No space left"):
+        db.put(b"k", b"lost")
+    store.full = False  # space freed: the handle is still dead, and says so, not ENOSPC
+    for read in _every_read(db):
+        with pytest.raises(StoreUnavailable, match="can no longer write") as caught:
+            read()
+        assert "open the database again" in str(caught.value)
+    with pytest.raises(StoreUnavailable, match="^this writer of .* can no longer write"):
+        db.put(b"k2", b"v")
+    db.close()
+    with Db.open(tmp_path.as_uri(), settings=settings) as reopened:
+        assert reopened.get(b"k") is None and reopened.get(b"kept") == b"1"
+
+
+def test_a_fenced_writer_never_reads_back_what_it_could_not_write() -> None:
+    store = open_store("memory://")
+    db = Db.open(store, settings=OFF)
+    db.put(b"k", b"first")
+    with Db.open(store, settings=OFF) as newer:
+        newer.put(b"k", b"newer")
+        with pytest.raises(FencedError):
+            db.put(b"k", b"fenced")
+        for read in _every_read(db):
+            with pytest.raises(FencedError, match="open the database again"):
+                read()
+        assert newer.get(b"k") == b"newer"
+    db.close()
+
+
+def test_a_snapshot_of_a_writer_whose_wal_write_failed_raises() -> None:
+    # The unawaited write is in the memtable, never in the WAL: a replica seeded from a
+    # snapshot holding it would diverge from the database.
+    store = DiskFull(open_store("memory://"))
+    db = Db.open(store, settings=Settings(flush_interval=60, compactor="off", wal_write_attempts=1))
+    db.put(b"k", b"v", await_durable=False)
+    store.full = True
+    with pytest.raises(StoreUnavailable):
+        db.flush()
+    with pytest.raises(StoreUnavailable, match="can no longer write"):
+        db.snapshot()
+    db.close()
