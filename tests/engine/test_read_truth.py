@@ -179,7 +179,7 @@ def test_a_write_that_failed_on_a_full_disk_is_never_read_back(tmp_path: Path) -
         with pytest.raises(StoreUnavailable, match="can no longer write") as caught:
             read()
         assert "open the database again" in str(caught.value)
-    with pytest.raises(StoreUnavailable, match="^this writer of .* can no longer write"):
+    with pytest.raises(StoreUnavailable, match=r"^this writer of .* can no longer write"):
         db.put(b"k2", b"v")
     db.close()
     with Db.open(tmp_path.as_uri(), settings=settings) as reopened:
