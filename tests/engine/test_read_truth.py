@@ -213,3 +213,50 @@ def test_a_snapshot_of_a_writer_whose_wal_write_failed_raises() -> None:
     with pytest.raises(StoreUnavailable, match="can no longer write"):
         db.snapshot()
     db.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    "scan",
+    ["iter", "iter_reverse", "scan_reverse", "scan_limit", "scan_prefix", "batches", "txn"],
+)
+def test_an_iterator_judges_expiry_with_one_clock(scan: str) -> None:
+    # Taken before k1 expires, read after: every row is as of when the view was taken.
+    clock = Clock()
+    with Db.open("memory://", settings=OFF, clock=clock) as db:
+        for i in range(3):
+            db.put(b"k%d" % i, b"v", ttl=10)
+        views: dict[str, Callable[[], object]] = {
+            "iter": db.iter,
+            "iter_reverse": lambda: db.iter(reverse=True),
+            "scan_reverse": lambda: db.scan(reverse=True),
+            "scan_limit": lambda: db.scan(limit=10),
+            "scan_prefix": lambda: db.scan_prefix(b"k"),
+            "batches": lambda: db.scan_batches(batch_size=1),
+            "txn": lambda: db.begin().scan(),
+        }
+        rows = views[scan]()
+        clock.now += 60
+        got = [r for batch in rows for r in batch] if scan == "batches" else list(rows)  # type: ignore[attr-defined]
+        assert sorted(got) == [(b"k%d" % i, b"v") for i in range(3)]
+
+
+def test_a_seek_answers_as_the_iterator_did_and_both_directions_agree() -> None:
+    clock = Clock()
+    with Db.open("memory://", settings=OFF, clock=clock) as db:
+        db.put(b"a", b"1", ttl=10)
+        db.put(b"b", b"2")
+        forward, backward = db.iter(), db.iter(reverse=True)
+        assert next(forward) == (b"a", b"1")
+        clock.now += 60
+        assert list(backward) == [(b"b", b"2"), (b"a", b"1")]
+        forward.seek(b"a")
+        assert list(forward) == [(b"a", b"1"), (b"b", b"2")]
+        assert list(db.iter()) == [(b"b", b"2")]  # a new view: expired now
