@@ -95,6 +95,20 @@ def _flush_open_databases() -> None:
         db._flush_at_exit()
 
 
+def _forked() -> None:
+    """In a child of ``os.fork()``: every database the parent had open is unusable here (its
+    flusher and compactor threads stayed in the parent, and a lock one of them held stays
+    held for ever: the first write would hang). Each is marked, so that its next call
+    raises an error naming the fix instead (issue 29; sqlite3 and lmdb say the same)."""
+    for db in list(_OPEN):
+        db._forked_from = db._pid
+        db._closed = db._refused = True
+    _OPEN.clear()  # nothing of theirs to flush at the child's exit: the parent owns it
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class Db(Closing, ReadSurface, WriteSurface):
     """An embedded key-value database whose state lives in an object store.
 
@@ -118,6 +132,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._lock = threading.Lock()
         self._closed = False
         self._refused = False  # closed, or the writer failed: reads check why (_check_readable)
+        self._pid = os.getpid()
+        self._forked_from = 0  # the parent's pid, in a child of os.fork()
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings, self._merging)
         self._manifests = manifests
@@ -925,6 +941,15 @@ class Db(Closing, ReadSurface, WriteSurface):
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked_from:
+                raise ClosedError(
+                    f"the database {self.url} was opened in process {self._forked_from} "
+                    f"before os.fork(); this is a child ({os.getpid()}), where it cannot be "
+                    "used (its background threads and locks stayed in the parent). Open the "
+                    "database after the fork, in the process that uses it (gunicorn "
+                    "without --preload, multiprocessing's 'spawn' or 'forkserver' start "
+                    "method)"
+                )
             raise ClosedError("the database is closed; open it again to use it")
 
     def _check_readable(self) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -260,3 +262,40 @@ def test_a_seek_answers_as_the_iterator_did_and_both_directions_agree() -> None:
         forward.seek(b"a")
         assert list(forward) == [(b"a", b"1"), (b"b", b"2")]
         assert list(db.iter()) == [(b"b", b"2")]  # a new view: expired now
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_database_opened_before_a_fork_raises_in_the_child(tmp_path: Path) -> None:
+    with Db.open(tmp_path.as_uri(), settings=Settings(compactor="off")) as db:
+        db.put(b"k", b"parent")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what a put and a get do, never run pytest's exit
+            try:
+                outcome = []
+                for call in (lambda: db.put(b"k", b"child"), lambda: db.get(b"k")):
+                    try:
+                        call()
+                        outcome.append("returned")
+                    except Exception as exc:
+                        outcome.append(f"{type(exc).__name__}: {exc}")
+                db.close()
+                os.write(write, "\n".join(outcome).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        deadline = time.monotonic() + 10
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("the child hung on a database opened before the fork")
+            time.sleep(0.02)
+        with os.fdopen(read) as pipe:
+            lines = pipe.read().splitlines()
+        assert len(lines) == 2
+        for line in lines:
+            assert line.startswith("ClosedError: ") and "before os.fork()" in line
+            assert "Open the database after the fork" in line
+        db.put(b"k2", b"v")  # the parent's handle is unaffected
+        assert db.get(b"k") == b"parent"
