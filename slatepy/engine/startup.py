@@ -37,7 +37,7 @@ from slatepy.engine.view import get_compacted
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstMeta, decode_sst
-from slatepy.manifest.record import Manifest, Snapshot
+from slatepy.manifest.record import Manifest, Snapshot, SstOptions
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
@@ -104,7 +104,9 @@ def start_writer(
             .with_writer_epoch(manifest.writer_epoch + 1)
             .with_snapshot(snapshot)
         )
-        return msgspec.structs.replace(bumped, max_parallel_writes=fences_needed)
+        return msgspec.structs.replace(
+            bumped, max_parallel_writes=fences_needed, sst_options=sst_options_of(settings)
+        )
 
     stored = manifests.update(bump)
     epoch = stored.manifest.writer_epoch
@@ -145,6 +147,16 @@ def start_writer(
         fences[0] - first,
         released.manifest,
         wal_max_seq,
+    )
+
+
+def sst_options_of(settings: Settings) -> SstOptions:
+    """The SST options a writer records in the manifest for compactors to follow."""
+    return SstOptions(
+        compression=settings.compression,
+        compression_level=settings.compression_level,
+        block_size=settings.block_size,
+        bloom_bits_per_key=settings.bloom_bits_per_key,
     )
 
 

@@ -12,13 +12,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slatepy import Db, DbReader, FencedError, Settings, WriteBatch
+from slatepy.cli.main import main
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.engine.ingest import publish_ingest, write_ingest_ssts
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.errors import StoreUnavailable
+from slatepy.format.envelope import seal
+from slatepy.format.sst import decode_sst
+from slatepy.manifest.record import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, Manifest
+from slatepy.manifest.store import ManifestStore
 from slatepy.store import ObjectStore, open_store
 from slatepy.testing.intercept import InterceptStore
 
@@ -299,3 +305,45 @@ def test_a_database_opened_before_a_fork_raises_in_the_child(tmp_path: Path) -> 
             assert "Open the database after the fork" in line
         db.put(b"k2", b"v")  # the parent's handle is unaffected
         assert db.get(b"k") == b"parent"
+
+
+def _compressions(store: ObjectStore) -> set[str]:
+    """The compression of every compacted SST's blocks."""
+    return {
+        decode_sst(store.get(entry.path))[0].props.compression for entry in store.list("compacted/")
+    }
+
+
+def test_slatepy_compact_follows_the_writers_compression(tmp_path: Path) -> None:
+    url = tmp_path.as_uri()
+    with Db.open(url, settings=Settings(compactor="off", compression="zstd")) as db:
+        for i in range(200):
+            db.put(b"k%04d" % i, b"compressible " * 20)
+    assert main(["compact", url]) == 0  # this process's settings: compression "none"
+    store = open_store(url)
+    assert _compressions(store) == {"zstd"}
+    with Db.open(url, settings=Settings(compactor="off", compression="zstd")) as db:
+        assert db.get(b"k0007") == b"compressible " * 20
+        db.put(b"more", b"compressible " * 20)
+    told = Compactor(store, settings=Settings(), sst_options="settings")  # told otherwise
+    told.run_until_idle()
+    assert "none" in _compressions(store)
+
+
+def test_a_manifest_without_sst_options_reads_and_compacts_by_settings() -> None:
+    # A manifest written before the field existed (older slatepy): decodes with None, and a
+    # compactor then builds by its own settings, as it always did.
+    store = open_store("memory://")
+    with Db.open(store, settings=Settings(compactor="off", compression="zstd")) as db:
+        db.put(b"k", b"v" * 1000)
+    manifests = ManifestStore(store)
+    stored = manifests.load()
+    assert stored is not None and stored.manifest.sst_options is not None
+    fields = msgspec.structs.asdict(stored.manifest)
+    del fields["sst_options"]
+    old = seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(fields))
+    decoded = Manifest.decode(old)
+    assert decoded.sst_options is None and decoded.writer_epoch == stored.manifest.writer_epoch
+    compactor = Compactor(store, settings=Settings(compression="lz4"))
+    assert compactor.sst_options(decoded)["compression"] == "lz4"
+    assert compactor.sst_options(stored.manifest)["compression"] == "zstd"
