@@ -771,7 +771,6 @@ class Db(Closing, ReadSurface, WriteSurface):
                 return  # an older manifest than the one we have
             self._view = manifest
             self._view_time = time.monotonic()
-            self._memtable.ingest_seq = manifest.last_ingest_seq
             cutoff = manifest.wal_id_last_compacted
             known = {**self._replayed_max_seq, **dict(list(self._wal.max_seq_by_id.items()))}
             compacted = [seq for wal_id, seq in known.items() if wal_id <= cutoff]
@@ -790,6 +789,10 @@ class Db(Closing, ReadSurface, WriteSurface):
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)
                 self._wal.max_seq_by_id.pop(wal_id, None)
+            try:
+                self._memtable.adopt_ingestion(manifest.last_ingest_seq)
+            except SlatepyError as exc:  # tried again at the next refresh
+                log.warning("re-folding merges over a new ingestion failed: %s", exc)
 
     def create_checkpoint(
         self, *, lifetime: float | None = None, name: str | None = None

@@ -81,6 +81,7 @@ class Memtable:
         "_compacted",
         "_data",
         "_floor",
+        "_folded",
         "_new_keys",
         "_sorted",
         "_stacks",
@@ -108,6 +109,10 @@ class Memtable:
         self._stacks: dict[bytes, list[tuple[int, bytes]]] = {}
         """Per key whose version is stacked merge operands: each write's operands with its
         seq, so :meth:`prune` can take out exactly those now compacted."""
+        self._folded: dict[bytes, tuple[int, Operands]] = {}
+        """Per key whose uncompacted version is merge operands folded over a base here: the
+        base's seq and the operands, so that an ingestion adopted later that is newer than
+        the base becomes the base instead (:meth:`adopt_ingestion`)."""
         self.ingest_seq = 0
         """The newest ingestion's global seq the owner knows of (RFC 0016)."""
         self.compacted_version: Callable[[bytes], Version | None] | None = None
@@ -127,9 +132,13 @@ class Memtable:
         """Record a version; a newer sequence number replaces an older one (merge operands
         stack on it instead: :meth:`Merging.stack`). ``bases``: what
         :meth:`ingested_bases` returned for the batch (None: look it up here)."""
-        if value.__class__ is Operands:
-            value = self._stack(key, seq, self._data.get(key), value, bases)
-        self.put_version(key, (seq, value))
+        if value.__class__ is not Operands:
+            self.put_version(key, (seq, value))
+            return
+        stacked, folded = self._stack(key, seq, self._data.get(key), value, bases)
+        self.put_version(key, (seq, stacked))
+        if folded is not None:
+            self._folded[key] = folded
 
     def _ingested_base(self, key: bytes, old: Version | None) -> Version | None:
         """The compacted version of ``key`` newer than ``old``, an uncompacted version here
@@ -169,6 +178,8 @@ class Memtable:
         value = version[1]
         if self._stacks and value.__class__ is not Operands:
             self._stacks.pop(key, None)  # a value ends the key's stack of operands
+        if self._folded:
+            self._folded.pop(key, None)  # put() records a fold again after this
         if old is None:
             self._new_keys.append(key)
             added = ENTRY_OVERHEAD + len(key)
@@ -187,30 +198,66 @@ class Memtable:
         old: Version | None,
         value: Operands,
         bases: dict[bytes, Version] | None = None,
-    ) -> bytes:
-        """The value that holds ``value`` written over ``old``, the stack of operands kept."""
+    ) -> tuple[bytes, tuple[int, Operands] | None]:
+        """The value that holds ``value`` written over ``old``, the stack of operands kept,
+        and, if that value folds the operands over a base here, what :attr:`_folded` keeps
+        for it."""
         if old is None or old[0] <= self._compacted:
             # Nothing here, or a version kept after its compaction, which may no longer be
             # the newest (an ingestion may have published a newer one since): the operands
             # stack on nothing here, and reads fold them over the compacted state, which
             # holds the kept version or a newer one.
             self._stacks[key] = [(seq, value)]
-            return value
+            return value, None
+        earlier = self._folded.get(key)  # ``old`` is that fold's result
         base = self._ingested_base(key, old) if bases is None else bases.get(key)
         if base is not None and old[0] < base[0] < seq:
-            old = base  # an ingestion published a newer version: the operands go over it
+            old, earlier = base, None  # an ingestion published a newer version: over it
         ranges = self.ranges
+        base_seq = old[0] if earlier is None else earlier[0]
         if ranges is not EMPTY and old[0] < ranges.seq_at(key):
-            old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
+            # Deleted by a range tombstone since: a base of nothing.
+            old, earlier, base_seq = (old[0], None), None, ranges.seq_at(key)
         stacked = self.merging.stack(key, old[1], value)
         if stacked.__class__ is not Operands:  # a value: the operator merged over a base
             self._stacks.pop(key, None)
-            return stacked
+            operands = value if earlier is None else earlier[1].under(value)
+            return stacked, (base_seq, operands)
         if old[1].__class__ is Operands:  # more operands on this memtable's stack
             self._stacks.setdefault(key, [(old[0], old[1])]).append((seq, value))
-            return stacked
+            return stacked, None
         self._stacks[key] = [(seq, value)]  # no operator: over a base, they replace it
-        return stacked
+        return stacked, None
+
+    def adopt_ingestion(self, ingest_seq: int) -> int:
+        """The owner adopted a view whose newest ingestion is ``ingest_seq``: operands folded
+        here over a base older than an ingestion that holds their key are folded over the
+        ingested value instead, as compaction and WAL replay fold them (issue 29). Looks up
+        the keys of such folds only (one point read each). Returns how many changed."""
+        known, self.ingest_seq = self.ingest_seq, max(self.ingest_seq, ingest_seq)
+        lookup = self.compacted_version
+        if ingest_seq <= known or not self._folded or lookup is None:
+            return 0
+        changed = 0
+        for key, (base_seq, operands) in list(self._folded.items()):
+            version = self._data.get(key)
+            if version is None or not base_seq < ingest_seq or version[1] is None:
+                continue
+            try:
+                found = lookup(key)
+            except BaseException:
+                self.ingest_seq = known  # the next adoption of this view tries again
+                raise
+            if found is None or not base_seq < found[0] < version[0]:
+                continue
+            if found[1].__class__ is Operands:
+                continue  # ingestions write values: compacted operands are another story
+            value = self.merging.stack(key, found[1], operands)
+            self._folded[key] = (found[0], operands)
+            self._data[key] = (version[0], value)
+            self.size_bytes += len(value) - len(version[1])
+            changed += 1
+        return changed
 
     def apply(
         self,
@@ -262,6 +309,9 @@ class Memtable:
                 if self._stacks:  # plain values end a key's stack of operands (see put)
                     for key in versions:
                         self._stacks.pop(key, None)
+                if self._folded:
+                    for key in versions:
+                        self._folded.pop(key, None)
                 if next(iter(versions)) in data:
                     # The first key is here already, so likely most are: a pass to look the
                     # old versions up, then one to write over them.
@@ -356,6 +406,10 @@ class Memtable:
             )
             self._sorted = list(filter(data.__contains__, self._sorted))
             self._new_keys = list(filter(data.__contains__, self._new_keys))
+        if self._folded:  # a compacted fold is compaction's to get right (over_ingestions)
+            self._folded = {
+                k: r for k, r in self._folded.items() if k in data and data[k][0] > max_seq
+            }
         if retain_bytes and self.size_bytes > retain_bytes and cutoff < max_seq:
             # Newer versions cost more than the older ones dropped: drop the rest.
             return len(drop) + changed + self.prune(max_seq)

@@ -529,13 +529,16 @@ class DbReader(Closing, ReadSurface):
         cutoff = stored.manifest.wal_id_last_compacted
         with self._lock:
             self._view = stored.manifest
-            self._memtable.ingest_seq = stored.manifest.last_ingest_seq
             self._manifest_id = self._checked_manifest_id = stored.id
             compacted = [i for i in self._wal_max_seq if i <= cutoff]
             if compacted:
                 self._memtable.prune(max(self._wal_max_seq[i] for i in compacted))
                 for i in compacted:
                     del self._wal_max_seq[i]
+            try:
+                self._memtable.adopt_ingestion(stored.manifest.last_ingest_seq)
+            except SlatepyError as exc:  # tried again at the next adoption
+                log.warning("re-folding merges over a new ingestion failed: %s", exc)
             self._wal_tail = max(self._wal_tail, cutoff)
 
     def _run(self) -> None:

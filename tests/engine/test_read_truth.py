@@ -70,6 +70,29 @@ def test_a_merge_after_an_ingestion_folds_over_the_ingested_value() -> None:
         assert dict(db.scan()) == {b"k": b"ING,x", b"other": b"mine,y"}
 
 
+def test_a_merge_made_before_the_writer_saw_an_ingestion_folds_over_it_once_seen() -> None:
+    # The writer merged over "old" not knowing of the ingestion (published before the
+    # merge, so older than it): once it adopts that view it reads what replay, compaction and
+    # readers read. A second merge after the refresh stacks on the corrected fold.
+    store = open_store("memory://")
+    with Db.open(store, settings=OFF, merge_operator=concat) as db:
+        db.put(b"k", b"old")
+        db.flush()
+        ingest(store, [(b"k", b"ING")])
+        db.merge(b"k", b"x")
+        with DbReader.open(store, merge_operator=concat) as reader:
+            assert reader.get(b"k") == b"ING,x"
+        db.refresh()
+        assert db.get(b"k") == b"ING,x"
+        db.merge(b"k", b"y")
+        assert db.get(b"k") == b"ING,x,y" and dict(db.scan()) == {b"k": b"ING,x,y"}
+    with Db.open(store, settings=OFF, merge_operator=concat) as db:
+        assert db.get(b"k") == b"ING,x,y"
+    wal_compact(store)
+    with DbReader.open(store, merge_operator=concat) as reader:
+        assert reader.get(b"k") == b"ING,x,y"
+
+
 def _pause_after_get(memtable: Memtable, between: Callable[[], None]) -> None:
     """Make ``memtable``'s next :meth:`Memtable.get` run ``between`` once it has read the
     version, before its caller goes on: what another thread's write at that moment does."""
