@@ -4,7 +4,8 @@ A WAL range can hold a put of a key (seq ``s``) and, after an ingestion publishe
 value of it (odd global seq ``G``, ``s < G``), merge operands (seq ``> G``). The ingested SST
 is not an input of the WAL compaction, so folding the operands over the put would write, in
 front of the ingestion, the result over the value the ingestion replaced: the operands must
-fold over the ingested value instead. :func:`over_ingestions` puts the compacted version in
+fold over the ingested value instead. Likewise operands older than the ingestion (a run of
+operands alone) must not be carried over it. :func:`over_ingestions` puts the compacted version in
 the run when it is newer than the base the fold would use, a point read that only keys in
 that situation (a base older than the view's newest ingestion) cost.
 """
@@ -41,18 +42,19 @@ def newest_compacted(tables: TableReader, manifest: Manifest, key: bytes) -> Ent
 
 def over_ingestions(fold: Fold, manifest: Manifest, tables: TableReader) -> Fold:
     """``fold`` for a WAL compaction against ``manifest``: a run whose operands would fold
-    over a base older than an ingestion folds over the ingested version when that is newer
-    (and drops what is older than it)."""
+    over a base (or carry operands) older than an ingestion folds over the ingested version
+    when that is newer, and drops what is older than it."""
     floor = manifest.last_ingest_seq
     if not floor:
         return fold
 
     def folded(run: list[Entry]) -> Entry | None:
-        base = next((e for e in run if e[2].__class__ is not Operands), None)
-        if base is None or base[1] >= floor:
-            return fold(run)
+        # The oldest entry the fold reads: the first base, or the oldest operands if none.
+        oldest = next((e for e in run if e[2].__class__ is not Operands), run[-1])
+        if oldest[1] >= floor:
+            return fold(run)  # every entry it reads is newer than every ingestion
         found = newest_compacted(tables, manifest, run[0][0])
-        if found is None or not base[1] < found[1] < run[0][1] or found[2].__class__ is Operands:
+        if found is None or not oldest[1] < found[1] < run[0][1] or found[2].__class__ is Operands:
             return fold(run)
         return fold([e for e in run if e[1] > found[1]] + [found])
 

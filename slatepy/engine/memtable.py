@@ -236,9 +236,9 @@ class Memtable:
         the keys of such folds only (one point read each). Returns how many changed."""
         known, self.ingest_seq = self.ingest_seq, max(self.ingest_seq, ingest_seq)
         lookup = self.compacted_version
-        if ingest_seq <= known or not self._folded or lookup is None:
+        if ingest_seq <= known or not (self._folded or self._stacks) or lookup is None:
             return 0
-        changed = 0
+        changed = self._refold_stacks(ingest_seq, lookup, known)
         for key, (base_seq, operands) in list(self._folded.items()):
             version = self._data.get(key)
             if version is None or not base_seq < ingest_seq or version[1] is None:
@@ -256,6 +256,37 @@ class Memtable:
             self._folded[key] = (found[0], operands)
             self._data[key] = (version[0], value)
             self.size_bytes += len(value) - len(version[1])
+            changed += 1
+        return changed
+
+    def _refold_stacks(
+        self, ingest_seq: int, lookup: Callable[[bytes], Version | None], known: int
+    ) -> int:
+        """:meth:`adopt_ingestion` for stacks of operands written by several writes, the
+        oldest older than the ingestion and the newest newer: those older than an ingested
+        version of their key are dropped, and the rest fold over it."""
+        changed = 0
+        for key, chunks in list(self._stacks.items()):
+            version = self._data.get(key)
+            if version is None or len(chunks) < 2 or not chunks[0][0] < ingest_seq:
+                continue
+            try:
+                found = lookup(key)
+            except BaseException:
+                self.ingest_seq = known  # the next adoption of this view tries again
+                raise
+            if found is None or found[1].__class__ is Operands:
+                continue
+            if not chunks[0][0] < found[0] < version[0]:
+                continue
+            operands = Operands(b"".join(c for s, c in chunks if s > found[0]))
+            value = self.merging.stack(key, found[1], operands)
+            if value.__class__ is Operands:
+                continue  # no operator: they cannot be read anyway
+            del self._stacks[key]
+            self._folded[key] = (found[0], operands)
+            self._data[key] = (version[0], value)
+            self.size_bytes += len(value) - len(version[1] or b"")
             changed += 1
         return changed
 

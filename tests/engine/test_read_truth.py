@@ -93,6 +93,25 @@ def test_a_merge_made_before_the_writer_saw_an_ingestion_folds_over_it_once_seen
         assert reader.get(b"k") == b"ING,x,y"
 
 
+def test_merge_operands_older_than_an_ingestion_are_not_applied_over_it() -> None:
+    # "a" is merged before the ingestion, "b" after it: the key reads ING,b everywhere
+    # (the writer once it has seen the ingestion), never ING,a,b.
+    store = open_store("memory://")
+    with Db.open(store, settings=OFF, merge_operator=concat) as db:
+        db.merge(b"k", b"a")
+        ingest(store, [(b"k", b"ING")])
+        db.merge(b"k", b"b")
+        with DbReader.open(store, merge_operator=concat) as reader:
+            assert reader.get(b"k") == b"ING,b"
+        db.refresh()
+        assert db.get(b"k") == b"ING,b" and dict(db.scan()) == {b"k": b"ING,b"}
+    with Db.open(store, settings=OFF, merge_operator=concat) as db:
+        assert db.get(b"k") == b"ING,b"
+    wal_compact(store, CompactionPolicy(l0_trigger=100))  # WAL -> L0 only
+    with DbReader.open(store, merge_operator=concat) as reader:
+        assert reader._view.l0 and reader.get(b"k") == b"ING,b"
+
+
 def _pause_after_get(memtable: Memtable, between: Callable[[], None]) -> None:
     """Make ``memtable``'s next :meth:`Memtable.get` run ``between`` once it has read the
     version, before its caller goes on: what another thread's write at that moment does."""
