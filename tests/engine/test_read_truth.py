@@ -389,3 +389,46 @@ def test_a_manifest_without_sst_options_reads_and_compacts_by_settings() -> None
     compactor = Compactor(store, settings=Settings(compression="lz4"))
     assert compactor.sst_options(decoded)["compression"] == "lz4"
     assert compactor.sst_options(stored.manifest)["compression"] == "zstd"
+
+
+def test_a_snapshot_taken_while_an_earlier_wal_write_is_in_flight_waits_for_it() -> None:
+    # The unawaited write's SST is in flight when the snapshot copies the memtable; it then
+    # fails: the snapshot must not come back holding the write the database lost.
+    held, release = threading.Event(), threading.Event()
+
+    def fail_first_wal_put(path: str) -> None:
+        if path.startswith("wal/") and not held.is_set():
+            held.set()
+            assert release.wait(10)
+            raise StoreUnavailable(f"injected: {path} failed", path=path, definite=True)
+
+    store = InterceptStore(open_store("memory://"))
+    settings = Settings(
+        flush_interval=60, compactor="off", max_parallel_writes=2, wal_write_attempts=1
+    )
+    db = Db.open(store, settings=settings)
+    store.before_put = fail_first_wal_put
+    db.put(b"lost", b"v", await_durable=False)
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, call: Callable[[], object]) -> threading.Thread:
+        def target() -> None:
+            try:
+                outcomes[name] = call()
+            except Exception as exc:
+                outcomes[name] = exc
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    flushing = run("flush", db.flush)
+    assert held.wait(10)
+    snapshotting = run("snapshot", db.snapshot)
+    snapshotting.join(0.3)  # before the fix it returned here, holding b"lost"
+    release.set()
+    flushing.join(10)
+    snapshotting.join(10)
+    assert isinstance(outcomes["flush"], StoreUnavailable)
+    assert isinstance(outcomes["snapshot"], StoreUnavailable), outcomes["snapshot"]
+    db.close()
