@@ -39,6 +39,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -79,6 +80,21 @@ from slatepy.table.visibility import Clock, frozen_clock
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+_OPEN: weakref.WeakSet[DbReader] = weakref.WeakSet()
+"""Readers not closed yet: a child of ``os.fork()`` marks them unusable (see ``_forked``)."""
+
+
+def _forked() -> None:
+    """In a child of ``os.fork()``: readers the parent had open are unusable here (the
+    poller stayed in the parent, and a lock it held stays held), and closing one here must
+    not remove the parent's snapshot. Marked, their next call says so (as ``Db``'s do)."""
+    for reader in list(_OPEN):
+        reader._forked_from = reader._pid
+        reader._closed = True
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class DbReader(Closing, ReadSurface):
@@ -118,6 +134,8 @@ class DbReader(Closing, ReadSurface):
         self._lock = threading.Lock()  # view, memtable and WAL position change together
         self._poll_lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
+        self._forked_from = 0  # the parent's pid, in a child of os.fork()
         self._snapshot_id = ""
         self._registered_at = 0.0
         self._unconfirmed: set[str] = set()
@@ -146,6 +164,7 @@ class DbReader(Closing, ReadSurface):
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._run, name="slatepy-reader", daemon=True)
         self._poller.start()
+        _OPEN.add(self)
 
     @classmethod
     def open(
@@ -555,6 +574,9 @@ class DbReader(Closing, ReadSurface):
 
     def close(self) -> None:
         """Stop polling and remove the snapshot, if any (so GC may collect what it protected)."""
+        if self._forked_from:
+            return  # the parent's reader: the parent closes it
+        _OPEN.discard(self)
         with self._lock:
             if self._closed:
                 return
@@ -580,4 +602,11 @@ class DbReader(Closing, ReadSurface):
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked_from:
+                raise ClosedError(
+                    f"the reader of {self._store.url} was opened in process "
+                    f"{self._forked_from} before os.fork(); this is a child ({os.getpid()}), "
+                    "where it cannot be used (its poller and locks stayed in the parent). "
+                    "Open the reader after the fork, in the process that uses it"
+                )
             raise ClosedError("the reader is closed; open a new one")
