@@ -427,7 +427,9 @@ class DbReader(Closing, ReadSurface):
         # must not leave the blocks before it (part of a batch) applied.
         meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
         with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-            self._memtable.apply(entries, meta.props.range_tombstones)
+            # Before any of it is applied: a failed lookup leaves the SST to the next poll.
+            bases = self._memtable.ingested_bases(entries)
+            self._memtable.apply(entries, meta.props.range_tombstones, bases)
             self._wal_max_seq[wal_id] = meta.props.max_seq
             self._wal_tail = wal_id
 
