@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings
 from slatepy.engine import checkpoint as checkpoints
+from slatepy.engine import forking
 from slatepy.engine.batch import (
     PutColumns,
     WriteBatch,
@@ -30,6 +31,7 @@ from slatepy.engine.batch import (
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
+from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
 from slatepy.engine.locks import acquire
 from slatepy.engine.memtable import Memtable, Version
@@ -95,20 +97,6 @@ def _flush_open_databases() -> None:
         db._flush_at_exit()
 
 
-def _forked() -> None:
-    """In a child of ``os.fork()``: every database the parent had open is unusable here (its
-    flusher and compactor threads stayed in the parent, and a lock one of them held stays
-    held for ever: the first write would hang). Each is marked, so that its next call
-    raises an error naming the fix instead (issue 29; sqlite3 and lmdb say the same)."""
-    for db in list(_OPEN):
-        db._forked_from = db._pid
-        db._closed = db._refused = True
-    _OPEN.clear()  # nothing of theirs to flush at the child's exit: the parent owns it
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
 class Db(Closing, ReadSurface, WriteSurface):
     """An embedded key-value database whose state lives in an object store.
 
@@ -132,7 +120,6 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._lock = threading.Lock()
         self._closed = False
         self._refused = False  # closed, or the writer failed: reads check why (_check_readable)
-        self._pid = os.getpid()
         self._forked_from = 0  # the parent's pid, in a child of os.fork()
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings, self._merging)
@@ -187,6 +174,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 on_publish=_weak_callback(self._adopt_published),
             )
         _OPEN.add(self)
+        forking.track(self)
 
     _opened = False
     """Set once :meth:`open` returned the database to a caller (``__del__`` warns only then)."""
@@ -857,6 +845,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 return
             self._closed = self._refused = True
         _OPEN.discard(self)
+        forking.untrack(self)
         try:
             self._wal.flush()
         except SlatepyError as exc:
@@ -936,6 +925,7 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
         _OPEN.discard(self)
+        forking.untrack(self)
         with self._lock:
             self._closed = self._refused = True
         if self._compactor is not None:
@@ -945,14 +935,7 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _check_open(self) -> None:
         if self._closed:
             if self._forked_from:
-                raise ClosedError(
-                    f"the database {self.url} was opened in process {self._forked_from} "
-                    f"before os.fork(); this is a child ({os.getpid()}), where it cannot be "
-                    "used (its background threads and locks stayed in the parent). Open the "
-                    "database after the fork, in the process that uses it (gunicorn "
-                    "without --preload, multiprocessing's 'spawn' or 'forkserver' start "
-                    "method)"
-                )
+                raise forked_error(f"the database {self.url}", self._forked_from)
             raise ClosedError("the database is closed; open it again to use it")
 
     def _check_readable(self) -> None:
@@ -964,6 +947,13 @@ class Db(Closing, ReadSurface, WriteSurface):
 
     def _writer_failed(self) -> None:
         self._refused = True
+
+    def _mark_forked(self, parent_pid: int) -> None:
+        """In a child of ``os.fork()`` (see :mod:`slatepy.engine.forking`): unusable here,
+        and nothing to flush at the child's exit (the parent owns the buffered writes)."""
+        _OPEN.discard(self)
+        self._forked_from = parent_pid
+        self._closed = self._refused = True
 
 
 def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:

@@ -243,6 +243,8 @@ class Memtable:
             version = self._data.get(key)
             if version is None or not base_seq < ingest_seq or version[1] is None:
                 continue
+            if version[0] <= self._compacted:
+                continue  # compacted: what compaction wrote (over_ingestions) stands
             try:
                 found = lookup(key)
             except BaseException:
@@ -270,6 +272,8 @@ class Memtable:
             version = self._data.get(key)
             if version is None or len(chunks) < 2 or not chunks[0][0] < ingest_seq:
                 continue
+            if version[0] <= self._compacted:
+                continue  # compacted: what compaction wrote (over_ingestions) stands
             try:
                 found = lookup(key)
             except BaseException:

@@ -39,16 +39,17 @@ import os
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import msgspec
 
 from slatepy.config import Settings
+from slatepy.engine import forking
 from slatepy.engine.batch import check_key
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
+from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Version
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
@@ -80,21 +81,6 @@ from slatepy.table.visibility import Clock, frozen_clock
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-_OPEN: weakref.WeakSet[DbReader] = weakref.WeakSet()
-"""Readers not closed yet: a child of ``os.fork()`` marks them unusable (see ``_forked``)."""
-
-
-def _forked() -> None:
-    """In a child of ``os.fork()``: readers the parent had open are unusable here (the
-    poller stayed in the parent, and a lock it held stays held), and closing one here must
-    not remove the parent's snapshot. Marked, their next call says so (as ``Db``'s do)."""
-    for reader in list(_OPEN):
-        reader._forked_from = reader._pid
-        reader._closed = True
-    _OPEN.clear()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 class DbReader(Closing, ReadSurface):
@@ -134,7 +120,6 @@ class DbReader(Closing, ReadSurface):
         self._lock = threading.Lock()  # view, memtable and WAL position change together
         self._poll_lock = threading.Lock()
         self._closed = False
-        self._pid = os.getpid()
         self._forked_from = 0  # the parent's pid, in a child of os.fork()
         self._snapshot_id = ""
         self._registered_at = 0.0
@@ -164,7 +149,7 @@ class DbReader(Closing, ReadSurface):
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._run, name="slatepy-reader", daemon=True)
         self._poller.start()
-        _OPEN.add(self)
+        forking.track(self)
 
     @classmethod
     def open(
@@ -578,7 +563,7 @@ class DbReader(Closing, ReadSurface):
         """Stop polling and remove the snapshot, if any (so GC may collect what it protected)."""
         if self._forked_from:
             return  # the parent's reader: the parent closes it
-        _OPEN.discard(self)
+        forking.untrack(self)
         with self._lock:
             if self._closed:
                 return
@@ -602,13 +587,14 @@ class DbReader(Closing, ReadSurface):
                 )
             )
 
+    def _mark_forked(self, parent_pid: int) -> None:
+        """In a child of ``os.fork()`` (:mod:`slatepy.engine.forking`): unusable here, and
+        closing it must not remove the parent's snapshot."""
+        self._forked_from = parent_pid
+        self._closed = True
+
     def _check_open(self) -> None:
         if self._closed:
             if self._forked_from:
-                raise ClosedError(
-                    f"the reader of {self._store.url} was opened in process "
-                    f"{self._forked_from} before os.fork(); this is a child ({os.getpid()}), "
-                    "where it cannot be used (its poller and locks stayed in the parent). "
-                    "Open the reader after the fork, in the process that uses it"
-                )
+                raise forked_error(f"the reader of {self._store.url}", self._forked_from)
             raise ClosedError("the reader is closed; open a new one")
