@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal, TypedDict, cast, get_args
 
 from slatepy.compactor.executor import compact_plan
 from slatepy.compactor.lease import (
@@ -44,6 +45,7 @@ from slatepy.compactor.planner import (
 )
 from slatepy.config import Settings
 from slatepy.errors import CompactionAbandoned, FencedError, NotFound
+from slatepy.format.compression import Compression
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
@@ -54,6 +56,17 @@ from slatepy.table.merge_operator import MergeOperator, Merging
 from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
+
+SstOptionsSource = Literal["database", "settings"]
+
+
+class SstBuildOptions(TypedDict):
+    """The ``compact_plan`` arguments that say how output SSTs are built."""
+
+    block_size: int
+    bloom_bits_per_key: int
+    compression: Compression
+    compression_level: int
 
 
 class Compactor:
@@ -70,6 +83,7 @@ class Compactor:
         takeover: Takeover = "always",
         expiry_clock: Callable[[], float] | None = None,
         merge_operator: MergeOperator | None = None,
+        sst_options: SstOptionsSource = "database",
     ) -> None:
         """Claim the compactor epoch.
 
@@ -86,11 +100,16 @@ class Compactor:
             merge_operator: The database's merge operator (RFC 0019). Without it a
                 compaction that meets merge operands over a value fails with
                 ``InvalidArgument`` (operands alone are carried over as they are).
+            sst_options: ``"database"`` (default): outputs are built as the database's
+                writer records in the manifest (compression, its level, block size, bloom
+                bits; RFC 0026), or by ``settings`` where it records none (an older
+                writer); ``"settings"``: by ``settings`` whatever the writer chose.
 
         Raises:
             NotFound: no database at ``store`` (a compactor never creates one).
         """
         self.settings = settings or Settings()
+        self._sst_source = sst_options
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
         self._clock = clock
@@ -129,6 +148,34 @@ class Compactor:
         self.epoch = claimed.manifest.compactor_epoch
         self.last_published: StoredManifest = claimed
         self._cancel = threading.Event()
+
+    def sst_options(self, manifest: Manifest) -> SstBuildOptions:
+        """How outputs are built against ``manifest`` (see the ``sst_options`` argument)."""
+        settings = self.settings
+        ours = SstBuildOptions(
+            block_size=settings.block_size,
+            bloom_bits_per_key=settings.bloom_bits_per_key,
+            compression=settings.compression,
+            compression_level=settings.compression_level,
+        )
+        recorded = manifest.sst_options
+        if self._sst_source == "settings" or recorded is None:
+            return ours
+        codec = recorded.compression
+        if codec not in get_args(Compression):
+            log.warning(
+                "the database's writer compresses SSTs with %r, which this slatepy does not "
+                "know: compacting with compression=%r",
+                codec,
+                settings.compression,
+            )
+            return ours
+        return SstBuildOptions(
+            block_size=recorded.block_size,
+            bloom_bits_per_key=recorded.bloom_bits_per_key,
+            compression=cast(Compression, codec),
+            compression_level=recorded.compression_level,
+        )
 
     def cancel(self) -> None:
         """Make a compaction in progress stop soon with ``CompactionAbandoned`` (its outputs
@@ -173,10 +220,7 @@ class Compactor:
             manifest,
             self.tables,
             self.policy,
-            block_size=self.settings.block_size,
-            bloom_bits_per_key=self.settings.bloom_bits_per_key,
-            compression=self.settings.compression,
-            compression_level=self.settings.compression_level,
+            **self.sst_options(manifest),
             clock=self._expiry_clock,
             merging=self._merging,
             progress=lambda: self._progress(todo),

@@ -27,6 +27,7 @@ from itertools import chain, compress, islice
 from operator import eq, itemgetter, lt, ne, neg, not_
 from typing import NamedTuple, cast
 
+from slatepy.compactor.ingested import over_ingestions
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
 from slatepy.format.block import Entry
 from slatepy.format.compression import Compression
@@ -74,9 +75,10 @@ def merge_plan(
     """The merged entries of a plan's inputs, newest version per key, merge operands folded
     over what is beneath them in the inputs (completely when ``bottom``)."""
     ranges = RangeIndex(plan_range_tombstones(plan, manifest, tables))
-    return merge_folding(
-        plan_inputs(plan, manifest, tables), folding(ranges, merging, complete=bottom)
-    )
+    fold = folding(ranges, merging, complete=bottom)
+    if isinstance(plan, WalToL0):
+        fold = over_ingestions(fold, manifest, tables)
+    return merge_folding(plan_inputs(plan, manifest, tables), fold)
 
 
 def plan_range_tombstones(
@@ -201,6 +203,8 @@ def compact_plan(
             )
             return writer.finish(range_tombstones)
         fold = folding(RangeIndex(), merging, complete=bottom)
+        if isinstance(plan, WalToL0):
+            fold = over_ingestions(fold, manifest, tables)
         ranges = RangeIndex()
         reported = 0
         for batch in _batches(_column_sources(plan, manifest, tables), fold):

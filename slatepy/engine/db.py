@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings
 from slatepy.engine import checkpoint as checkpoints
+from slatepy.engine import forking
 from slatepy.engine.batch import (
     PutColumns,
     WriteBatch,
@@ -30,6 +31,7 @@ from slatepy.engine.batch import (
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
+from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
 from slatepy.engine.locks import acquire
 from slatepy.engine.memtable import Memtable, Version
@@ -117,6 +119,8 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._merging = Merging(merge_operator, clock)
         self._lock = threading.Lock()
         self._closed = False
+        self._refused = False  # closed, or the writer failed: reads check why (_check_readable)
+        self._forked_from = 0  # the parent's pid, in a child of os.fork()
         store.recover()  # finish writes a crashed process left half done (two-phase CAS)
         start = start_writer(store, manifests, settings, self._merging)
         self._manifests = manifests
@@ -131,6 +135,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         self._stale_view_seconds = settings.gc_min_age / 4
         self._replayed_max_seq = dict(start.wal_max_seq)
         self._memtable = start.memtable
+        self._memtable.compacted_version = self._compacted_version
         # Writers assign even seqs only, so an ingestion's (odd) global seq fits strictly
         # between the writes before it and after it (RFC 0016): start at an even number.
         self._seq = start.last_seq + start.last_seq % 2
@@ -142,6 +147,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             settings=settings,
             merging=self._merging,
         )
+        self._wal.on_failure = _weak_call(self._writer_failed)
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         budget, retain = settings.max_unflushed_bytes, settings.memtable_retain_bytes
         self._retain_bytes = budget // 2 if retain is None else retain
@@ -168,6 +174,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 on_publish=_weak_callback(self._adopt_published),
             )
         _OPEN.add(self)
+        forking.track(self)
 
     _opened = False
     """Set once :meth:`open` returned the database to a caller (``__del__`` warns only then)."""
@@ -369,14 +376,16 @@ class Db(Closing, ReadSurface, WriteSurface):
                 generation = self._append_puts(ops, seq, await_durable)
             if generation is None:
                 entries: list[Entry] = [(key, seq, value) for key, value in ops]
+                # Before the WAL has it: a failed lookup must fail the write whole.
+                bases = self._memtable.ingested_bases(entries)
                 if ranges:
                     tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
                     generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
-                    self._memtable.apply(entries, tombstones)
+                    self._memtable.apply(entries, tombstones, bases)
                 else:
                     # One WAL generation holds the whole batch, so it lands in one SST.
                     generation = self._wal.append(entries, awaited=await_durable)
-                    self._memtable.apply(entries)
+                    self._memtable.apply(entries, (), bases)
         finally:
             self._lock.release()
         if await_durable:
@@ -462,15 +471,18 @@ class Db(Closing, ReadSurface, WriteSurface):
         # inlined, as put does.
         if type(key) is not bytes or not 0 < len(key) <= MAX_KEY_SIZE:
             key = check_key(key)
-        if self._closed:
-            self._check_open()
+        if self._refused:
+            self._check_readable()
         if time.monotonic() - self._view_time > self._stale_view_seconds:
             self.refresh()
+        # The range tombstones before the version: a batch [delete_range, put] landing
+        # between the two must not leave the old version under the new tombstone (a half
+        # batch, issue 29); an older set of tombstones with a newer version is a whole state.
+        ranges = self._memtable.ranges
         version = self._memtable.get(key)  # a batch is seen whole (Memtable.apply)
         # The view is read after the memtable: a refresh installs the new view before it
         # prunes the memtable, so a pruned key is always in the view read here.
         view = self._view
-        ranges = self._memtable.ranges
         if version is not None and version[0] > view.last_ingest_seq:
             value = version[1]
             if value.__class__ is bytes and ranges is EMPTY and view_ranges(view) is EMPTY:
@@ -502,7 +514,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         memtable and the view are taken together, under the lock that adopting a view and
         pruning the memtable hold, so no operand is counted in both."""
         with self._lock:
-            self._check_open()
+            self._check_readable()
             version = self._memtable.get(key)
             view = self._view
             ranges = self._memtable.ranges
@@ -528,7 +540,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         keys = [check_key(k) for k in keys]
         self._refresh_stale_view()
         with self._lock:
-            self._check_open()
+            self._check_readable()
             newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
@@ -566,26 +578,34 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         self._refresh_stale_view()
         with self._lock:
-            self._check_open()
+            self._check_readable()
             entries = self._memtable.range(start, end)
             view, ranges = self._view, self._memtable.ranges
         return View(self._tables, view, entries, start, end, ranges, self._clock, self._merging)
 
     def _version(self, key: bytes) -> Version | None:
         key = check_key(key)
-        self._check_open()
+        self._check_readable()
         self._refresh_stale_view()
-        version = self._memtable.get(key)
-        view = self._view  # after the memtable: see get()
-        if version is None or version[0] <= view.last_ingest_seq:
+        # The version, the range tombstones and the view together, under the lock writes,
+        # view adoption and pruning take: no half batch, no operand counted twice.
+        with self._lock:
+            self._check_readable()
+            memtable = self._memtable
+            version, ranges, view = memtable.get(key), memtable.ranges, self._view
+        value = None if version is None else version[1]
+        if version is None or version[0] <= view.last_ingest_seq or value.__class__ is Operands:
             found = self._read(lambda v: get_compacted(self._tables, v, key), view)
             self._check_open()
             version = newer_version(version, found)
         if version is None or version[1] is None:
             return version
-        if version[1].__class__ is bytes and not self._memtable.ranges and not view_ranges(view):
+        if version[1].__class__ is bytes and not ranges and not view_ranges(view):
             return version
-        return version[0], self._get(key)  # an entry kind (RFC 0019): resolved as get does
+        value = visible(
+            key, version, ranges, view, self._clock, merging=self._merging, tables=self._tables
+        )
+        return version[0], value  # an entry kind (RFC 0019): resolved as get does
 
     def snapshot(self) -> Snapshot:
         """A consistent read view that later writes, compaction and GC leave unchanged until
@@ -604,9 +624,10 @@ class Db(Closing, ReadSurface, WriteSurface):
         Raises:
             ClosedError: the database is closed.
             ManifestConflictError: compactions kept publishing while the view was pinned.
-            SlatepyError: the writer failed (writing the WAL, or before).
+            SlatepyError: the writer failed (writing the WAL, or before): its memtable may
+                hold writes the database lost.
         """
-        self._check_open()
+        self._check_readable()
         for _ in range(SNAPSHOT_ATTEMPTS):
             pin, stored = pin_manifest(self._manifests, self._settings.reader_snapshot_ttl)
             self._apply_manifest(stored.manifest)
@@ -624,11 +645,15 @@ class Db(Closing, ReadSurface, WriteSurface):
                     self._wal.unreserve()
             if sealed is not None:
                 self._wal.write_sealed(sealed)
-                if self._wal.error is not None:  # the writer failed: no boundary, no writes
+            if same:
+                try:
+                    # Every write the copy holds is durable, or the writer failed: a snapshot
+                    # holds no write the database lost (issue 29).
+                    self._wal.settle()
+                except SlatepyError:
                     with contextlib.suppress(SlatepyError):  # else the pin expires on its own
                         pin.release()
-                    raise self._wal.error
-            if same:
+                    raise
                 return Snapshot(
                     url=self.url,
                     tables=self._tables,
@@ -659,7 +684,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             ClosedError: the database is closed.
         """
         isolation = check_isolation(isolation)
-        self._check_open()
+        self._check_readable()
         # Without the writer's lock when no write holds it: a lock hand-off per begin is
         # what several threads' transactions queue on (RFC 0020, "Several threads"). The
         # token goes in first, under a seq no later than the start: every write that checks
@@ -686,6 +711,15 @@ class Db(Closing, ReadSurface, WriteSurface):
         stored = self._manifests.load()
         if stored is not None:
             self._apply_manifest(stored.manifest)
+
+    def _compacted_version(self, key: bytes) -> Version | None:
+        """The newest version of ``key`` in the view's SSTs: what merge operands written over
+        a memtable version older than an ingestion fold over if it is newer (the memtable
+        asks, under the writer's lock, before the write is in the WAL; rare)."""
+        try:
+            return get_compacted(self._tables, self._view, key)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
 
     def _wait_for_compaction(self) -> None:
         """Backpressure: block until compaction shrinks the memtable below the limit."""
@@ -743,6 +777,10 @@ class Db(Closing, ReadSurface, WriteSurface):
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)
                 self._wal.max_seq_by_id.pop(wal_id, None)
+            try:
+                self._memtable.adopt_ingestion(manifest.last_ingest_seq)
+            except SlatepyError as exc:  # tried again at the next refresh
+                log.warning("re-folding merges over a new ingestion failed: %s", exc)
 
     def create_checkpoint(
         self, *, lifetime: float | None = None, name: str | None = None
@@ -805,8 +843,9 @@ class Db(Closing, ReadSurface, WriteSurface):
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = self._refused = True
         _OPEN.discard(self)
+        forking.untrack(self)
         try:
             self._wal.flush()
         except SlatepyError as exc:
@@ -886,15 +925,35 @@ class Db(Closing, ReadSurface, WriteSurface):
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
         _OPEN.discard(self)
+        forking.untrack(self)
         with self._lock:
-            self._closed = True
+            self._closed = self._refused = True
         if self._compactor is not None:
             self._compactor.close()
         self._wal.close()
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked_from:
+                raise forked_error(f"the database {self.url}", self._forked_from)
             raise ClosedError("the database is closed; open it again to use it")
+
+    def _check_readable(self) -> None:
+        """Reads need an open database whose writer has not failed: after a failure the
+        memtable may hold writes that were never made durable, and no read may return
+        those once the failure was reported (RFC 0026). ``WalWriter.dead_error`` says so."""
+        self._check_open()
+        self._wal.check()
+
+    def _writer_failed(self) -> None:
+        self._refused = True
+
+    def _mark_forked(self, parent_pid: int) -> None:
+        """In a child of ``os.fork()`` (see :mod:`slatepy.engine.forking`): unusable here,
+        and nothing to flush at the child's exit (the parent owns the buffered writes)."""
+        _OPEN.discard(self)
+        self._forked_from = parent_pid
+        self._closed = self._refused = True
 
 
 def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
@@ -910,5 +969,18 @@ def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], N
         target = ref()
         if target is not None:
             target(manifest)
+
+    return call
+
+
+def _weak_call(method: Callable[[], None]) -> Callable[[], None]:
+    """``method`` as a callback that does not keep its object alive (the WAL's flusher
+    thread holds the WAL writer, which holds this; see :func:`_weak_callback`)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        target = ref()
+        if target is not None:
+            target()
 
     return call

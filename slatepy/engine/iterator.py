@@ -52,7 +52,7 @@ from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Columns, TableReader
-from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding
+from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding, frozen_clock
 
 __all__ = [
     "MEMTABLE_CHUNK",
@@ -111,7 +111,8 @@ class View:
     ``entries`` are the memtable's entries of ``[start, end)`` (tombstones included), taken
     when the view was, with ``ranges``, the memtable's range tombstones then; they are never
     changed, so a view can be re-read (an iterator's seek) and always gives the same state,
-    for as long as the manifest's SSTs exist.
+    for as long as the manifest's SSTs exist. Its ``clock`` is stopped when it is made, so
+    TTL expiry is judged once for the whole view.
     """
 
     tables: TableReader
@@ -122,6 +123,11 @@ class View:
     ranges: RangeIndex = EMPTY
     clock: Clock = time.time
     merging: Merging = NO_MERGING
+
+    def __post_init__(self) -> None:
+        # One view, one clock: expiry is judged as of when the view was taken, for every
+        # chunk, every seek and either direction (issue 29), as a snapshot judges it.
+        self.clock = frozen_clock(self.clock)
 
     def kinds(self, start: bytes, end: bytes | None) -> Kinds:
         """The range tombstones over ``[start, end)`` (the memtable's and the manifest's)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import compress
 from operator import is_not, itemgetter, not_
@@ -81,9 +81,12 @@ class Memtable:
         "_compacted",
         "_data",
         "_floor",
+        "_folded",
         "_new_keys",
         "_sorted",
         "_stacks",
+        "compacted_version",
+        "ingest_seq",
         "merging",
         "ranges",
         "size_bytes",
@@ -106,16 +109,65 @@ class Memtable:
         self._stacks: dict[bytes, list[tuple[int, bytes]]] = {}
         """Per key whose version is stacked merge operands: each write's operands with its
         seq, so :meth:`prune` can take out exactly those now compacted."""
+        self._folded: dict[bytes, tuple[int, Operands]] = {}
+        """Per key whose uncompacted version is merge operands folded over a base here: the
+        base's seq and the operands, so that an ingestion adopted later that is newer than
+        the base becomes the base instead (:meth:`adopt_ingestion`)."""
+        self.ingest_seq = 0
+        """The newest ingestion's global seq the owner knows of (RFC 0016)."""
+        self.compacted_version: Callable[[bytes], Version | None] | None = None
+        """The newest compacted version of a key, for merge operands written over a version
+        here that is older than an ingestion (see :meth:`ingested_bases`)."""
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def put(self, key: bytes, seq: int, value: bytes | None) -> None:
+    def put(
+        self,
+        key: bytes,
+        seq: int,
+        value: bytes | None,
+        bases: dict[bytes, Version] | None = None,
+    ) -> None:
         """Record a version; a newer sequence number replaces an older one (merge operands
-        stack on it instead: :meth:`Merging.stack`)."""
-        if value.__class__ is Operands:
-            value = self._stack(key, seq, self._data.get(key), value)
-        self.put_version(key, (seq, value))
+        stack on it instead: :meth:`Merging.stack`). ``bases``: what
+        :meth:`ingested_bases` returned for the batch (None: look it up here)."""
+        if value.__class__ is not Operands:
+            self.put_version(key, (seq, value))
+            return
+        stacked, folded = self._stack(key, seq, self._data.get(key), value, bases)
+        self.put_version(key, (seq, stacked))
+        if folded is not None:
+            self._folded[key] = folded
+
+    def _ingested_base(self, key: bytes, old: Version | None) -> Version | None:
+        """The compacted version of ``key`` newer than ``old``, an uncompacted version here
+        older than the newest ingestion: that ingestion may hold the key, and then merge
+        operands written now fold over its value, not over ``old`` (issue 29)."""
+        lookup = self.compacted_version
+        if lookup is None or old is None or old[0] <= self._compacted:
+            return None
+        if old[0] >= self.ingest_seq:
+            return None
+        found = lookup(key)
+        if found is None or found[0] <= old[0] or found[1].__class__ is Operands:
+            return None  # ingestions write values: compacted operands are another story
+        return found
+
+    def ingested_bases(self, entries: Iterable[Entry]) -> dict[bytes, Version]:
+        """For the merge operands among ``entries``, the ingested versions they fold over
+        instead of the version here (:meth:`_ingested_base`), looked up before a write is
+        recorded anywhere, so that a failed lookup changes nothing. Empty (no lookup) unless
+        an ingestion is newer than some version here."""
+        bases: dict[bytes, Version] = {}
+        if not self.ingest_seq or self.compacted_version is None:
+            return bases
+        for key, _, value in entries:
+            if value.__class__ is Operands and key not in bases:
+                base = self._ingested_base(key, self._data.get(key))
+                if base is not None:
+                    bases[key] = base
+        return bases
 
     def put_version(self, key: bytes, version: Version) -> None:
         """Record ``version``, ``(seq, value)``, whose value is not merge operands still to
@@ -126,6 +178,8 @@ class Memtable:
         value = version[1]
         if self._stacks and value.__class__ is not Operands:
             self._stacks.pop(key, None)  # a value ends the key's stack of operands
+        if self._folded:
+            self._folded.pop(key, None)  # put() records a fold again after this
         if old is None:
             self._new_keys.append(key)
             added = ENTRY_OVERHEAD + len(key)
@@ -137,33 +191,119 @@ class Memtable:
             added += VALUE_OVERHEAD + len(value)
         self.size_bytes += added
 
-    def _stack(self, key: bytes, seq: int, old: Version | None, value: Operands) -> bytes:
-        """The value that holds ``value`` written over ``old``, the stack of operands kept."""
+    def _stack(
+        self,
+        key: bytes,
+        seq: int,
+        old: Version | None,
+        value: Operands,
+        bases: dict[bytes, Version] | None = None,
+    ) -> tuple[bytes, tuple[int, Operands] | None]:
+        """The value that holds ``value`` written over ``old``, the stack of operands kept,
+        and, if that value folds the operands over a base here, what :attr:`_folded` keeps
+        for it."""
         if old is None or old[0] <= self._compacted:
             # Nothing here, or a version kept after its compaction, which may no longer be
             # the newest (an ingestion may have published a newer one since): the operands
             # stack on nothing here, and reads fold them over the compacted state, which
             # holds the kept version or a newer one.
             self._stacks[key] = [(seq, value)]
-            return value
+            return value, None
+        earlier = self._folded.get(key)  # ``old`` is that fold's result
+        base = self._ingested_base(key, old) if bases is None else bases.get(key)
+        if base is not None and old[0] < base[0] < seq:
+            old, earlier = base, None  # an ingestion published a newer version: over it
         ranges = self.ranges
+        base_seq = old[0] if earlier is None else earlier[0]
         if ranges is not EMPTY and old[0] < ranges.seq_at(key):
-            old = (old[0], None)  # deleted by a range tombstone since: a base of nothing
+            # Deleted by a range tombstone since: a base of nothing.
+            old, earlier, base_seq = (old[0], None), None, ranges.seq_at(key)
         stacked = self.merging.stack(key, old[1], value)
         if stacked.__class__ is not Operands:  # a value: the operator merged over a base
             self._stacks.pop(key, None)
-            return stacked
+            operands = value if earlier is None else earlier[1].under(value)
+            return stacked, (base_seq, operands)
         if old[1].__class__ is Operands:  # more operands on this memtable's stack
             self._stacks.setdefault(key, [(old[0], old[1])]).append((seq, value))
-            return stacked
+            return stacked, None
         self._stacks[key] = [(seq, value)]  # no operator: over a base, they replace it
-        return stacked
+        return stacked, None
 
-    def apply(self, entries: Sequence[Entry], ranges: Sequence[RangeTombstone] = ()) -> None:
+    def adopt_ingestion(self, ingest_seq: int) -> int:
+        """The owner adopted a view whose newest ingestion is ``ingest_seq``: operands folded
+        here over a base older than an ingestion that holds their key are folded over the
+        ingested value instead, as compaction and WAL replay fold them (issue 29). Looks up
+        the keys of such folds only (one point read each). Returns how many changed."""
+        known, self.ingest_seq = self.ingest_seq, max(self.ingest_seq, ingest_seq)
+        lookup = self.compacted_version
+        if ingest_seq <= known or not (self._folded or self._stacks) or lookup is None:
+            return 0
+        changed = self._refold_stacks(ingest_seq, lookup, known)
+        for key, (base_seq, operands) in list(self._folded.items()):
+            version = self._data.get(key)
+            if version is None or not base_seq < ingest_seq or version[1] is None:
+                continue
+            if version[0] <= self._compacted:
+                continue  # compacted: what compaction wrote (over_ingestions) stands
+            try:
+                found = lookup(key)
+            except BaseException:
+                self.ingest_seq = known  # the next adoption of this view tries again
+                raise
+            if found is None or not base_seq < found[0] < version[0]:
+                continue
+            if found[1].__class__ is Operands:
+                continue  # ingestions write values: compacted operands are another story
+            value = self.merging.stack(key, found[1], operands)
+            self._folded[key] = (found[0], operands)
+            self._data[key] = (version[0], value)
+            self.size_bytes += len(value) - len(version[1])
+            changed += 1
+        return changed
+
+    def _refold_stacks(
+        self, ingest_seq: int, lookup: Callable[[bytes], Version | None], known: int
+    ) -> int:
+        """:meth:`adopt_ingestion` for stacks of operands written by several writes, the
+        oldest older than the ingestion and the newest newer: those older than an ingested
+        version of their key are dropped, and the rest fold over it."""
+        changed = 0
+        for key, chunks in list(self._stacks.items()):
+            version = self._data.get(key)
+            if version is None or len(chunks) < 2 or not chunks[0][0] < ingest_seq:
+                continue
+            if version[0] <= self._compacted:
+                continue  # compacted: what compaction wrote (over_ingestions) stands
+            try:
+                found = lookup(key)
+            except BaseException:
+                self.ingest_seq = known  # the next adoption of this view tries again
+                raise
+            if found is None or found[1].__class__ is Operands:
+                continue
+            if not chunks[0][0] < found[0] < version[0]:
+                continue
+            operands = Operands(b"".join(c for s, c in chunks if s > found[0]))
+            value = self.merging.stack(key, found[1], operands)
+            if value.__class__ is Operands:
+                continue  # no operator: they cannot be read anyway
+            del self._stacks[key]
+            self._folded[key] = (found[0], operands)
+            self._data[key] = (version[0], value)
+            self.size_bytes += len(value) - len(version[1] or b"")
+            changed += 1
+        return changed
+
+    def apply(
+        self,
+        entries: Sequence[Entry],
+        ranges: Sequence[RangeTombstone] = (),
+        bases: dict[bytes, Version] | None = None,
+    ) -> None:
         """Record a batch of versions and range tombstones, visible to :meth:`get` all at once
-        (see the module)."""
+        (see the module); ``bases`` as :meth:`put` takes them."""
         if len(entries) == 1 and not ranges:
-            self.put(*entries[0])
+            self.put(*entries[0], bases)
             return
         with self._batch_lock:
             self._batching = True
@@ -176,7 +316,7 @@ class Memtable:
                         ENTRY_OVERHEAD + len(t.start) + len(t.end) for t in ranges
                     )
                 for key, seq, value in entries:
-                    self.put(key, seq, value)
+                    self.put(key, seq, value, bases)
             finally:
                 self._batching = False
 
@@ -204,6 +344,9 @@ class Memtable:
                 if self._stacks:  # plain values end a key's stack of operands (see put)
                     for key in versions:
                         self._stacks.pop(key, None)
+                if self._folded:
+                    for key in versions:
+                        self._folded.pop(key, None)
                 if next(iter(versions)) in data:
                     # The first key is here already, so likely most are: a pass to look the
                     # old versions up, then one to write over them.
@@ -298,6 +441,10 @@ class Memtable:
             )
             self._sorted = list(filter(data.__contains__, self._sorted))
             self._new_keys = list(filter(data.__contains__, self._new_keys))
+        if self._folded:  # a compacted fold is compaction's to get right (over_ingestions)
+            self._folded = {
+                k: r for k, r in self._folded.items() if k in data and data[k][0] > max_seq
+            }
         if retain_bytes and self.size_bytes > retain_bytes and cutoff < max_seq:
             # Newer versions cost more than the older ones dropped: drop the rest.
             return len(drop) + changed + self.prune(max_seq)

@@ -45,10 +45,13 @@ from typing import TypeVar
 import msgspec
 
 from slatepy.config import Settings
+from slatepy.engine import forking
 from slatepy.engine.batch import check_key
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
+from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
+from slatepy.engine.memtable import Version
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
 from slatepy.engine.snapshot import pin_manifest
 from slatepy.engine.startup import decode_wal_sst, replay
@@ -117,6 +120,7 @@ class DbReader(Closing, ReadSurface):
         self._lock = threading.Lock()  # view, memtable and WAL position change together
         self._poll_lock = threading.Lock()
         self._closed = False
+        self._forked_from = 0  # the parent's pid, in a child of os.fork()
         self._snapshot_id = ""
         self._registered_at = 0.0
         self._unconfirmed: set[str] = set()
@@ -128,8 +132,14 @@ class DbReader(Closing, ReadSurface):
         stored, tail = self._register()
         first = stored.manifest.wal_id_last_compacted + 1
         try:
+            self._view = stored.manifest
             self._memtable, self._wal_max_seq = replay(
-                self._wal, first, tail + 1, merging=self._merging
+                self._wal,
+                first,
+                tail + 1,
+                merging=self._merging,
+                ingest_seq=stored.manifest.last_ingest_seq,
+                compacted_version=self._compacted_version,
             )
         except SlatepyError:
             self._forget_snapshot()  # a failed open leaves nothing behind (best effort)
@@ -139,6 +149,7 @@ class DbReader(Closing, ReadSurface):
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._run, name="slatepy-reader", daemon=True)
         self._poller.start()
+        forking.track(self)
 
     @classmethod
     def open(
@@ -213,14 +224,22 @@ class DbReader(Closing, ReadSurface):
     def metrics(self) -> StoreMetrics:
         return self._store.metrics
 
+    def _compacted_version(self, key: bytes) -> Version | None:
+        """The newest version of ``key`` in the view's SSTs (the memtable asks for merge
+        operands applied over a version older than an ingestion; rare)."""
+        try:
+            return get_compacted(self._tables, self._view, key)
+        except NotFound as exc:
+            raise missing_sst(exc) from exc
+
     def _version(self, key: bytes) -> tuple[int, bytes] | None:
         """``(seq, value)`` of what a read of ``key`` returns (None: absent, deleted or
         expired); ``seq`` is the newest version's."""
         key = check_key(key)
         self._check_open()
         memtable = self._memtable
+        ranges = memtable.ranges  # before the version: see Db._get (no half batch)
         version = memtable.get(key)  # a WAL SST (a batch) is seen whole
-        ranges = memtable.ranges
         view = self._view
         if version is None or version[0] <= view.last_ingest_seq:
             # No version, or one older than an ingestion, which may hold a newer one.
@@ -393,7 +412,9 @@ class DbReader(Closing, ReadSurface):
         # must not leave the blocks before it (part of a batch) applied.
         meta, entries = decode_wal_sst(self._wal.path(wal_id), data)
         with self._lock:  # one SST at a time, so a batch is seen whole or not at all
-            self._memtable.apply(entries, meta.props.range_tombstones)
+            # Before any of it is applied: a failed lookup leaves the SST to the next poll.
+            bases = self._memtable.ingested_bases(entries)
+            self._memtable.apply(entries, meta.props.range_tombstones, bases)
             self._wal_max_seq[wal_id] = meta.props.max_seq
             self._wal_tail = wal_id
 
@@ -520,6 +541,10 @@ class DbReader(Closing, ReadSurface):
                 self._memtable.prune(max(self._wal_max_seq[i] for i in compacted))
                 for i in compacted:
                     del self._wal_max_seq[i]
+            try:
+                self._memtable.adopt_ingestion(stored.manifest.last_ingest_seq)
+            except SlatepyError as exc:  # tried again at the next adoption
+                log.warning("re-folding merges over a new ingestion failed: %s", exc)
             self._wal_tail = max(self._wal_tail, cutoff)
 
     def _run(self) -> None:
@@ -536,6 +561,9 @@ class DbReader(Closing, ReadSurface):
 
     def close(self) -> None:
         """Stop polling and remove the snapshot, if any (so GC may collect what it protected)."""
+        if self._forked_from:
+            return  # the parent's reader: the parent closes it
+        forking.untrack(self)
         with self._lock:
             if self._closed:
                 return
@@ -559,6 +587,14 @@ class DbReader(Closing, ReadSurface):
                 )
             )
 
+    def _mark_forked(self, parent_pid: int) -> None:
+        """In a child of ``os.fork()`` (:mod:`slatepy.engine.forking`): unusable here, and
+        closing it must not remove the parent's snapshot."""
+        self._forked_from = parent_pid
+        self._closed = True
+
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked_from:
+                raise forked_error(f"the reader of {self._store.url}", self._forked_from)
             raise ClosedError("the reader is closed; open a new one")

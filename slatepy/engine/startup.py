@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -31,16 +32,18 @@ import msgspec
 
 from slatepy.config import Settings
 from slatepy.engine.fencing import describe_gap, epoch_verifier, fence_wal, fenced, wal_gaps
-from slatepy.engine.memtable import Memtable
+from slatepy.engine.memtable import Memtable, Version
+from slatepy.engine.view import get_compacted
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstMeta, decode_sst
-from slatepy.manifest.record import Manifest, Snapshot
+from slatepy.manifest.record import Manifest, Snapshot, SstOptions
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects, contiguous_end
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.table.merge_operator import NO_MERGING, Merging
+from slatepy.table.reader import TableReader
 
 REPLAY_CONCURRENCY = 8
 
@@ -101,7 +104,9 @@ def start_writer(
             .with_writer_epoch(manifest.writer_epoch + 1)
             .with_snapshot(snapshot)
         )
-        return msgspec.structs.replace(bumped, max_parallel_writes=fences_needed)
+        return msgspec.structs.replace(
+            bumped, max_parallel_writes=fences_needed, sst_options=sst_options_of(settings)
+        )
 
     stored = manifests.update(bump)
     epoch = stored.manifest.writer_epoch
@@ -112,8 +117,17 @@ def start_writer(
     fences = fence_wal(
         wal, start, epoch, fences_needed, verify=verify, attempts=settings.wal_write_attempts
     )
+    manifest = stored.manifest
+    tables = TableReader(store, cache_bytes=1 << 20)  # asked only after an ingestion
     memtable, wal_max_seq = replay(
-        wal, first, fences[0], epoch=epoch, checked=checked, merging=merging
+        wal,
+        first,
+        fences[0],
+        epoch=epoch,
+        checked=checked,
+        merging=merging,
+        ingest_seq=manifest.last_ingest_seq,
+        compacted_version=lambda key: get_compacted(tables, manifest, key),
     )
 
     def release(manifest: Manifest, _: int) -> Manifest:
@@ -133,6 +147,16 @@ def start_writer(
         fences[0] - first,
         released.manifest,
         wal_max_seq,
+    )
+
+
+def sst_options_of(settings: Settings) -> SstOptions:
+    """The SST options a writer records in the manifest for compactors to follow."""
+    return SstOptions(
+        compression=settings.compression,
+        compression_level=settings.compression_level,
+        block_size=settings.block_size,
+        bloom_bits_per_key=settings.bloom_bits_per_key,
     )
 
 
@@ -213,6 +237,8 @@ def replay(
     epoch: int | None = None,
     checked: dict[int, DecodedWal] | None = None,
     merging: Merging = NO_MERGING,
+    ingest_seq: int = 0,
+    compacted_version: Callable[[bytes], Version | None] | None = None,
 ) -> tuple[Memtable, dict[int, int]]:
     """Apply WAL SSTs ``first .. end-1`` in order; return the memtable and each SST's max seq.
 
@@ -221,12 +247,16 @@ def replay(
             newer writer got in first, and this writer must not start.
         checked: SSTs already read and checked (start-up reads them before its epoch bump);
             they are used instead of reading again, and removed from the dict as applied.
+        ingest_seq, compacted_version: The view's newest ingestion and its compacted
+            versions: merge operands written after an ingestion fold over its value, not
+            over an older write replayed here (:meth:`Memtable.ingested_bases`).
 
     Raises:
         CorruptionError: an SST in the range is missing (the WAL must be contiguous) or corrupt.
         FencedError: an SST in the range holds a newer epoch than ``epoch``.
     """
     memtable = Memtable(merging)
+    memtable.ingest_seq, memtable.compacted_version = ingest_seq, compacted_version
     max_seq: dict[int, int] = {}
     done = {} if checked is None else checked
 

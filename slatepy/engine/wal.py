@@ -10,19 +10,22 @@ Acknowledgement follows the seed ("Parallel Writes", option 2): a write is ackno
 soon as *its* SST is written, even if an earlier in-flight SST failed. Any failure is fatal
 to the writer: the failed generation's writes are already visible in this process's
 memtable, so carrying on would let later writes become durable while earlier ones are lost.
-No generation is sealed after a failure; in-flight ones run to completion; every later write
-and flush raises the stored error, and the caller reopens the database to recover.
+No generation is sealed after a failure; in-flight ones run to completion; the writes whose
+own SST failed hear the failure itself, and every later write and flush raises
+:meth:`WalWriter.dead_error`: the handle can no longer write, open the database again (the
+first failure is its ``__cause__``, not repeated as if it were new; issue 29).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
 from slatepy.config import Settings
 from slatepy.engine.fencing import write_wal_sst
-from slatepy.errors import SlatepyError, StoreUnavailable
+from slatepy.errors import SlatepyError, StoreError, StoreUnavailable
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.format.sst import SstBuilder
@@ -83,6 +86,11 @@ class WalWriter:
         self._reserved = 0  # write slots held by reserve() for a seal()
         self._failed: dict[int, SlatepyError] = {}
         self._error: SlatepyError | None = None
+        self._dead: SlatepyError | None = None  # what later calls raise (dead_error)
+        self._failed_at = 0.0
+        self.on_failure: Callable[[], None] | None = None
+        """Called once when the writer fails, before any caller hears of it (on the writing
+        thread, under this writer's lock: it must only set a flag)."""
         self.lost_unawaited = 0  # unawaited entries in failed generations, not yet reported
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -104,9 +112,38 @@ class WalWriter:
         return self._error
 
     def check(self) -> None:
-        """Raise the stored fatal error, if any."""
+        """Raise :meth:`dead_error` if the writer has failed."""
         if self._error is not None:
-            raise self._error
+            raise self.dead_error()
+
+    def dead_error(self) -> SlatepyError:
+        """The error for a call on a writer that failed: of the first failure's type (an
+        ``except FencedError`` still matches), saying that the handle can no longer write
+        and to open the database again, with the failure as ``__cause__`` (its message,
+        say "No space left on device", may no longer be true: it is not repeated as news).
+        """
+        first = self._error
+        assert first is not None
+        if self._dead is not None:
+            return self._dead
+        message = (
+            f"this writer of {self._wal.store.url} failed "
+            f"{time.strftime('%H:%M:%S', time.localtime(self._failed_at))} and can no longer "
+            "write (writes since are not durable, and its reads are refused: what it holds "
+            "in memory may not be); open the database again to continue. The failure: "
+            f"{first}"
+        )
+        dead: SlatepyError
+        try:
+            if isinstance(first, StoreError):
+                dead = type(first)(message, path=first.path, definite=first.definite)
+            else:
+                dead = type(first)(message)
+        except TypeError:  # an error type with other arguments: the family's base
+            dead = SlatepyError(message)
+        dead.__cause__ = first
+        self._dead = dead
+        return dead
 
     def append(
         self,
@@ -154,7 +191,7 @@ class WalWriter:
         a delete), the tuple the writer also puts in its memtable: a single write's path."""
         with self._mutex:
             if self._error is not None:
-                raise self._error
+                raise self.dead_error()
             self._buffer[key] = version
             if not awaited:
                 self._buffer_unawaited += 1
@@ -170,7 +207,7 @@ class WalWriter:
         in all: one ``dict.update`` instead of an insertion per entry."""
         with self._mutex:
             if self._error is not None:
-                raise self._error
+                raise self.dead_error()
             self._buffer.update(versions)
             if not awaited:
                 self._buffer_unawaited += count
@@ -208,6 +245,15 @@ class WalWriter:
             else:
                 self._cond.wait_for(lambda: not any(g <= generation for g in self._in_flight))
                 self.check()
+
+    def settle(self) -> None:
+        """Wait until every sealed generation is written or failed, then raise
+        :meth:`dead_error` if the writer failed: what was sealed before is durable (a
+        snapshot holds no write the database lost)."""
+        with self._cond:
+            sealed = self._generation - 1
+            self._cond.wait_for(lambda: not any(g <= sealed for g in self._in_flight))
+            self.check()
 
     def reserve(self) -> None:
         """Wait for a free write slot and hold it for the next :meth:`seal` (or
@@ -340,7 +386,12 @@ class WalWriter:
                 self.max_seq_by_id[wal_id] = max_seq
             else:
                 self._failed[generation] = error
-                self._error = self._error or error
+                if self._error is None:
+                    self._error, self._failed_at = error, time.time()
+                    # Before anyone hears of the failure: no read may follow the report
+                    # and still see the writes it lost.
+                    if self.on_failure is not None:
+                        self.on_failure()
                 self.lost_unawaited += unawaited
             self._cond.notify_all()
 

@@ -123,6 +123,24 @@ class CompactorLease(msgspec.Struct, frozen=True):
     duration_s: float
 
 
+class SstOptions(msgspec.Struct, frozen=True):
+    """How the database's writer wants its SSTs built (RFC 0026): recorded in the manifest
+    by every writer at open, so that a compactor in another process (``slatepy compact``,
+    ``slatepy compactor``) writes its outputs the same way instead of by its own process's
+    defaults. Blocks say how they are compressed, so any SST stays readable whatever these
+    are; they decide what compaction writes, not what an SST means to a reader.
+
+    Fields as in ``Settings`` (``compression`` a str, not a Literal: a codec added later must
+    not make an older slatepy's decode fail; an unknown one is ignored by it, see
+    ``Compactor``).
+    """
+
+    compression: str = "none"
+    compression_level: int = 0
+    block_size: int = 4096
+    bloom_bits_per_key: int = 10
+
+
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The durable state of a database (fields as in the manifest seed).
 
@@ -161,6 +179,10 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     # Optional, added after format version 1 (RFC 0017): the SSTs of a clone that live in
     # its source's store. Older slatepy cannot read a clone (it looks for them locally).
     external_dbs: tuple[ExternalDb, ...] = ()
+    # Optional, added after format version 1 (RFC 0026): the writer's SST options. Older
+    # manifests decode with None (compactors then use their own settings, as before), and
+    # older slatepy skips the field, so no version bump: nothing it reads means otherwise.
+    sst_options: SstOptions | None = None
 
     def encode(self) -> bytes:
         return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))

@@ -46,6 +46,7 @@ Beyond the one database (RFCs 0017 and 0018):
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 from collections import Counter
@@ -60,6 +61,7 @@ from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.clone import clone, with_external
 from slatepy.engine.db import Db
+from slatepy.engine.ingest import publish_ingest, write_ingest_ssts
 from slatepy.engine.reader import DbReader
 from slatepy.engine.snapshot import Snapshot
 from slatepy.engine.wal_reader import WalHistoryGone, WalReader, WalRecord
@@ -93,6 +95,8 @@ must replay the same way from its seed (tests/engine/test_checkpoint.py covers e
 MAX_CHECKPOINTS = 4
 MAX_CLONES = 3
 OPEN_ATTEMPTS = 50
+READS_DURING_BATCH = 200
+"""At most this many reads (of the writer and of the reader) race one batch."""
 PROGRESS_INTERVAL = 5.0
 """Seconds between two progress lines of a timed run."""
 
@@ -408,9 +412,11 @@ class Torture:
         *,
         ttl: int | None = None,
         deleted_range: tuple[bytes, bytes] | None = None,
+        range_batch: tuple[bytes, bytes] | None = None,
     ) -> bool:
         """Write ``ops`` (as the model sees them): a put (with ``ttl``), a delete, a batch of
-        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range).
+        puts, or a ``delete_range`` (``ops`` then deletes every model key in the range), or
+        with ``range_batch`` one batch of that range delete and the puts among ``ops``.
         False if the write failed (the writer is then dropped)."""
         db = self.writer()
         for key, value in ops:
@@ -418,7 +424,14 @@ class Torture:
             if ttl is not None and value is not None:
                 self.model.expires[value] = self.model.now + ttl
         try:
-            if deleted_range is not None:
+            if range_batch is not None:
+                batch = WriteBatch()
+                batch.delete_range(*range_batch)
+                for key, value in ops:
+                    if value is not None:
+                        batch.put(key, value)
+                db.write(batch, await_durable=durable)
+            elif deleted_range is not None:
                 db.delete_range(*deleted_range, await_durable=durable)
             elif len(ops) > 1:
                 batch = WriteBatch()
@@ -499,6 +512,98 @@ class Torture:
             self.crash()
             return
         self.merged[key] = after
+
+    def op_ingest(self) -> None:
+        """A bulk ingestion (RFC 0016) of some merge keys, between merges: the writer flushes
+        first (so the ingestion is newer than every write made), then adopts it. Merges after
+        it fold over the ingested value, live, replayed, in readers and compacted (issue 29);
+        a failed publish may or may not have landed."""
+        db = self.writer()
+        try:
+            db.flush()
+        except SlatepyError:
+            self.report.failed["flush"] += 1
+            self.crash()
+            return
+        self._acknowledge_pending()
+        keys = sorted(self.rng.sample(MERGE_KEYS, self.rng.randint(1, len(MERGE_KEYS))))
+        self.counter += 1
+        value = b"ingested%d" % self.counter
+        try:
+            ssts = write_ingest_ssts(
+                self.faulty, [(k, value) for k in keys], self.settings, target_sst_bytes=4096
+            )
+            publish_ingest(self.faulty, self.settings, ssts)
+        except SlatepyError:
+            self.report.failed["ingest"] += 1
+            for key in keys:
+                self.merged[key] = self.merged[key] | {value}
+        else:
+            for key in keys:
+                self.merged[key] = {value}
+        try:
+            db.refresh()
+        except SlatepyError:
+            self.report.failed["refresh"] += 1
+            self.crash()
+
+    def op_range_batch(self) -> None:
+        """A batch ``[delete_range(lo, hi), put(k, new)]`` over a key that holds a value,
+        while another thread reads ``k`` from the writer and from the reader: every read
+        is the value before or the value after, never the key deleted (half a batch; issue
+        29). The reads hit memory only (``k`` was just written), so the store's seeded
+        faults are drawn by this thread alone."""
+        i = self.rng.randrange(len(KEYS))
+        lo, hi = (
+            KEYS[self.rng.randint(0, i)],
+            [*KEYS, b"key~"][self.rng.randint(i + 1, len(KEYS))],
+        )
+        key = KEYS[i]
+        before, after = self._value(key), self._value(key)
+        if not self._write([(key, before)], durable=True):
+            return
+        db, reader = self.writer(), self.reader
+        if reader is not None:
+            try:
+                reader.refresh()
+            except SlatepyError:
+                self.report.failed["reader"] += 1
+                reader = None
+        seen: list[tuple[str, bytes | None]] = []
+        done = threading.Event()
+
+        def read() -> None:
+            for _ in range(READS_DURING_BATCH):
+                if done.is_set():
+                    return
+                time.sleep(0)  # let the batch go on between reads
+                try:
+                    seen.append(("writer", db.get(key)))
+                    if reader is not None:
+                        seen.append(("reader", reader.get(key)))
+                except SlatepyError:
+                    return  # the writer failed (the batch's WAL write) and was dropped
+
+        thread = threading.Thread(target=read, name="torture-reads")
+        thread.start()
+        deleted = [(k, None) for k in KEYS if lo <= k < hi and k != key]
+        assert self.model.log is not None
+        self.model.log.ranges.add((lo, hi))
+        issued = self.counter
+        written = self._write([*deleted, (key, after)], durable=True, range_batch=(lo, hi))
+        if written:
+            self.model.log.awaited_ranges.append((lo, hi, issued))
+        if reader is not None:
+            try:
+                reader.refresh()  # applies the batch while the thread reads
+            except SlatepyError:
+                self.report.failed["reader"] += 1
+        done.set()
+        thread.join()
+        for who, value in seen:
+            if value not in (before, after):
+                raise Violation(f"{who} read {key!r} = {value!r} during a batch: half a batch")
+        self.report.checks["reads during batches"] += len(seen)
 
     def op_tick(self) -> None:
         """One second passes on the workload's clock (TTL'd values expire)."""
@@ -1102,6 +1207,8 @@ class Torture:
         ("clone", 1),
         ("clone_read", 1),
         ("cdc", 2),
+        ("ingest", 2),
+        ("range_batch", 2),
     )
 
     def step(self) -> None:

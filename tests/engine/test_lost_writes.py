@@ -201,8 +201,14 @@ def test_get_never_sees_half_a_batch(backend: Backend) -> None:
 
         __slots__ = ()
 
-        def put(self, key: bytes, seq: int, value: bytes | None) -> None:
-            super().put(key, seq, value)
+        def put(
+            self,
+            key: bytes,
+            seq: int,
+            value: bytes | None,
+            bases: dict[bytes, tuple[int, bytes | None]] | None = None,
+        ) -> None:
+            super().put(key, seq, value, bases)
             if key == b"k1" and value == b"new":
                 paused.set()
                 assert resume.wait(WAIT)

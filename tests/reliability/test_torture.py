@@ -115,6 +115,14 @@ class TortureMachine(RuleBasedStateMachine):
         self.torture.op_merge()
 
     @rule()
+    def ingest(self) -> None:
+        self.torture.op_ingest()
+
+    @rule()
+    def range_batch(self) -> None:
+        self.torture.op_range_batch()
+
+    @rule()
     def tick(self) -> None:
         self.torture.op_tick()
 
