@@ -286,11 +286,26 @@ class ShardMachine:
         maintenance: Callable[[Maintenance], None] | None = None,
     ) -> R:
         attempt = _Attempts()
+        attempts: dict[bytes, Change[R]] = {}
+        # Every entry applied while this command runs is kept: an attempt of ours may land
+        # and be applied by a catch-up whose later page then fails; forgetting it would
+        # rerun the command on a state that already holds it (a landed merge answered
+        # NotApplied, a landed opaque downgrade answered OpaqueMismatch).
+        outer, self._versions.seen = self._versions.seen, []
         try:
             return self._attempts(
-                transition, args, on_uncertain, check, tried=attempt, maintenance=maintenance
+                transition,
+                args,
+                on_uncertain,
+                check,
+                tried=attempt,
+                attempts=attempts,
+                maintenance=maintenance,
             )
         except SlatepyError as exc:
+            ours = self._ours(attempts)
+            if ours is not None:
+                return _committed(ours, maintenance)
             if self._versions.state.seqno < attempt.pending and not _is_indefinite(exc):
                 raise Indeterminate(
                     f"shard {self.shard_id!r}: a state change failed indefinitely, then its "
@@ -298,6 +313,13 @@ class ShardMachine:
                     f"{attempt.pending}: read the shard to find out"
                 ) from exc
             raise
+        finally:
+            self._versions.seen = outer
+
+    def _ours(self, attempts: dict[bytes, Change[R]]) -> Change[R] | None:
+        """Our attempt among the entries applied during this command, if one landed."""
+        seen = self._versions.seen
+        return self._match(seen, attempts) if seen and attempts else None
 
     def _attempts(
         self,
@@ -307,9 +329,9 @@ class ShardMachine:
         check: Callable[[int], None] | None,
         *,
         tried: _Attempts,
+        attempts: dict[bytes, Change[R]],
         maintenance: Callable[[Maintenance], None] | None,
     ) -> R:
-        attempts: dict[bytes, Change[R]] = {}
         # Whether the cached state was read from consensus during this command: a Break
         # decided on a stale cache (say, an upper mismatch) is confirmed on a fresh one.
         fresh = False
@@ -321,6 +343,9 @@ class ShardMachine:
             if not self._versions.loaded or stale:
                 self._refresh(rollup=False)
                 fresh = True
+            ours = self._ours(attempts)
+            if ours is not None:  # applied by a catch-up that failed on a later page
+                return _committed(ours, maintenance)
             state = self._versions.state
             now = self.now_ms()
             if check is not None:

@@ -77,6 +77,10 @@ class Versions:
         self.replayed = 0
         """Diffs the last cold load replayed (a rollup is due past ``rollup_replay_limit``)."""
         self._sizes: dict[int, int] = {}
+        self.seen: list[Applied] | None = None
+        """While not None, every entry applied is appended here (the applier sets it for a
+        command: an entry it applied before a later page of a catch-up failed may be the
+        command's own commit, and must not be forgotten with the failed call's result)."""
         self.confirmed = time.monotonic()
         """When the cached state was last seen to be the log's head or written by us (a
         monotonic time): the applier re-reads a head older than ``consensus_min_age / 2``
@@ -159,6 +163,8 @@ class Versions:
         except CorruptionError as exc:
             raise CorruptionError(str(exc), path=path) from exc
         self.advance(new, data)
+        if self.seen is not None:
+            self.seen.append(Applied(seqno, data))
 
     def advance(self, new: State, data: bytes) -> None:
         """Make ``new`` (the state the entry ``data`` produced) the cached state."""

@@ -20,9 +20,13 @@ from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.state.diff import StateDiff, encode_state_diff
 from slatepy.persist.state.records import State
 from slatepy.persist.state.transitions import (
+    CompareAndDowngradeSince,
     HeartbeatWriter,
+    RegisterCriticalReader,
     RegisterWriter,
+    compare_and_downgrade_since,
     heartbeat_writer,
+    register_critical_reader,
     register_writer,
 )
 from slatepy.store.base import ObjectStore, PutData, PutMode, WrappingStore
@@ -298,3 +302,39 @@ def test_a_missing_rollup_fails_the_cold_load_after_three_heads(
     with pytest.raises(CorruptionError, match="missing after 3 tries"):
         make(counted, blob, settings).fetch()
     assert len(heads) == 3
+
+
+def test_a_catch_up_failing_on_its_second_page_keeps_our_landed_commit(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    """Issue 27, defect 4: our CAS lands, its reply is lost, 300 entries of another process
+    follow; the catch-up applies the first page (ours in it), then its second page fails.
+    The command answers its own success, not ``OpaqueMismatch`` for its own change."""
+    other = make(consensus, blob)
+    register(other, "w1")
+    other.run(
+        register_critical_reader, RegisterCriticalReader("c" + "0" * 32), on_uncertain=rerun_as_is
+    )
+    armed = {"cas": True, "scans": 0}
+
+    def after(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed["cas"]:
+            armed["cas"] = False
+            for _ in range(300):  # more than one page (SCAN_LIMIT) after ours
+                other.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+            armed["scans"] = 1
+            raise StoreUnavailable("reply lost", definite=False)
+
+    def before(op: str, key: str | None) -> None:
+        if op == "scan" and armed["scans"]:
+            armed["scans"] += 1
+            if armed["scans"] == 3:  # the second page of the catch-up
+                raise StoreUnavailable("scan failed", definite=True)
+
+    mine = make(InterceptConsensus(consensus, before=before, after=after), blob)
+    assert mine.state.seqno == 2
+    args = CompareAndDowngradeSince("c" + "0" * 32, b"", b"mine", 7)
+    assert mine.run(compare_and_downgrade_since, args) == 7
+    assert armed["scans"] >= 3, "the catch-up never reached its second page"
+    assert mine.fetch().critical_readers["c" + "0" * 32].opaque == b"mine"
+    assert mine.state.seqno >= 303
