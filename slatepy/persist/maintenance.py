@@ -187,8 +187,12 @@ class MaintenanceRunner:
 
     def _scan(self) -> None:
         """Queue the claims of watched writers that are not running, and due GC passes."""
+        now = self.clock()
         with self._wake:
             watches = list(self._watches.items())
+            # A retry time that passed says nothing (absent means "due" too): without this,
+            # every merge that ever failed or was skipped kept an entry (issue 27).
+            self._not_before = {k: t for k, t in self._not_before.items() if t > now}
         for ident, watch in watches:
             if watch.owner() is None:
                 with self._wake:

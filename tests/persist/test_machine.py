@@ -29,7 +29,7 @@ from slatepy.persist.state.transitions import (
     register_critical_reader,
     register_writer,
 )
-from slatepy.store.base import ObjectStore, PutData, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.stack import open_stack
 from slatepy.testing.faults import FaultRates
 from slatepy.testing.persist_faults import FaultyConsensus, InterceptConsensus
@@ -338,3 +338,51 @@ def test_a_catch_up_failing_on_its_second_page_keeps_our_landed_commit(
     assert armed["scans"] >= 3, "the catch-up never reached its second page"
     assert mine.fetch().critical_readers["c" + "0" * 32].opaque == b"mine"
     assert mine.state.seqno >= 303
+
+
+def test_the_sizes_since_the_latest_rollup_stay_bounded(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    """Issue 27, defect 9: with no rollup ever due, the cache kept one size per entry."""
+    settings = PersistSettings(rollup_min_bytes=1 << 40)
+    m = ShardMachine(SHARD, consensus, blob, settings)
+    register(m, "w1")
+    for _ in range(1500):
+        m.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+    assert len(m._versions._sizes) <= 600
+    assert m._versions._sizes.count == 1501 and not m.state.rollups
+
+
+class ListCounting(WrappingStore):
+    """Counts the objects every ``list`` returns (what S3 charges LIST pages for)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.listed = 0
+        self.lists = 0
+
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        found = self.inner.list(prefix, offset=offset)
+        self.lists += 1
+        self.listed += len(found)
+        return found
+
+
+def test_a_long_catch_up_lists_the_log_a_bounded_number_of_times(blob: ObjectStore) -> None:
+    """Issue 27, defect 9: each 256-entry page of a catch-up listed the whole rest of the
+    log (quadratic); the next page now reuses the previous page's listing."""
+    settings = PersistSettings(rollup_min_bytes=1 << 40)
+    with ObjectConsensus(blob, min_age=0) as log:
+        writer = ShardMachine(SHARD, log, blob, settings)
+        register(writer, "w1")
+        counting = ListCounting(blob)
+        with ObjectConsensus(counting, min_age=0) as reader_log:
+            reader = ShardMachine(SHARD, reader_log, blob, settings)
+            assert reader.state.seqno == 1
+            for _ in range(2000):
+                writer.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+            counting.listed = counting.lists = 0
+            assert reader.fetch().seqno == 2001
+    # 2,000 entries: one LIST of them all, one of the last page's rest, and the head's.
+    # Before: 2,000 + 1,744 + 1,488 + ... = 8,976 objects in 9 LISTs.
+    assert counting.listed <= 2 * 2000 + 300, (counting.lists, counting.listed)

@@ -254,3 +254,18 @@ def test_close_does_not_wait_out_a_poll_interval() -> None:
             write.compare_and_append([upd(b"a", 0)], 0, 1)
             started = time.monotonic()
         assert time.monotonic() - started < 0.5
+
+
+def test_retry_times_that_passed_are_forgotten(url: str) -> None:
+    """Issue 27, defect 9: every merge that was skipped or failed kept its retry time for
+    the runner's life; a scan now forgets the times that passed."""
+    with manual(PersistClient.open(url, settings=HOLLOW)) as client:
+        runner = MaintenanceRunner(client._tables, poll_interval=0.02, retry_after=0.01)
+        try:
+            machine = client.machine(SHARD)
+            for merge_id in range(40):  # no inputs: skipped, to be retried later
+                runner.submit(machine, "w", Maintenance(merges=(MergeReq(merge_id, ()),)))
+                eventually(runner.idle)
+            eventually(lambda: not runner._not_before, timeout=5.0)
+        finally:
+            runner.close()

@@ -28,7 +28,9 @@ Requests (conditional CAS; ``MetricsStore`` counts, see ``tests/persist``):
 ``compare_and_set`` lost    1 PUT + 1 GET (the winner's entry is ``Mismatch.current``);
                             1 LIST (+1 GET) if this instance had seen a newer entry
 ``head``                    1 LIST from the newest seqno seen here, +1 GET if newer
-``scan``                    1 LIST + one GET per entry (up to 16 in parallel)
+``scan``                    1 LIST + one GET per entry (up to 16 in parallel); a scan
+                            that starts where the previous one's page ended reuses the
+                            rest of that LIST while it holds a full page (no LIST)
 ``truncate``                1 LIST + one DELETE per entry, ascending
 ``list_keys``               1 LIST of ``consensus/``
 ==========================  ==========================================================
@@ -171,6 +173,10 @@ class ObjectConsensus(Consensus):
         # after), and the highest seqno it has seen exist (what a CAS may build on).
         self._heads: dict[str, VersionedData] = {}
         self._reached: dict[str, int] = {}
+        # Per key: seqnos a scan listed beyond its page, for the next page of a catch-up.
+        # Without it each page LISTed the whole rest of the log again: a catch-up of n
+        # entries cost O(n^2 / page) listed objects (issue 27).
+        self._listed: dict[str, list[int]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -249,8 +255,14 @@ class ObjectConsensus(Consensus):
         check_limit(limit)
         self._check_open()
         after = from_seqno - 1 if from_seqno > 1 else None
-        for _ in range(MOVING_ATTEMPTS):
-            ids = self._ids(key, after=after)[:limit]
+        for attempt in range(MOVING_ATTEMPTS):
+            with self._lock:
+                listed = self._listed.pop(key, None)
+            if attempt == 0 and listed and listed[0] == from_seqno and len(listed) >= limit:
+                ids, rest = listed[:limit], listed[limit:]
+            else:
+                ids = self._ids(key, after=after)
+                ids, rest = ids[:limit], ids[limit:]
             for lower, upper in pairwise(ids):
                 if upper != lower + 1:
                     # Entries are created only at head + 1 and deleted from the bottom, so a
@@ -270,6 +282,9 @@ class ObjectConsensus(Consensus):
             entries = [VersionedData(s, d) for s, d in zip(ids, datas, strict=True)]
             if entries:
                 self._saw(key, reached=entries[-1].seqno)
+            if rest and ids and rest[0] == ids[-1] + 1:
+                with self._lock:
+                    self._listed[key] = rest
             return entries
         raise StoreUnavailable(
             f"scan of consensus key {key!r}: entries kept vanishing under a truncation; try again",
@@ -442,6 +457,8 @@ class ObjectConsensus(Consensus):
                 "would delete it"
             )
         self._saw(key, reached=head)
+        with self._lock:
+            self._listed.pop(key, None)
         cutoff = self._clock() - self.min_age
         deleted = 0
         for (current, _), (_, successor) in pairwise(entries):
