@@ -328,3 +328,19 @@ def test_an_output_is_inline_only_within_the_part_limit_and_the_states_room() ->
     assert not _fits_inline(state, [hollow] * 4, roomy)  # 1,200 bytes > the part limit
     assert not _fits_inline(crowded, [hollow], full)  # 900 + 300 > the state's room
     assert _fits_inline(crowded, [inline, inline], full)  # replaces inline inputs: no growth
+
+
+def test_a_shard_nobody_reads_still_merges_physically(client: PersistClient) -> None:
+    """Issue 27: with the since closed, merges were skipped for ever, so writers to a shard
+    nobody reads filled the trace and stalled. They merge now, forwarding nothing."""
+    reader = client.open_leased_reader(SHARD)
+    assert reader.downgrade_since(None) is None
+    write = client.open_writer(SHARD)
+    for t in range(4):
+        write.compare_and_append([upd(b"k%d" % t, t), upd(b"x", t, 1 if t % 2 else -1)], t, t + 1)
+    results = compact_all(client, write.writer_id)
+    assert results and {r.status for r in results} == {"applied"}
+    (batch,) = state_of(client).trace
+    assert (batch.desc.lower, batch.desc.upper, batch.desc.since) == (0, 4, 0)
+    # Nothing forwarded: x's updates at distinct times do not cancel.
+    assert batch.updates == 8
