@@ -263,18 +263,24 @@ class ObjectConsensus(Consensus):
             else:
                 ids = self._ids(key, after=after)
                 ids, rest = ids[:limit], ids[limit:]
-            for lower, upper in pairwise(ids):
-                if upper != lower + 1:
-                    # Entries are created only at head + 1 and deleted from the bottom, so a
-                    # gap means an entry below it was created after a truncation took its
-                    # seqno (RFC 0015 §3.2): refuse to hand it out as part of the log.
-                    raise CorruptionError(
-                        f"consensus log {key!r} has a gap: {entry_path(key, lower)} is followed "
-                        f"by {entry_path(key, upper)}. The entry below the gap was written "
-                        "after a truncation deleted its seqno (a stalled writer); a truncate "
-                        f"past {upper} removes it",
-                        path=entry_path(key, lower),
-                    )
+            gap = next(((lo, up) for lo, up in pairwise(ids) if up != lo + 1), None)
+            if gap is not None:
+                lower, upper = gap
+                # A LIST is no snapshot (a directory scan, S3's pages): one racing a
+                # truncation may miss an entry it deleted and still show the one below,
+                # deleted first. Then that one is gone now: list again.
+                if not self._exists(entry_path(key, lower)):
+                    continue
+                # Entries are created only at head + 1 and deleted from the bottom, so a
+                # gap means an entry below it was created after a truncation took its
+                # seqno (RFC 0015 §3.2): refuse to hand it out as part of the log.
+                raise CorruptionError(
+                    f"consensus log {key!r} has a gap: {entry_path(key, lower)} is followed "
+                    f"by {entry_path(key, upper)}. The entry below the gap was written "
+                    "after a truncation deleted its seqno (a stalled writer); a truncate "
+                    f"past {upper} removes it",
+                    path=entry_path(key, lower),
+                )
             try:
                 datas = self._read_many(key, ids)
             except NotFound:
@@ -290,6 +296,13 @@ class ObjectConsensus(Consensus):
             f"scan of consensus key {key!r}: entries kept vanishing under a truncation; try again",
             path=f"{CONSENSUS_DIR}/{key}/",
         )
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.store.head(path)
+        except NotFound:
+            return False
+        return True
 
     def _read_many(self, key: str, ids: list[int]) -> list[bytes]:
         if len(ids) <= 1:
