@@ -188,6 +188,46 @@ def test_a_lost_apply_reply_is_read_back_as_applied(store: ObjectStore, log: Con
         assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
 
 
+def test_a_landed_apply_is_applied_though_the_catch_up_after_it_fails_midway(
+    store: ObjectStore, log: Consensus
+) -> None:
+    """Issue 27, defect 4: the apply lands, its reply is lost, another client commits 300
+    changes, and the catch-up fails on its second page. The merge was answered NotApplied
+    and its outputs, which the state references, deleted."""
+    armed = {"cas": False, "scans": 0}
+
+    def after(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed["cas"]:
+            armed["cas"] = False
+            reader = other.open_leased_reader(SHARD)
+            for _ in range(300):  # more than one page (256) after ours
+                reader.heartbeat()
+            armed["scans"] = 1
+            raise StoreUnavailable("injected: reply lost", definite=False)
+
+    def before(op: str, key: str | None) -> None:
+        if op == "scan" and armed["scans"]:
+            armed["scans"] += 1
+            if armed["scans"] == 3:
+                raise StoreUnavailable("injected: the second page fails", definite=True)
+
+    hooked = InterceptConsensus(log, before=before, after=after)
+    with (
+        manual(PersistClient.open(store, consensus=log, settings=HOLLOW)) as other,
+        manual(PersistClient.open(store, consensus=hooked, settings=HOLLOW)) as client,
+    ):
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0)], 0, 1)
+        write.compare_and_append([upd(b"b", 1)], 1, 2)
+        (request,) = claims(state_of(client), write.writer_id)
+        armed["cas"] = True
+        result = compact(client.machine(SHARD), client._tables, write.writer_id, request)
+        assert armed["scans"] >= 3, "the catch-up never reached its second page"
+        assert result.status == "applied"
+        assert referenced(state_of(client)) <= part_paths(client)
+        assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
+
+
 ROLLING = PersistSettings(
     rollup_min_bytes=0,
     rollup_min_diffs=1,
