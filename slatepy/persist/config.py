@@ -66,9 +66,10 @@ class PersistSettings:
         allow_short_leases: Allow ``batch_lease`` and ``consensus_min_age`` below one hour
             (tests only: shorter leases are unsafe against stalled requests).
         max_clock_skew: Seconds one commit may move the state's walltime beyond the time
-            its committer has seen pass since it first saw the state (RFC 0015 Addendum
-            G): the assumed bound on clock skew between processes. A host whose clock is
-            further ahead moves leases, claims and key TTLs at most this much early.
+            its committer has seen pass since it first saw the state (RFC 0015, issue 27
+            addendum on clocks): the assumed bound on clock skew between processes. A
+            host whose clock is further ahead moves leases, claims and key TTLs at most
+            this much early.
     """
 
     writer_lease: float = 3600.0

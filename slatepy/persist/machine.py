@@ -262,15 +262,14 @@ class ShardMachine:
         ``max(walltime + 1, this)`` (``outcome.walltime_after``), and every lease, claim
         and key TTL is judged by walltimes.
 
-        Bounded by what this process has seen pass (Addendum G): with ``(w0, e0)`` the
-        walltime of the first state it read (or ran a command on) and the elapsed clock
-        then, and
-        ``lo = w0 + elapsed since``, the answer is ``max(lo, min(clock, lo + skew))``. A
-        host whose clock runs a day ahead moves the walltime at most ``max_clock_skew``
-        beyond what others extrapolate, however often it commits (the bound does not
-        follow its own commits); a walltime ahead of every clock still advances at the
-        rate time passes (``lo``), so expiry is never frozen. The shard's first commit
-        takes the clock as it is (nothing to compare with)."""
+        Bounded by what this process has seen pass (RFC 0015, issue 27 addendum on clocks):
+        with ``(w0, e0)`` the walltime of the first state it read (or ran a command on) and
+        the elapsed clock then, and ``lo = w0 + elapsed since``, the answer is
+        ``max(lo, min(clock, lo + skew))``. A host whose clock runs a day ahead moves the
+        walltime at most ``max_clock_skew`` beyond what others extrapolate, however often
+        it commits (the bound does not follow its own commits); a walltime ahead of every
+        clock still advances at the rate time passes (``lo``), so expiry is never frozen.
+        The shard's first commit takes the clock as it is (nothing to compare with)."""
         now = self.now_ms()
         if not state.seqno:
             return now

@@ -1,4 +1,4 @@
-"""Clients on skewed clocks (issue 27, defect 6; RFC 0015 Addendum G).
+"""Clients on skewed clocks (issue 27, defect 6; RFC 0015, issue 27 addendum on clocks).
 
 State walltime was ``max(previous + 1 ms, committer's clock)``: one commit from a host a day
 ahead expired every lease and idempotency key at once, and then froze expiry for a day

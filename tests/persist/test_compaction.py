@@ -152,7 +152,7 @@ def test_after_a_takeover_one_compactor_applies_and_the_other_deletes_its_output
         wa.compare_and_append([upd(b"b", 1)], 1, 2)
         (old,) = claims(state_of(a), wa.writer_id)
         # b reads the state before the time passes: a process moves the walltime by the
-        # time it has seen pass, plus max_clock_skew at most (RFC 0015 Addendum G).
+        # time it has seen pass, plus max_clock_skew at most (RFC 0015, issue 27 addendum).
         b.machine(SHARD).fetch()
         clock.advance(HOLLOW.merge_lease + 1)
         wb.compare_and_append([upd(b"c", 2)], 2, 3)  # takes the expired claim over
