@@ -28,6 +28,7 @@ Requests (conditional CAS; ``MetricsStore`` counts, see ``tests/persist``):
 ``compare_and_set`` lost    1 PUT + 1 GET (the winner's entry is ``Mismatch.current``);
                             1 LIST (+1 GET) if this instance had seen a newer entry
 ``head``                    1 LIST from the newest seqno seen here, +1 GET if newer
+                            (the listing is kept for a scan that starts after it)
 ``scan``                    1 LIST + one GET per entry (up to 16 in parallel); a scan
                             that starts where the previous one's page ended reuses the
                             rest of that LIST while it holds a full page (no LIST)
@@ -237,6 +238,9 @@ class ObjectConsensus(Consensus):
             ids = self._ids(key, after=cached.seqno if cached is not None else None)
             if not ids:
                 return cached
+            if len(ids) > 1 and cached is not None and ids[0] == cached.seqno + 1:
+                with self._lock:  # the catch-up that follows scans from there: no LIST
+                    self._listed[key] = ids
             try:
                 entry = VersionedData(ids[-1], self._read(key, ids[-1]))
             except NotFound:
