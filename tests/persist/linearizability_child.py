@@ -40,9 +40,8 @@ SETTINGS = PersistSettings(
     batch_lease=2.0,
     consensus_min_age=5.0,
     write_stall_timeout=1.0,
-    gc_min_versions=16,
-    small_merge_batches=2,
-    merge_lease=1.0,
+    gc_min_versions=8,
+    merge_lease=0.5,  # a GC claim lasts 5 x merge_lease: a pass that failed blocks 2.5 s
 )
 """Short enough that GC deletes parts, rollups and consensus entries during the run. (The
 truncation guard, ``consensus_min_age``, stays above how long a create may be in flight

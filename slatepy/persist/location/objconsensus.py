@@ -259,6 +259,7 @@ class ObjectConsensus(Consensus):
         check_limit(limit)
         self._check_open()
         after = from_seqno - 1 if from_seqno > 1 else None
+        gaps: set[tuple[int, int]] = set()
         for attempt in range(MOVING_ATTEMPTS):
             with self._lock:
                 listed = self._listed.pop(key, None)
@@ -270,10 +271,13 @@ class ObjectConsensus(Consensus):
             gap = next(((lo, up) for lo, up in pairwise(ids) if up != lo + 1), None)
             if gap is not None:
                 lower, upper = gap
-                # A LIST is no snapshot (a directory scan, S3's pages): one racing a
-                # truncation may miss an entry it deleted and still show the one below,
-                # deleted first. Then that one is gone now: list again.
-                if not self._exists(entry_path(key, lower)):
+                # A LIST is no snapshot (a directory scan in directory order, S3's pages):
+                # one racing a truncation may miss an entry it deleted and still show the
+                # one below (deleted first: gone now), and one racing creates may miss an
+                # entry and show the next (there on the next LIST). List again; a gap seen
+                # twice, its lower entry still there, is real.
+                if gap not in gaps or not self._exists(entry_path(key, lower)):
+                    gaps.add(gap)
                     continue
                 # Entries are created only at head + 1 and deleted from the bottom, so a
                 # gap means an entry below it was created after a truncation took its
