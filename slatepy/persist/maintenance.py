@@ -8,7 +8,10 @@ cached state of each watched ``(shard, writer)`` (no I/O): merge claims held by 
 that are not running, and GC when ``gc_due``. The scan is what makes work survive failures:
 a claim stays in the state until its merge is applied or taken over, so a merge that failed
 (logged at WARNING) is found again and retried after ``retry_after`` seconds, and requests
-dropped because the queue was full come back the same way.
+dropped because the queue was full come back the same way. A scan that finds a watched
+writer's trace full (appends refused with ``WriteStalled``) also claims, for that writer,
+what the spine rule finds, taking over claims that expired: a refused append commits
+nothing, so nothing else would (issue 27).
 
 One thread per runner (one runner per client), started with the first work, stopped by
 :meth:`close`, which asks a running merge to stop at its next check (its outputs are
