@@ -65,8 +65,8 @@ _TIME = struct.Struct(">Q")
 
 MergeStatus = Literal["applied", "not_applied", "skipped", "abandoned", "unknown"]
 """How a merge ended: ``applied``; ``not_applied`` (inputs merged by someone else, or the
-shard finalized: outputs deleted); ``skipped`` (the since is closed, or the inputs are gone
-already: nothing written); ``abandoned`` (stopped, or the outputs grew too old to apply:
+shard finalized: outputs deleted); ``skipped`` (the inputs are gone already: nothing
+written); ``abandoned`` (stopped, or the outputs grew too old to apply:
 outputs deleted); ``unknown`` (the apply failed indefinitely: outputs left to GC)."""
 
 
@@ -115,9 +115,14 @@ def compact(
         CorruptionError: an input part does not decode.
     """
     state = machine.state
-    since = state.since
-    if since is None or not request.inputs or not _inputs_present(state, request):
+    if not request.inputs or not _inputs_present(state, request):
         return MergeResult("skipped")
+    since = state.since
+    if since is None:
+        # Nobody reads the shard any more (its since is closed), but writers may still
+        # append: merge physically, forwarding no further than the inputs were (a merge
+        # skipped here left the trace to fill until appends stalled; issue 27).
+        since = max(batch.desc.since for batch in request.inputs)
     settings = machine.settings
     writer = PartWriter(machine.blob, machine.shard_id, claimant, settings)
     runs = [run for batch in request.inputs for run in batch.runs]

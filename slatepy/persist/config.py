@@ -65,6 +65,11 @@ class PersistSettings:
         compaction: ``"on"`` runs merges in clients with a writer; ``"off"`` never merges.
         allow_short_leases: Allow ``batch_lease`` and ``consensus_min_age`` below one hour
             (tests only: shorter leases are unsafe against stalled requests).
+        max_clock_skew: Seconds one commit may move the state's walltime beyond the time
+            its committer has seen pass since it first saw the state (RFC 0015, issue 27
+            addendum on clocks): the assumed bound on clock skew between processes. A
+            host whose clock is further ahead moves leases, claims and key TTLs at most
+            this much early.
     """
 
     writer_lease: float = 3600.0
@@ -91,6 +96,7 @@ class PersistSettings:
     max_idempotency_keys: int = 1000
     compaction: Literal["on", "off"] = "on"
     allow_short_leases: bool = False
+    max_clock_skew: float = 60.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -132,6 +138,7 @@ class PersistSettings:
             (self.idempotency_ttl > 0, "idempotency_ttl must be > 0 seconds"),
             (self.max_idempotency_keys >= 1, "max_idempotency_keys must be >= 1"),
             (self.compaction in ("on", "off"), 'compaction must be "on" or "off"'),
+            (self.max_clock_skew > 0, "max_clock_skew must be > 0 seconds"),
         ]
         for ok, message in checks:
             if not ok:
@@ -176,3 +183,7 @@ class PersistSettings:
     @property
     def idempotency_ttl_ms(self) -> int:
         return round(self.idempotency_ttl * 1000)
+
+    @property
+    def max_clock_skew_ms(self) -> int:
+        return round(self.max_clock_skew * 1000)

@@ -144,6 +144,7 @@ class ShardMachine:
         settings: PersistSettings,
         *,
         clock: Callable[[], float] = time.time,
+        elapsed: Callable[[], float] | None = None,
         validate: bool | None = None,
     ) -> None:
         self.shard_id = shard_id
@@ -151,6 +152,10 @@ class ShardMachine:
         self.blob = blob
         self.settings = settings
         self.clock = clock
+        # Measures time passing (``time.monotonic`` beside the real wall clock; a test's
+        # clock measures its own time).
+        self.elapsed = elapsed or (time.monotonic if clock is time.time else clock)
+        self._anchor: tuple[int, float] | None = None
         self._versions = Versions(
             shard_id,
             consensus,
@@ -233,6 +238,7 @@ class ShardMachine:
         self._check_open()
         before = self._versions.state.seqno
         applied = self._versions.refresh()
+        self._observe()
         if self._versions.state.seqno != before:
             self._changed.notify_all()
         if rollup:
@@ -242,7 +248,37 @@ class ShardMachine:
     # -- running commands -----------------------------------------------------------------
 
     def now_ms(self) -> int:
+        """This process's wall clock in ms (batch and rollup ages, GC's age cutoff)."""
         return int(self.clock() * 1000)
+
+    def _observe(self) -> None:
+        """Anchor :meth:`state_now_ms` at the first state with history this process holds
+        (read, caught up or committed by it)."""
+        if self._anchor is None and self._versions.state.seqno:
+            self._anchor = (self._versions.state.walltime_ms, self.elapsed())
+
+    def state_now_ms(self, state: State) -> int:
+        """The clock a transition on ``state`` runs with: the state's next walltime is
+        ``max(walltime + 1, this)`` (``outcome.walltime_after``), and every lease, claim
+        and key TTL is judged by walltimes.
+
+        Bounded by what this process has seen pass (RFC 0015, issue 27 addendum on clocks):
+        with ``(w0, e0)`` the walltime of the first state it read (or ran a command on) and
+        the elapsed clock then, and ``lo = w0 + elapsed since``, the answer is
+        ``max(lo, min(clock, lo + skew))``. A host whose clock runs a day ahead moves the
+        walltime at most ``max_clock_skew`` beyond what others extrapolate, however often
+        it commits (the bound does not follow its own commits); a walltime ahead of every
+        clock still advances at the rate time passes (``lo``), so expiry is never frozen.
+        The shard's first commit takes the clock as it is (nothing to compare with)."""
+        now = self.now_ms()
+        if not state.seqno:
+            return now
+        elapsed = self.elapsed()
+        if self._anchor is None:
+            self._anchor = (state.walltime_ms, elapsed)
+        walltime, since = self._anchor
+        lo = walltime + int((elapsed - since) * 1000)
+        return max(lo, min(now, lo + self.settings.max_clock_skew_ms))
 
     def run(
         self,
@@ -286,11 +322,26 @@ class ShardMachine:
         maintenance: Callable[[Maintenance], None] | None = None,
     ) -> R:
         attempt = _Attempts()
+        attempts: dict[bytes, Change[R]] = {}
+        # Every entry applied while this command runs is kept: an attempt of ours may land
+        # and be applied by a catch-up whose later page then fails; forgetting it would
+        # rerun the command on a state that already holds it (a landed merge answered
+        # NotApplied, a landed opaque downgrade answered OpaqueMismatch).
+        outer, self._versions.seen = self._versions.seen, []
         try:
             return self._attempts(
-                transition, args, on_uncertain, check, tried=attempt, maintenance=maintenance
+                transition,
+                args,
+                on_uncertain,
+                check,
+                tried=attempt,
+                attempts=attempts,
+                maintenance=maintenance,
             )
         except SlatepyError as exc:
+            ours = self._ours(attempts)
+            if ours is not None:
+                return _committed(ours, maintenance)
             if self._versions.state.seqno < attempt.pending and not _is_indefinite(exc):
                 raise Indeterminate(
                     f"shard {self.shard_id!r}: a state change failed indefinitely, then its "
@@ -298,6 +349,13 @@ class ShardMachine:
                     f"{attempt.pending}: read the shard to find out"
                 ) from exc
             raise
+        finally:
+            self._versions.seen = outer
+
+    def _ours(self, attempts: dict[bytes, Change[R]]) -> Change[R] | None:
+        """Our attempt among the entries applied during this command, if one landed."""
+        seen = self._versions.seen
+        return self._match(seen, attempts) if seen and attempts else None
 
     def _attempts(
         self,
@@ -307,9 +365,9 @@ class ShardMachine:
         check: Callable[[int], None] | None,
         *,
         tried: _Attempts,
+        attempts: dict[bytes, Change[R]],
         maintenance: Callable[[Maintenance], None] | None,
     ) -> R:
-        attempts: dict[bytes, Change[R]] = {}
         # Whether the cached state was read from consensus during this command: a Break
         # decided on a stale cache (say, an upper mismatch) is confirmed on a fresh one.
         fresh = False
@@ -321,11 +379,13 @@ class ShardMachine:
             if not self._versions.loaded or stale:
                 self._refresh(rollup=False)
                 fresh = True
+            ours = self._ours(attempts)
+            if ours is not None:  # applied by a catch-up that failed on a later page
+                return _committed(ours, maintenance)
             state = self._versions.state
-            now = self.now_ms()
             if check is not None:
-                check(now)
-            outcome = step(state, now, self.settings, transition, args)
+                check(self.now_ms())
+            outcome = step(state, self.state_now_ms(state), self.settings, transition, args)
             if isinstance(outcome, Break):
                 if not fresh:
                     self._refresh(rollup=False)
@@ -359,6 +419,7 @@ class ShardMachine:
                 continue
             if isinstance(cas, Committed):
                 self._versions.advance(outcome.state, data)
+                self._observe()
                 self._changed.notify_all()
                 return _committed(outcome, maintenance)
             ours = self._match(self._versions.catch_up(state.seqno + 1, cas.current), attempts)

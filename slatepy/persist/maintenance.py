@@ -8,7 +8,10 @@ cached state of each watched ``(shard, writer)`` (no I/O): merge claims held by 
 that are not running, and GC when ``gc_due``. The scan is what makes work survive failures:
 a claim stays in the state until its merge is applied or taken over, so a merge that failed
 (logged at WARNING) is found again and retried after ``retry_after`` seconds, and requests
-dropped because the queue was full come back the same way.
+dropped because the queue was full come back the same way. A scan that finds a watched
+writer's trace full (appends refused with ``WriteStalled``) also claims, for that writer,
+what the spine rule finds, taking over claims that expired: a refused append commits
+nothing, so nothing else would (issue 27).
 
 One thread per runner (one runner per client), started with the first work, stopped by
 :meth:`close`, which asks a running merge to stop at its next check (its outputs are
@@ -28,10 +31,11 @@ from dataclasses import dataclass
 
 from slatepy.persist.compactor import compact
 from slatepy.persist.gc import collect
-from slatepy.persist.machine import ShardMachine
+from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.state.gc_rules import gc_due
 from slatepy.persist.state.outcome import Maintenance, MergeReq
 from slatepy.persist.state.records import State
+from slatepy.persist.state.spine import ClaimMerges, claim_merges
 from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
@@ -89,6 +93,7 @@ class MaintenanceRunner:
         self._watches: dict[tuple[str, str], _Watch] = {}
         self._running: JobKey | None = None
         self._not_before: dict[JobKey, float] = {}
+        self._claim_after: dict[tuple[str, str], float] = {}
         self._wake = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -187,12 +192,17 @@ class MaintenanceRunner:
 
     def _scan(self) -> None:
         """Queue the claims of watched writers that are not running, and due GC passes."""
+        now = self.clock()
         with self._wake:
             watches = list(self._watches.items())
+            # A retry time that passed says nothing (absent means "due" too): without this,
+            # every merge that ever failed or was skipped kept an entry (issue 27).
+            self._not_before = {k: t for k, t in self._not_before.items() if t > now}
         for ident, watch in watches:
             if watch.owner() is None:
                 with self._wake:
                     self._watches.pop(ident, None)
+                self._claim_after.pop(ident, None)
                 continue
             try:
                 state = watch.machine.state
@@ -200,6 +210,7 @@ class MaintenanceRunner:
                 with self._wake:
                     self._watches.pop(ident, None)
                 continue
+            state = self._unstall(ident, watch, state, now)
             jobs = [
                 _Job(watch.machine, watch.claimant, r) for r in _claims_of(state, watch.claimant)
             ]
@@ -209,6 +220,27 @@ class MaintenanceRunner:
             for job in jobs:  # a job waiting to be retried stays out of the queue till then
                 if self._not_before.get(_key(job), 0.0) <= now:
                     self._put(job)
+
+    def _unstall(self, ident: tuple[str, str], watch: _Watch, state: State, now: float) -> State:
+        """When the trace is full (appends refused with ``WriteStalled``), claim for the
+        watched writer what the spine rule finds: unclaimed spans, and spans whose claims
+        expired (their claimant died). A refused append commits nothing, so without this a
+        full trace whose every span a dead writer claimed stalled writes for ever (issue
+        27). At most once per ``merge_lease / 8`` (and scan) per writer while full."""
+        machine = watch.machine
+        settings = machine.settings
+        if len(state.trace) < settings.max_trace_batches:
+            self._claim_after.pop(ident, None)
+            return state
+        if self._claim_after.get(ident, 0.0) > now:
+            return state
+        self._claim_after[ident] = now + settings.merge_lease / 8
+        try:
+            machine.run(claim_merges, ClaimMerges(watch.claimant), on_uncertain=rerun_as_is)
+        except Exception:  # retried at the next scan; never raised into a writer
+            log.warning("shard %r: claiming merges failed", machine.shard_id, exc_info=True)
+            return state
+        return machine.state
 
     # -- stopping ---------------------------------------------------------------------------
 

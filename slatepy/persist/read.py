@@ -83,7 +83,10 @@ class ReadHandle:
         self._tables = tables
         self._since = since
         self._requested = since
-        self._listens: set[Listen] = set()
+        # Held weakly: a listen dropped without close() stops holding the since at the
+        # next push (a heartbeat, a downgrade, another listen's progress), not at the
+        # handle's end (issue 27).
+        self._listens: weakref.WeakSet[Listen] = weakref.WeakSet()
         self._pins: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._expired = False
@@ -110,7 +113,11 @@ class ReadHandle:
 
     def _push_since(self) -> Frontier:
         """Commit the effective since (caller holds the lock) if it is beyond the current."""
-        holds = [listen.frontier - 1 for listen in self._listens if listen.frontier is not None]
+        holds = [
+            listen.frontier - 1
+            for listen in list(self._listens)
+            if listen.frontier is not None and not listen._closed
+        ]
         target = frontier.meet((self._requested, *holds)) if holds else self._requested
         if frontier.le(target, self._since):
             return self._since
@@ -301,6 +308,9 @@ class Listen:
         self._handle = handle
         self._initial = initial
         self._closed = False
+        self._progressed = False
+        """Whether a ``Progress`` was delivered: the first one comes as soon as the upper is
+        past ``as_of``, even with no update in ``(as_of, upper)`` (as Materialize's listen)."""
 
     def fetch_next(self, timeout: float | None = None) -> list[Event]:
         """The next events; ``[]`` when the upper did not move within ``timeout`` seconds
@@ -317,7 +327,11 @@ class Listen:
         if self._handle._expired:
             raise ClosedError(f"reader {self._handle.reader_id} was expired")
         start = self.frontier
-        state = self._handle._wait_pinned(lambda s: frontier.lt(start, s.upper), timeout)
+        if self._progressed:
+            ready: Callable[[State], bool] = lambda s: frontier.lt(start, s.upper)  # noqa: E731
+        else:
+            ready = lambda s: frontier.le(start, s.upper)  # noqa: E731
+        state = self._handle._wait_pinned(ready, timeout)
         if state is None:
             return []
         try:
@@ -336,6 +350,7 @@ class Listen:
         events: list[Event] = [Updates(updates)] if updates else []
         events.append(Progress(state.upper))
         self.frontier = state.upper
+        self._progressed = True
         self._handle._listen_moved(self)
         return events
 

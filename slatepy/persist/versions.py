@@ -10,6 +10,7 @@ latest rollup (what ``gc_rules.rollup_due`` weighs). It does no locking: the
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from slatepy.errors import CorruptionError, NotFound
@@ -24,6 +25,9 @@ from slatepy.store.base import ObjectStore
 
 SCAN_LIMIT = 256
 """Entries read per consensus ``scan`` while catching up."""
+
+SIZE_GROUPS = 512
+"""Groups of entry sizes a :class:`Versions` keeps at most (see :class:`_Sizes`)."""
 
 ROLLUP_LOAD_ATTEMPTS = 3
 """Cold loads tried when the rollup a head names is gone (GC raced the load) before the
@@ -76,7 +80,11 @@ class Versions:
         self.loaded = False
         self.replayed = 0
         """Diffs the last cold load replayed (a rollup is due past ``rollup_replay_limit``)."""
-        self._sizes: dict[int, int] = {}
+        self._sizes = _Sizes()
+        self.seen: list[Applied] | None = None
+        """While not None, every entry applied is appended here (the applier sets it for a
+        command: an entry it applied before a later page of a catch-up failed may be the
+        command's own commit, and must not be forgotten with the failed call's result)."""
         self.confirmed = time.monotonic()
         """When the cached state was last seen to be the log's head or written by us (a
         monotonic time): the applier re-reads a head older than ``consensus_min_age / 2``
@@ -159,6 +167,8 @@ class Versions:
         except CorruptionError as exc:
             raise CorruptionError(str(exc), path=path) from exc
         self.advance(new, data)
+        if self.seen is not None:
+            self.seen.append(Applied(seqno, data))
 
     def advance(self, new: State, data: bytes) -> None:
         """Make ``new`` (the state the entry ``data`` produced) the cached state."""
@@ -168,22 +178,22 @@ class Versions:
         before = self.state.latest_rollup()
         self.state, self.entry = new, data
         self.confirmed = time.monotonic()
-        self._sizes[new.seqno] = len(data)
+        self._sizes.add(new.seqno, len(data))
         latest = new.latest_rollup()
         if latest != before and latest is not None:
-            self._sizes = {s: n for s, n in self._sizes.items() if s > latest[0]}
+            self._sizes.drop_through(latest[0])
 
     # -- cold loads ---------------------------------------------------------------------
 
     def _load(self, head: VersionedData | None) -> None:
         for attempt in range(1, ROLLUP_LOAD_ATTEMPTS + 1):
             if head is None:
-                self.state, self.entry, self._sizes = State.initial(self.shard_id), None, {}
+                self.state, self.entry, self._sizes = State.initial(self.shard_id), None, _Sizes()
                 self.loaded, self.replayed = True, 0
                 return
             diff = decode_state_diff(head.data, path=entry_path(self.shard_id, head.seqno))
             if diff.latest_rollup is None:
-                self.state, self.entry, self._sizes = State.initial(self.shard_id), None, {}
+                self.state, self.entry, self._sizes = State.initial(self.shard_id), None, _Sizes()
                 start = 1
             else:
                 seqno, ref = diff.latest_rollup
@@ -218,7 +228,7 @@ class Versions:
                 f"shard {self.shard_id!r}: the consensus entry of rollup {seqno} is gone",
                 path=entry_path(self.shard_id, seqno),
             )
-        self.state, self.entry, self._sizes = state, entries[0].data, {}
+        self.state, self.entry, self._sizes = state, entries[0].data, _Sizes()
 
     def _replay_from(self, start: int, head: int) -> None:
         before = self.state.seqno
@@ -248,10 +258,7 @@ class Versions:
             return True
         latest = self.state.latest_rollup()
         return rollup_due(
-            latest[1].size if latest else 0,
-            sum(self._sizes.values()),
-            len(self._sizes),
-            self.settings,
+            latest[1].size if latest else 0, self._sizes.bytes, self._sizes.count, self.settings
         )
 
     def write_rollup(self) -> tuple[int, RollupRef]:
@@ -262,3 +269,39 @@ class Versions:
         ref = RollupRef(rollup_key(self.state.seqno), len(data))
         self.blob.put(shard_path(self.shard_id, ref.key), data)
         return self.state.seqno, ref
+
+
+class _Sizes:
+    """Byte sizes of the entries applied after the latest rollup, in bounded memory.
+
+    Entries are kept in groups ``[last seqno, bytes, count]``, oldest first; past
+    :data:`SIZE_GROUPS` groups the older half is folded into one. A new rollup drops the
+    groups whose last seqno it covers (a group straddling it stays whole: the rollup
+    heuristic then fires a little early, never late). Before, a process whose rollups kept
+    failing (or that never wrote one) kept one dict item per entry for ever (issue 27)."""
+
+    def __init__(self) -> None:
+        self._groups: deque[list[int]] = deque()
+        self.bytes = 0
+        self.count = 0
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def add(self, seqno: int, size: int) -> None:
+        self._groups.append([seqno, size, 1])
+        self.bytes += size
+        self.count += 1
+        if len(self._groups) > SIZE_GROUPS:
+            folded = [0, 0, 0]
+            for _ in range(SIZE_GROUPS // 2):
+                last, size_, count = self._groups.popleft()
+                folded = [last, folded[1] + size_, folded[2] + count]
+            self._groups.appendleft(folded)
+
+    def drop_through(self, seqno: int) -> None:
+        """Forget the groups of entries at or before ``seqno`` (a rollup's)."""
+        while self._groups and self._groups[0][0] <= seqno:
+            _, size, count = self._groups.popleft()
+            self.bytes -= size
+            self.count -= count

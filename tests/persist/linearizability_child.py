@@ -1,33 +1,51 @@
 """One racing writer of ``test_linearizability``: ``python -m tests.persist.linearizability_child
-URL PID OPS SEED RATE OUT``.
+CONFIG`` (JSON: ``url``, ``store_settings``, ``consensus`` (None or a PostgreSQL URL),
+``table``, ``pid``, ``ops``, ``seed``, ``rate``, ``out``).
 
-Appends OPS operations to shard ``race``, each at the upper it just fetched, through a blob
-store and a consensus that both fail on purpose (refused, lost on the way, acted with the
-reply lost) at RATE; every fifth operation is a batch large enough to be a blob part. Writes
-to OUT, as JSON, which operations were acknowledged (with the upper they were appended at),
-which ended uncertain, and the faults injected.
+Appends ``ops`` operations to shard ``race``, each at the upper it just fetched, through a
+blob store and a consensus that both fail on purpose (refused, lost on the way, acted with
+the reply lost) at ``rate``; every fifth operation is a batch large enough to be a blob part.
+Its client compacts and collects garbage in the background with ``batch_lease`` 2 s, so
+parts, rollups and consensus entries are deleted while the others race (RFC 0015 §13.4).
+Writes to ``out``, as JSON, which operations were acknowledged (with the upper they were
+appended at), which ended uncertain, the faults injected and what its GC passes deleted.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
 from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
-from slatepy.persist import PersistClient, UpperMismatch
+from slatepy.persist import PersistClient, UpperMismatch, maintenance
 from slatepy.persist.config import PersistSettings
-from slatepy.persist.errors import StateConflictError
+from slatepy.persist.errors import StateConflictError, UsageError
+from slatepy.persist.gc import GcReport, collect
 from slatepy.persist.location.open import open_consensus
+from slatepy.persist.machine import ShardMachine
 from slatepy.store import open_store
 from slatepy.store.stack import open_stack
 from slatepy.testing.faults import FaultyStore, uniform
 from slatepy.testing.persist_faults import FaultyConsensus, consensus_uniform
 
-TRIES = 200
+TRIES = 400
 T = TypeVar("T")
+
+SETTINGS = PersistSettings(
+    allow_short_leases=True,
+    batch_lease=2.0,
+    consensus_min_age=5.0,
+    write_stall_timeout=1.0,
+    gc_min_versions=8,
+    merge_lease=0.5,  # a GC claim lasts 5 x merge_lease: a pass that failed blocks 2.5 s
+)
+"""Short enough that GC deletes parts, rollups and consensus entries during the run. (The
+truncation guard, ``consensus_min_age``, stays above how long a create may be in flight
+under the injected faults and the store's retries.)"""
 
 
 def updates(pid: int, n: int, t: int) -> list[tuple[tuple[bytes, bytes], int, int]]:
@@ -37,16 +55,35 @@ def updates(pid: int, n: int, t: int) -> list[tuple[tuple[bytes, bytes], int, in
     return [((b"p%d-%d" % (pid, n), b""), t, 1)]
 
 
-def main(url: str, pid: int, ops: int, seed: int, rate: float, out: str) -> None:  # noqa: PLR0917
+def main(config: dict[str, object]) -> None:
+    pid, ops, seed, rate = (int(str(config[k])) for k in ("pid", "ops", "seed", "rate_pct"))
+    store_settings = Settings.from_dict(dict(config["store_settings"]))  # type: ignore[call-overload]
+    gc = Counter[str]()
+
+    def counted_collect(machine: ShardMachine, *, claimant: str) -> GcReport:
+        report = collect(machine, claimant=claimant)
+        if report.status == "done":
+            gc["passes"] += 1
+            gc["parts"] += len(report.parts)
+            gc["rollups"] += len(report.rollups)
+            gc["truncations"] += report.truncated_to is not None
+        return report
+
+    maintenance.collect = counted_collect  # type: ignore[assignment]  # counts, runs it as is
     # Faults below the retrying stack (as a flaky network would cause them), and on the
     # consensus calls themselves.
-    faulty = FaultyStore(open_store(url), rates=uniform(rate), seed=seed)
-    stack = open_stack(faulty, Settings())
-    consensus = FaultyConsensus(open_consensus(stack), rates=consensus_uniform(rate), seed=seed + 1)
+    faulty = FaultyStore(
+        open_store(str(config["url"]), store_settings), rates=uniform(rate / 100), seed=seed
+    )
+    stack = open_stack(faulty, store_settings)
+    pg = config.get("consensus")
+    inner = open_consensus(stack, str(pg) if pg else None, table=str(config["table"]))
+    consensus = FaultyConsensus(inner, rates=consensus_uniform(rate / 100), seed=seed + 1)
     acked: list[list[int]] = []
     uncertain: list[int] = []
-    settings = PersistSettings(allow_short_leases=True)
-    with PersistClient.open(stack, consensus=consensus, settings=settings) as client:
+    with PersistClient.open(stack, consensus=consensus, settings=SETTINGS) as client:
+        # A failed pass (most meet an injected fault) is retried after 1 s, not 30 s.
+        client._maintenance.retry_after = 1.0
         write = _retried(lambda: client.open_writer("race"))
         for n in range(ops):
             for _ in range(TRIES):
@@ -56,6 +93,10 @@ def main(url: str, pid: int, ops: int, seed: int, rate: float, out: str) -> None
                     write.compare_and_append(updates(pid, n, upper), upper, upper + 1)
                 except (UpperMismatch, StateConflictError):
                     continue  # another writer took this upper (or kept winning): nothing landed
+                except UsageError as exc:
+                    if "too old" not in str(exc):
+                        raise
+                    continue  # its parts aged past batch_lease / 2 before the CAS: not landed
                 except StoreUnavailable as exc:
                     if exc.definite:
                         continue
@@ -65,10 +106,11 @@ def main(url: str, pid: int, ops: int, seed: int, rate: float, out: str) -> None
                 break
             else:
                 raise SystemExit(f"writer {pid}: operation {n} found no free upper in {TRIES}")
+        client.wait_maintenance(10.0)
         consensus.close()
     faults = dict(faulty.counts) | {f"consensus {k}": v for k, v in consensus.counts.items()}
-    with open(out, "w") as f:
-        json.dump({"acked": acked, "uncertain": uncertain, "faults": faults}, f)
+    with open(str(config["out"]), "w") as f:
+        json.dump({"acked": acked, "uncertain": uncertain, "faults": faults, "gc": gc}, f)
 
 
 def _retried(call: Callable[[], T]) -> T:
@@ -82,5 +124,4 @@ def _retried(call: Callable[[], T]) -> T:
 
 
 if __name__ == "__main__":
-    url, pid, ops, seed, rate, out = sys.argv[1:]
-    main(url, int(pid), int(ops), int(seed), float(rate), out)
+    main(json.loads(sys.argv[1]))

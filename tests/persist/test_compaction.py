@@ -151,6 +151,9 @@ def test_after_a_takeover_one_compactor_applies_and_the_other_deletes_its_output
         wa.compare_and_append([upd(b"a", 0)], 0, 1)
         wa.compare_and_append([upd(b"b", 1)], 1, 2)
         (old,) = claims(state_of(a), wa.writer_id)
+        # b reads the state before the time passes: a process moves the walltime by the
+        # time it has seen pass, plus max_clock_skew at most (RFC 0015, issue 27 addendum).
+        b.machine(SHARD).fetch()
         clock.advance(HOLLOW.merge_lease + 1)
         wb.compare_and_append([upd(b"c", 2)], 2, 3)  # takes the expired claim over
         (new,) = claims(state_of(b), wb.writer_id)
@@ -181,6 +184,46 @@ def test_a_lost_apply_reply_is_read_back_as_applied(store: ObjectStore, log: Con
         armed[0] = True
         result = compact(client.machine(SHARD), client._tables, write.writer_id, request)
         assert result.status == "applied" and not armed[0]
+        assert referenced(state_of(client)) <= part_paths(client)
+        assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
+
+
+def test_a_landed_apply_is_applied_though_the_catch_up_after_it_fails_midway(
+    store: ObjectStore, log: Consensus
+) -> None:
+    """Issue 27, defect 4: the apply lands, its reply is lost, another client commits 300
+    changes, and the catch-up fails on its second page. The merge was answered NotApplied
+    and its outputs, which the state references, deleted."""
+    armed = {"cas": False, "scans": 0}
+
+    def after(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed["cas"]:
+            armed["cas"] = False
+            reader = other.open_leased_reader(SHARD)
+            for _ in range(300):  # more than one page (256) after ours
+                reader.heartbeat()
+            armed["scans"] = 1
+            raise StoreUnavailable("injected: reply lost", definite=False)
+
+    def before(op: str, key: str | None) -> None:
+        if op == "scan" and armed["scans"]:
+            armed["scans"] += 1
+            if armed["scans"] == 3:
+                raise StoreUnavailable("injected: the second page fails", definite=True)
+
+    hooked = InterceptConsensus(log, before=before, after=after)
+    with (
+        manual(PersistClient.open(store, consensus=log, settings=HOLLOW)) as other,
+        manual(PersistClient.open(store, consensus=hooked, settings=HOLLOW)) as client,
+    ):
+        write = client.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0)], 0, 1)
+        write.compare_and_append([upd(b"b", 1)], 1, 2)
+        (request,) = claims(state_of(client), write.writer_id)
+        armed["cas"] = True
+        result = compact(client.machine(SHARD), client._tables, write.writer_id, request)
+        assert armed["scans"] >= 3, "the catch-up never reached its second page"
+        assert result.status == "applied"
         assert referenced(state_of(client)) <= part_paths(client)
         assert snapshot(client, 1) == [upd(b"a", 1), upd(b"b", 1)]
 
@@ -328,3 +371,19 @@ def test_an_output_is_inline_only_within_the_part_limit_and_the_states_room() ->
     assert not _fits_inline(state, [hollow] * 4, roomy)  # 1,200 bytes > the part limit
     assert not _fits_inline(crowded, [hollow], full)  # 900 + 300 > the state's room
     assert _fits_inline(crowded, [inline, inline], full)  # replaces inline inputs: no growth
+
+
+def test_a_shard_nobody_reads_still_merges_physically(client: PersistClient) -> None:
+    """Issue 27: with the since closed, merges were skipped for ever, so writers to a shard
+    nobody reads filled the trace and stalled. They merge now, forwarding nothing."""
+    reader = client.open_leased_reader(SHARD)
+    assert reader.downgrade_since(None) is None
+    write = client.open_writer(SHARD)
+    for t in range(4):
+        write.compare_and_append([upd(b"k%d" % t, t), upd(b"x", t, 1 if t % 2 else -1)], t, t + 1)
+    results = compact_all(client, write.writer_id)
+    assert results and {r.status for r in results} == {"applied"}
+    (batch,) = state_of(client).trace
+    assert (batch.desc.lower, batch.desc.upper, batch.desc.since) == (0, 4, 0)
+    # Nothing forwarded: x's updates at distinct times do not cancel.
+    assert batch.updates == 8

@@ -20,12 +20,16 @@ from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.state.diff import StateDiff, encode_state_diff
 from slatepy.persist.state.records import State
 from slatepy.persist.state.transitions import (
+    CompareAndDowngradeSince,
     HeartbeatWriter,
+    RegisterCriticalReader,
     RegisterWriter,
+    compare_and_downgrade_since,
     heartbeat_writer,
+    register_critical_reader,
     register_writer,
 )
-from slatepy.store.base import ObjectStore, PutData, PutMode, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.stack import open_stack
 from slatepy.testing.faults import FaultRates
 from slatepy.testing.persist_faults import FaultyConsensus, InterceptConsensus
@@ -298,3 +302,87 @@ def test_a_missing_rollup_fails_the_cold_load_after_three_heads(
     with pytest.raises(CorruptionError, match="missing after 3 tries"):
         make(counted, blob, settings).fetch()
     assert len(heads) == 3
+
+
+def test_a_catch_up_failing_on_its_second_page_keeps_our_landed_commit(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    """Issue 27, defect 4: our CAS lands, its reply is lost, 300 entries of another process
+    follow; the catch-up applies the first page (ours in it), then its second page fails.
+    The command answers its own success, not ``OpaqueMismatch`` for its own change."""
+    other = make(consensus, blob)
+    register(other, "w1")
+    other.run(
+        register_critical_reader, RegisterCriticalReader("c" + "0" * 32), on_uncertain=rerun_as_is
+    )
+    armed = {"cas": True, "scans": 0}
+
+    def after(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed["cas"]:
+            armed["cas"] = False
+            for _ in range(300):  # more than one page (SCAN_LIMIT) after ours
+                other.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+            armed["scans"] = 1
+            raise StoreUnavailable("reply lost", definite=False)
+
+    def before(op: str, key: str | None) -> None:
+        if op == "scan" and armed["scans"]:
+            armed["scans"] += 1
+            if armed["scans"] == 3:  # the second page of the catch-up
+                raise StoreUnavailable("scan failed", definite=True)
+
+    mine = make(InterceptConsensus(consensus, before=before, after=after), blob)
+    assert mine.state.seqno == 2
+    args = CompareAndDowngradeSince("c" + "0" * 32, b"", b"mine", 7)
+    assert mine.run(compare_and_downgrade_since, args) == 7
+    assert armed["scans"] >= 3, "the catch-up never reached its second page"
+    assert mine.fetch().critical_readers["c" + "0" * 32].opaque == b"mine"
+    assert mine.state.seqno >= 303
+
+
+def test_the_sizes_since_the_latest_rollup_stay_bounded(
+    consensus: Consensus, blob: ObjectStore
+) -> None:
+    """Issue 27, defect 9: with no rollup ever due, the cache kept one size per entry."""
+    settings = PersistSettings(rollup_min_bytes=1 << 40)
+    m = ShardMachine(SHARD, consensus, blob, settings)
+    register(m, "w1")
+    for _ in range(1500):
+        m.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+    assert len(m._versions._sizes) <= 600
+    assert m._versions._sizes.count == 1501 and not m.state.rollups
+
+
+class ListCounting(WrappingStore):
+    """Counts the objects every ``list`` returns (what S3 charges LIST pages for)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.listed = 0
+        self.lists = 0
+
+    def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
+        found = self.inner.list(prefix, offset=offset)
+        self.lists += 1
+        self.listed += len(found)
+        return found
+
+
+def test_a_long_catch_up_lists_the_log_a_bounded_number_of_times(blob: ObjectStore) -> None:
+    """Issue 27, defect 9: each 256-entry page of a catch-up listed the whole rest of the
+    log (quadratic); the next page now reuses the previous page's listing."""
+    settings = PersistSettings(rollup_min_bytes=1 << 40)
+    with ObjectConsensus(blob, min_age=0) as log:
+        writer = ShardMachine(SHARD, log, blob, settings)
+        register(writer, "w1")
+        counting = ListCounting(blob)
+        with ObjectConsensus(counting, min_age=0) as reader_log:
+            reader = ShardMachine(SHARD, reader_log, blob, settings)
+            assert reader.state.seqno == 1
+            for _ in range(2000):
+                writer.run(heartbeat_writer, HeartbeatWriter("w1"), on_uncertain=rerun_as_is)
+            counting.listed = counting.lists = 0
+            assert reader.fetch().seqno == 2001
+    # 2,000 entries: the head's LIST (kept for the scans), and one of the last page's rest.
+    # Before: the head's, then 2,000 + 1,744 + 1,488 + ...: 10,832 objects in 9 LISTs.
+    assert counting.lists <= 3 and counting.listed <= 2000 + 300, (counting.lists, counting.listed)

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -254,3 +255,48 @@ def test_close_does_not_wait_out_a_poll_interval() -> None:
             write.compare_and_append([upd(b"a", 0)], 0, 1)
             started = time.monotonic()
         assert time.monotonic() - started < 0.5
+
+
+def test_retry_times_that_passed_are_forgotten(url: str) -> None:
+    """Issue 27, defect 9: every merge that was skipped or failed kept its retry time for
+    the runner's life; a scan now forgets the times that passed."""
+    with manual(PersistClient.open(url, settings=HOLLOW)) as client:
+        runner = MaintenanceRunner(client._tables, poll_interval=0.02, retry_after=0.01)
+        try:
+            machine = client.machine(SHARD)
+            for merge_id in range(40):  # no inputs: skipped, to be retried later
+                runner.submit(machine, "w", Maintenance(merges=(MergeReq(merge_id, ()),)))
+                eventually(runner.idle)
+            eventually(lambda: not runner._not_before, timeout=5.0)
+        finally:
+            runner.close()
+
+
+def test_a_full_trace_claimed_by_a_dead_writer_does_not_stall_writes(tmp_path: Path) -> None:
+    """Issue 27, defect 5: the trace at ``max_trace_batches``, every span claimed by a writer
+    that died. Appends were refused before anything committed, so nobody took the claims
+    over; the runner of a live writer now claims them once they expire."""
+    settings = PersistSettings(
+        max_trace_batches=8, small_merge_batches=2, merge_lease=1.0, write_stall_timeout=20.0
+    )
+    url = f"file://{tmp_path}"
+    with manual(PersistClient.open(url, settings=settings)) as dead:
+        gone = dead.open_writer(SHARD)
+        for t in range(8):
+            gone.compare_and_append([upd(b"k%d" % t, t)], t, t + 1)
+        state = state_of(dead)
+        assert len(state.trace) == 8 and state.merges
+        claimed = {i for claim in state.merges.values() for i in claim.inputs}
+        assert {b.id for b in state.trace} <= claimed  # nothing left for anyone else
+    with PersistClient.open(url, settings=settings) as client:
+        runner = MaintenanceRunner(client._tables, poll_interval=0.05)
+        client._maintenance.close()
+        client._maintenance = runner
+        try:
+            write = client.open_writer(SHARD)
+            start = time.monotonic()
+            write.compare_and_append([upd(b"late", 8)], 8, 9)  # stalls, then goes through
+            assert time.monotonic() - start < 15.0
+            assert snapshot(client, 8)[-1] == upd(b"late", 8)
+        finally:
+            runner.close()

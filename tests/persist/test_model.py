@@ -467,7 +467,7 @@ class ShardModel(RuleBasedStateMachine):
         reader.listen = reader.handle.listen(as_of)
         reader.as_of = as_of
         reader.delivered = Counter()
-        reader.last_progress = as_of + 1
+        reader.last_progress = as_of  # the first Progress may be as_of + 1 (issue 27)
 
     def _check_events(self, reader: Reader, events: list[Updates | Progress]) -> None:
         pending: list[Update] = []
@@ -479,7 +479,9 @@ class ShardModel(RuleBasedStateMachine):
             assert upper is not None and reader.last_progress is not None
             assert upper > reader.last_progress, f"progress {upper} after {reader.last_progress}"
             for (k, v), t, d in pending:
-                assert reader.last_progress <= t < upper, f"time {t} outside its progress"
+                assert reader.as_of < t and reader.last_progress <= t < upper, (
+                    f"time {t} outside its progress"
+                )
                 reader.delivered[(k, v, t)] += d
             STATS["listen updates"] += len(pending)
             pending = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -169,6 +170,44 @@ def test_an_open_listen_holds_the_since_below_its_frontier(client: PersistClient
     listen.close()
     assert read.downgrade_since(9) == 9
     assert state_of(client).since == 9
+
+
+@pytest.mark.parametrize("kind", ["listen", "subscribe"])
+def test_a_listen_past_its_as_of_with_nothing_new_reports_progress_at_once(
+    client: PersistClient, kind: str
+) -> None:
+    """Issue 27 ("listen progress"): upper 5, nothing in (4, 5): ``Progress(5)`` at once,
+    not at the next append."""
+    write = client.open_writer(SHARD)
+    write.compare_and_append([upd(b"a", 1)], 0, 5)
+    read = client.open_leased_reader(SHARD)
+    if kind == "listen":
+        listen = read.listen(4)
+    else:
+        listen = read.subscribe(4)
+        assert listen.fetch_next(timeout=1.0) == [Updates([upd(b"a", 4)])]
+    start = time.monotonic()
+    assert listen.fetch_next(timeout=2.0) == [Progress(5)]
+    assert time.monotonic() - start < 1.0
+    assert listen.fetch_next(timeout=0.05) == []  # and only once
+    write.compare_and_append([upd(b"b", 6)], 5, 7)
+    assert listen.fetch_next(timeout=1.0) == [Updates([upd(b"b", 6)]), Progress(7)]
+    listen.close()
+
+
+def test_a_listen_dropped_without_close_stops_holding_the_since(client: PersistClient) -> None:
+    """Issue 27, defect 9: the handle holds its listens weakly; a dropped one's hold goes
+    at the next push (here the reader's heartbeat), not at the handle's end."""
+    write = client.open_writer(SHARD)
+    read = client.open_leased_reader(SHARD)
+    listen = read.listen(2)
+    write.compare_and_append([], 0, 10)
+    assert read.downgrade_since(8) == 2  # held at frontier - 1 = 2
+    del listen
+    gc.collect()
+    read.heartbeat()
+    assert read.since == 8
+    assert state_of(client).since == 8
 
 
 def test_expire_releases_the_since(client: PersistClient) -> None:

@@ -28,7 +28,10 @@ Requests (conditional CAS; ``MetricsStore`` counts, see ``tests/persist``):
 ``compare_and_set`` lost    1 PUT + 1 GET (the winner's entry is ``Mismatch.current``);
                             1 LIST (+1 GET) if this instance had seen a newer entry
 ``head``                    1 LIST from the newest seqno seen here, +1 GET if newer
-``scan``                    1 LIST + one GET per entry (up to 16 in parallel)
+                            (the listing is kept for a scan that starts after it)
+``scan``                    1 LIST + one GET per entry (up to 16 in parallel); a scan
+                            that starts where the previous one's page ended reuses the
+                            rest of that LIST while it holds a full page (no LIST)
 ``truncate``                1 LIST + one DELETE per entry, ascending
 ``list_keys``               1 LIST of ``consensus/``
 ==========================  ==========================================================
@@ -171,6 +174,10 @@ class ObjectConsensus(Consensus):
         # after), and the highest seqno it has seen exist (what a CAS may build on).
         self._heads: dict[str, VersionedData] = {}
         self._reached: dict[str, int] = {}
+        # Per key: seqnos a scan listed beyond its page, for the next page of a catch-up.
+        # Without it each page LISTed the whole rest of the log again: a catch-up of n
+        # entries cost O(n^2 / page) listed objects (issue 27).
+        self._listed: dict[str, list[int]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
@@ -231,6 +238,9 @@ class ObjectConsensus(Consensus):
             ids = self._ids(key, after=cached.seqno if cached is not None else None)
             if not ids:
                 return cached
+            if len(ids) > 1 and cached is not None and ids[0] == cached.seqno + 1:
+                with self._lock:  # the catch-up that follows scans from there: no LIST
+                    self._listed[key] = ids
             try:
                 entry = VersionedData(ids[-1], self._read(key, ids[-1]))
             except NotFound:
@@ -249,20 +259,36 @@ class ObjectConsensus(Consensus):
         check_limit(limit)
         self._check_open()
         after = from_seqno - 1 if from_seqno > 1 else None
-        for _ in range(MOVING_ATTEMPTS):
-            ids = self._ids(key, after=after)[:limit]
-            for lower, upper in pairwise(ids):
-                if upper != lower + 1:
-                    # Entries are created only at head + 1 and deleted from the bottom, so a
-                    # gap means an entry below it was created after a truncation took its
-                    # seqno (RFC 0015 §3.2): refuse to hand it out as part of the log.
-                    raise CorruptionError(
-                        f"consensus log {key!r} has a gap: {entry_path(key, lower)} is followed "
-                        f"by {entry_path(key, upper)}. The entry below the gap was written "
-                        "after a truncation deleted its seqno (a stalled writer); a truncate "
-                        f"past {upper} removes it",
-                        path=entry_path(key, lower),
-                    )
+        gaps: set[tuple[int, int]] = set()
+        for attempt in range(MOVING_ATTEMPTS):
+            with self._lock:
+                listed = self._listed.pop(key, None)
+            if attempt == 0 and listed and listed[0] == from_seqno and len(listed) >= limit:
+                ids, rest = listed[:limit], listed[limit:]
+            else:
+                ids = self._ids(key, after=after)
+                ids, rest = ids[:limit], ids[limit:]
+            gap = next(((lo, up) for lo, up in pairwise(ids) if up != lo + 1), None)
+            if gap is not None:
+                lower, upper = gap
+                # A LIST is no snapshot (a directory scan in directory order, S3's pages):
+                # one racing a truncation may miss an entry it deleted and still show the
+                # one below (deleted first: gone now), and one racing creates may miss an
+                # entry and show the next (there on the next LIST). List again; a gap seen
+                # twice, its lower entry still there, is real.
+                if gap not in gaps or not self._exists(entry_path(key, lower)):
+                    gaps.add(gap)
+                    continue
+                # Entries are created only at head + 1 and deleted from the bottom, so a
+                # gap means an entry below it was created after a truncation took its
+                # seqno (RFC 0015 §3.2): refuse to hand it out as part of the log.
+                raise CorruptionError(
+                    f"consensus log {key!r} has a gap: {entry_path(key, lower)} is followed "
+                    f"by {entry_path(key, upper)}. The entry below the gap was written "
+                    "after a truncation deleted its seqno (a stalled writer); a truncate "
+                    f"past {upper} removes it",
+                    path=entry_path(key, lower),
+                )
             try:
                 datas = self._read_many(key, ids)
             except NotFound:
@@ -270,11 +296,21 @@ class ObjectConsensus(Consensus):
             entries = [VersionedData(s, d) for s, d in zip(ids, datas, strict=True)]
             if entries:
                 self._saw(key, reached=entries[-1].seqno)
+            if rest and ids and rest[0] == ids[-1] + 1:
+                with self._lock:
+                    self._listed[key] = rest
             return entries
         raise StoreUnavailable(
             f"scan of consensus key {key!r}: entries kept vanishing under a truncation; try again",
             path=f"{CONSENSUS_DIR}/{key}/",
         )
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.store.head(path)
+        except NotFound:
+            return False
+        return True
 
     def _read_many(self, key: str, ids: list[int]) -> list[bytes]:
         if len(ids) <= 1:
@@ -442,6 +478,8 @@ class ObjectConsensus(Consensus):
                 "would delete it"
             )
         self._saw(key, reached=head)
+        with self._lock:
+            self._listed.pop(key, None)
         cutoff = self._clock() - self.min_age
         deleted = 0
         for (current, _), (_, successor) in pairwise(entries):
