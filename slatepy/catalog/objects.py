@@ -9,6 +9,7 @@ stored with its password removed (:func:`strip_password`, in the Structs' ``__po
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,14 +23,18 @@ CATALOG_VERSION = 2
 """The schema version this code writes (config ``catalog_version``)."""
 
 _SECRET_PARAMS = frozenset({"password", "passwd", "secret", "sslpassword"})
+_CONNINFO_SECRET = re.compile(
+    r"(?i)(?:^|\s)(?:password|passwd|secret|sslpassword)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)"
+)
 
 
 def strip_password(url: str) -> str:
-    """``url`` without a password in its user info or its query (``password=...``); other
-    strings (a path, a name) come back unchanged."""
+    """``url`` without a password in its user info or its query (``password=...``), or a
+    libpq ``key=value`` connection string without its ``password=...``; other strings (a
+    path, a name) come back unchanged."""
     parts = urlsplit(url)
     if not parts.scheme or not parts.netloc:
-        return url
+        return _CONNINFO_SECRET.sub("", url).strip() if "=" in url else url
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, host = netloc.rpartition("@")
@@ -185,8 +190,9 @@ class Collection:
         try:
             return msgspec.convert(obj, kind)
         except msgspec.ValidationError as exc:
+            # The message names the field, never the value: it may hold a password.
             raise InvalidCatalogObject(
-                f"{what} {obj!r} does not fit collection {self.name!r} ({kind.__name__}): {exc}"
+                f"the {what} does not fit collection {self.name!r} ({kind.__name__}): {exc}"
             ) from None
 
 

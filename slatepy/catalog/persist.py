@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from slatepy.catalog.errors import CatalogError
+from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
 from slatepy.errors import FencedError
 from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
@@ -74,18 +76,30 @@ class PersistStorage(Storage):
         return self._contents(upper, updates)
 
     def _contents(self, upper: int, updates: Iterable[Update]) -> Contents:
+        """The catalog in a snapshot; a shard written by anything else (no fence row, or a
+        row of no collection) is refused, so that nothing reads or edits it as one.
+
+        Raises:
+            CatalogError: the shard holds something other than a catalog.
+        """
         entries: list[tuple[str, bytes, bytes]] = []
-        fence = _Fence(0)
-        self._fence_row = None
+        fence_row = None
         for (key, value), _, diff in updates:
             coll, _, k = key.partition(b"\x00")
+            name = coll.decode(errors="replace")
             if diff != 1:
                 raise AssertionError(f"catalog row {key!r} has multiplicity {diff}")
-            if coll == FENCE.encode():
-                self._fence_row = value
-                fence = msgspec.json.decode(value, type=_Fence)
+            if name == FENCE:
+                fence_row = value
+            elif name in COLLECTIONS:
+                entries.append((name, k, value))
             else:
-                entries.append((coll.decode(), k, value))
+                fence_row = None
+                break
+        if fence_row is None:
+            raise CatalogError(f"{self.description} holds something that is not a catalog")
+        self._fence_row = fence_row
+        fence = msgspec.json.decode(fence_row, type=_Fence)
         return Contents(upper, fence.epoch, entries, fence.holder)
 
     def write(
