@@ -19,6 +19,7 @@ import msgspec
 
 from slatepy.catalog.errors import (
     CatalogError,
+    IncompatibleCatalogVersion,
     MigrationNeeded,
     ReadOnlyCatalog,
     UninitializedCatalog,
@@ -252,16 +253,33 @@ class CatalogState(TypedReads):
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
         a fresh read while another writer wins (up to ``timeout`` seconds): the debug
-        tool's edits. A live leader is fenced by them."""
+        tool's edits. A live leader is fenced by them.
+
+        Raises:
+            IncompatibleCatalogVersion: ``edit`` changes objects (not config or id
+                allocators, which every version shares) of a catalog at another version
+                than this code's: they would be of the wrong version.
+        """
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
             contents = self._read_initialized()
-            tx = Transaction(Cache(objects_of(contents)), base_upper=contents.upper, user=user)
+            objects = objects_of(contents)
+            tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
             result = edit(tx)
             rows = tx.batch()
             if not rows:
                 return result
+            if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
+                found = catalog_version(objects)
+                if found != CATALOG_VERSION:
+                    raise IncompatibleCatalogVersion(
+                        f"catalog {self.description} is at version {found}, this code's "
+                        f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
+                        "or open() it to migrate it first",
+                        found=found,
+                        code=CATALOG_VERSION,
+                    )
             try:
                 self._storage.write(rows, expected_upper=contents.upper, epoch=None)
                 return result
