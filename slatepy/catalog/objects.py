@@ -46,6 +46,19 @@ def strip_password(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def redact(obj: Any) -> Any:
+    """``obj`` (JSON-able) with :func:`strip_password` applied to every string in it: what
+    the dump and the debug tool print, so that a password stored before version 2 (or by
+    anything else) is never shown."""
+    if isinstance(obj, str):
+        return strip_password(obj)
+    if isinstance(obj, dict):
+        return {k: redact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
 class _Object(msgspec.Struct, forbid_unknown_fields=True):
     """A catalog key or value: unknown fields are refused, so a typo never round-trips."""
 

@@ -17,6 +17,7 @@ from slatepy.catalog.objects import (
     IdAllocator,
     NameKey,
     Objects,
+    redact,
 )
 from slatepy.catalog.storage import Contents, Row
 from slatepy.catalog.upgrade import catalog_version
@@ -56,7 +57,8 @@ def diff_objects(old: Objects, new: Objects) -> list[Row]:
 
 def dump_json(contents: Contents, *, ignore_large_collections: bool = False) -> str:
     """``{"epoch": N, "collections": {name: [{"key", "value", "time", "diff"}]}}`` of a
-    consolidated read (every time is the upper minus one, every diff 1)."""
+    consolidated read (every time is the upper minus one, every diff 1); no value shows a
+    password (:func:`redact`: keys never hold one)."""
     objects = objects_of(contents)
     out: dict[str, Any] = {"epoch": contents.epoch, "collections": {}}
     for name in COLLECTIONS:
@@ -65,7 +67,7 @@ def dump_json(contents: Contents, *, ignore_large_collections: bool = False) -> 
         rows = [
             {
                 "key": msgspec.json.decode(k),
-                "value": msgspec.json.decode(v),
+                "value": redact(msgspec.json.decode(v)),
                 "time": contents.upper - 1,
                 "diff": 1,
             }

@@ -20,7 +20,7 @@ from typing import Any
 
 from slatepy.catalog import CatalogState, UninitializedCatalog, open_catalog
 from slatepy.catalog.errors import InvalidCatalogObject
-from slatepy.catalog.objects import collection
+from slatepy.catalog.objects import collection, redact
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound
 
@@ -129,7 +129,7 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                 previous = state.debug_commit(lambda tx: tx.set(name, key, value), user=USER)
             else:
                 previous = state.debug_commit(lambda tx: tx.delete(name, key), user=USER)
-            print(f"previous value: {json.dumps(previous)}")
+            print(f"previous value: {json.dumps(redact(previous))}")
     return 0
 
 

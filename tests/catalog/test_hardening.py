@@ -283,3 +283,12 @@ def test_the_shadow_has_the_typed_reads(tmp_path: Path) -> None:
         shadow.commit_transaction(tx)
         assert [d.name for _, d in shadow.databases()] == ["a"]
         assert shadow.id_allocators()["database"] == 2
+
+
+def test_a_password_stored_by_version_1_is_never_dumped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    _write_v1(url, msgspec.json.encode(v1.SourceV1("s", "k", url="postgresql://u:hunter2@h/d")))
+    code, out, _ = run(capsys, "dump", url)
+    assert code == 0 and "hunter2" not in out and "postgresql://u@h/d" in out
