@@ -256,10 +256,18 @@ class CatalogState(TypedReads):
         tool's edits. A live leader is fenced by them.
 
         Raises:
+            ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
+                edit would fence): the tool's edits are an unopened state's.
             IncompatibleCatalogVersion: ``edit`` changes objects (not config or id
                 allocators, which every version shares) of a catalog at another version
                 than this code's: they would be of the wrong version.
         """
+        self._check_not_closed()
+        if self._mode != "unopened":
+            raise ReadOnlyCatalog(
+                f"catalog {self.description} is open ({self._mode}): debug edits are made "
+                "by an unopened state"
+            )
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:

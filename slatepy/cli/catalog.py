@@ -115,7 +115,10 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             if args.target is None:
                 sys.stdout.write(pretty)
             else:
-                args.target.write_text(pretty)
+                try:
+                    args.target.write_text(pretty)
+                except OSError as exc:
+                    raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
         else:
             if contents.epoch:
                 print(

@@ -15,6 +15,7 @@ from slatepy.catalog import (
     CatalogError,
     IncompatibleCatalogVersion,
     InvalidCatalogObject,
+    ReadOnlyCatalog,
     Source,
     StorageUsage,
     open_catalog,
@@ -292,3 +293,25 @@ def test_a_password_stored_by_version_1_is_never_dumped(
     _write_v1(url, msgspec.json.encode(v1.SourceV1("s", "k", url="postgresql://u:hunter2@h/d")))
     code, out, _ = run(capsys, "dump", url)
     assert code == 0 and "hunter2" not in out and "postgresql://u@h/d" in out
+
+
+def test_an_opened_state_makes_no_debug_edits(place: Place) -> None:
+    leader = place.make()
+    leader.open()
+    reader = place.make()
+    reader.open_read_only()
+    for state in (leader, reader):
+        target = getattr(state, "primary", state)  # the shadow has no debug edits
+        with pytest.raises(ReadOnlyCatalog):
+            target.debug_commit(lambda tx: tx.set_setting("a", "b"), user="t")
+    leader.confirm_leadership()  # not fenced: nothing was written
+    assert leader.settings() == {}
+
+
+def test_a_dump_target_that_cannot_be_written_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    run(capsys, "init", url)
+    code, out, err = run(capsys, "dump", url, "--target", str(tmp_path / "no" / "dump.json"))
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "--target" in err

@@ -76,9 +76,8 @@ def test_an_old_catalog_migrates_once(single: Place, capsys: pytest.CaptureFixtu
 
 
 def test_a_catalog_newer_than_the_code_is_refused(single: Place) -> None:
-    state = single.state()
-    state.open()
-    state.debug_commit(
+    single.state().open()
+    single.state().debug_commit(
         lambda tx: tx.set_config("catalog_version", CATALOG_VERSION + 1), user="test"
     )
     for attempt in (
