@@ -26,7 +26,7 @@ from slatepy.catalog.snapshot import diff_objects
 from slatepy.catalog.storage import Row
 from slatepy.catalog.upgrade import v1
 from slatepy.cli.main import main
-from slatepy.errors import FencedError, TransactionConflict
+from slatepy.errors import FencedError, StoreUnavailable, TransactionConflict
 from slatepy.persist import PersistClient
 from tests.catalog.conftest import Place
 from tests.catalog.test_open import _drop
@@ -315,3 +315,36 @@ def test_a_dump_target_that_cannot_be_written_is_one_line(
     run(capsys, "init", url)
     code, out, err = run(capsys, "dump", url, "--target", str(tmp_path / "no" / "dump.json"))
     assert (code, out) == (1, "") and err.count("\n") == 1 and "--target" in err
+
+
+@pytest.mark.parametrize("landed", [True, False])
+@pytest.mark.parametrize("single", ["persist-file", "sqlite"], indirect=True)
+def test_an_open_whose_write_fails_opens_nothing_and_can_be_retried(
+    single: Place, landed: bool
+) -> None:
+    """A crash (here: an error) in an open after or before its one write landed: the state
+    stays unopened, a retry takes a newer epoch, the older leader is fenced either way."""
+    old = single.state()
+    old.open()
+    state = single.state()
+    storage = state._storage
+    real_write = storage.write
+
+    def fail(rows: list[Row], **kwargs: object) -> int:
+        storage.write = real_write  # type: ignore[method-assign]
+        if landed:
+            real_write(rows, **kwargs)  # type: ignore[arg-type]
+        raise StoreUnavailable("the reply was lost")
+
+    storage.write = fail  # type: ignore[method-assign]
+    with pytest.raises(StoreUnavailable):
+        state.open()
+    assert state.epoch is None
+    with pytest.raises(CatalogError, match="not open"):
+        state.transaction()
+    state.open()
+    assert state.epoch == (3 if landed else 2)
+    with pytest.raises(FencedError):
+        old.confirm_leadership()
+    opens = [(v["event_type"], v["key"]["epoch"]) for _, v in state.entries("audit_log")]
+    assert opens == [("initialize", 1), *([("open", 2)] if landed else []), ("open", state.epoch)]
