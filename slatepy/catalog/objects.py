@@ -46,6 +46,12 @@ def strip_password(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def strip_options(options: dict[str, str]) -> dict[str, str]:
+    """``options`` without secret-named ones (``password``, ...), the rest's values through
+    :func:`strip_password`."""
+    return {k: strip_password(v) for k, v in options.items() if k.lower() not in _SECRET_PARAMS}
+
+
 def redact(obj: Any) -> Any:
     """``obj`` (JSON-able) with :func:`strip_password` applied to every string in it: what
     the dump and the debug tool print, so that a password stored before version 2 (or by
@@ -118,6 +124,7 @@ class Source(_Object):
     def __post_init__(self) -> None:
         self.connection = strip_password(self.connection)
         self.location = strip_password(self.location)
+        self.options = strip_options(self.options)
 
 
 class Sink(_Object):
@@ -130,6 +137,7 @@ class Sink(_Object):
 
     def __post_init__(self) -> None:
         self.target = strip_password(self.target)
+        self.options = strip_options(self.options)
 
 
 class IdAllocator(_Object):

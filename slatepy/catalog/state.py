@@ -103,6 +103,7 @@ class CatalogState(TypedReads):
 
     def is_initialized(self) -> bool:
         """Whether anything ever opened this catalog for writing. Writes nothing."""
+        self._check_not_closed()
         return self._storage.upper() > 0
 
     def open(self) -> None:
@@ -183,7 +184,9 @@ class CatalogState(TypedReads):
 
         Raises:
             IncompatibleCatalogVersion: it would not (the catalog is too new or too old).
+            CatalogError: it would not (a migration step fails).
         """
+        self._check_not_closed()
         contents = self._storage.read()
         if contents.upper == 0:
             return 0, CATALOG_VERSION
@@ -316,10 +319,16 @@ class CatalogState(TypedReads):
                 # As Materialize's persist catalog: a leader reads only while it leads.
                 self.confirm_leadership()
             raw = self._storage.read_collection(name)
-        items = [
-            (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
-            for k, v in raw
-        ]
+        try:
+            items = [
+                (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
+                for k, v in raw
+            ]
+        except msgspec.ValidationError as exc:  # unopened, on a catalog of another version
+            raise CatalogError(
+                f"catalog {self.description}: {name} holds an object this code's version "
+                f"{CATALOG_VERSION} cannot read ({exc}): check_open() says why"
+            ) from None
         return sorted(items, key=lambda kv: sort_key(kv[0]))
 
     def dump(self, *, ignore_large_collections: bool = False) -> str:

@@ -348,3 +348,19 @@ def test_an_open_whose_write_fails_opens_nothing_and_can_be_retried(
         old.confirm_leadership()
     opens = [(v["event_type"], v["key"]["epoch"]) for _, v in state.entries("audit_log")]
     assert opens == [("initialize", 1), *([("open", 2)] if landed else []), ("open", state.epoch)]
+
+
+def test_secret_options_are_not_stored() -> None:
+    source = Source("s", "k", options={"user": "u", "Password": "hunter2", "dsn": "x://u:pw@h"})
+    assert source.options == {"user": "u", "dsn": "x://u@h"}
+
+
+def test_typed_reads_of_an_unmigrated_catalog_are_a_typed_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    _write_v1(url, msgspec.json.encode(v1.SourceV1("s", "k", url="postgresql://u@h/d")))
+    with open_catalog(url) as state:
+        assert state.deploy_generation() == 0  # readable before opening, at any version
+        with pytest.raises(CatalogError, match="cannot read"):
+            state.sources()
+    with pytest.raises(CatalogError, match="closed"):
+        state.is_initialized()
