@@ -88,7 +88,7 @@ class PersistStorage(Storage):
             coll, _, k = key.partition(b"\x00")
             name = coll.decode(errors="replace")
             if diff != 1:
-                raise AssertionError(f"catalog row {key!r} has multiplicity {diff}")
+                raise CatalogError(f"{self.description}: corrupt: row {key!r} counts {diff}")
             if name == FENCE:
                 fence_row = value
             elif name in COLLECTIONS:

@@ -253,7 +253,9 @@ class SqlStorage(Storage):
             entries = []
             for name, key, value, total in cur.fetchall():
                 if total != 1:
-                    raise AssertionError(f"catalog row {name} {key!r} has multiplicity {total}")
+                    raise CatalogError(
+                        f"{self.description}: corrupt: {name} row {key!r} counts {total}"
+                    )
                 entries.append((str(name), bytes(key), bytes(value)))
             return Contents(self._upper(cur), epoch, entries, holder)
 

@@ -364,3 +364,13 @@ def test_typed_reads_of_an_unmigrated_catalog_are_a_typed_error(tmp_path: Path) 
             state.sources()
     with pytest.raises(CatalogError, match="closed"):
         state.is_initialized()
+
+
+def test_a_corrupt_stash_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    run(capsys, "init", url)
+    with sqlite3.connect(tmp_path / "c.db") as conn:  # a row counted twice
+        conn.execute("INSERT INTO catalog_data SELECT * FROM catalog_data LIMIT 1")
+    conn.close()
+    code, out, err = run(capsys, "dump", url)
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "corrupt" in err
