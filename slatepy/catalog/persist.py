@@ -64,12 +64,14 @@ class PersistStorage(Storage):
         return upper
 
     def read(self) -> Contents:
-        upper = self.upper()
-        if upper == 0:
+        if self.upper() == 0:  # no reader registered: reading a missing catalog creates nothing
             self._fence_row = None
             return Contents(0, 0, [])
         reader = self._client.open_leased_reader(self._shard, purpose="catalog read")
         try:
+            # The upper after registering: an open in between moves the since (to its upper
+            # minus one), and the reader's since is never beyond the upper read after it.
+            upper = self.upper()
             updates = reader.snapshot(upper - 1)
         finally:
             reader.expire()

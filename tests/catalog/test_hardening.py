@@ -374,3 +374,24 @@ def test_a_corrupt_stash_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     conn.close()
     code, out, err = run(capsys, "dump", url)
     assert (code, out) == (1, "") and err.count("\n") == 1 and "corrupt" in err
+
+
+def test_a_persist_read_racing_an_open_reads_the_newer_catalog(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/p"
+    with open_catalog(url) as first:
+        first.open()
+    state = open_catalog(url)
+    storage = state._storage
+    real_upper = storage.upper
+
+    def upper_then_an_open() -> int:
+        storage.upper = real_upper  # type: ignore[method-assign]
+        found = real_upper()
+        with open_catalog(url) as other:  # moves the since past the upper just read
+            other.open()
+        return found
+
+    storage.upper = upper_then_an_open  # type: ignore[method-assign]
+    state.open()  # was: persist's SinceError, where an open should simply win or retry
+    assert state.epoch == 3
+    state.close()
