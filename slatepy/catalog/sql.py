@@ -134,9 +134,9 @@ class SqlStorage(Storage):
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
+            if isinstance(exc, sqlite3.OperationalError) and not str(exc).startswith("no such"):
                 raise StoreUnavailable(self._say(exc)) from None
-            if isinstance(exc, sqlite3.DatabaseError):
+            if isinstance(exc, sqlite3.DatabaseError):  # not a database, a table not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
             raise
 
@@ -162,6 +162,8 @@ class SqlStorage(Storage):
             except psycopg.OperationalError as exc:
                 self._conn = None
                 raise StoreUnavailable(self._say(exc)) from None
+            except psycopg.ProgrammingError as exc:  # a table of the name that is not ours
+                raise CatalogError(f"{self._say(exc)}: not a catalog") from None
         raise AssertionError("unreachable")
 
     def _exists(self, cur: Any) -> bool:

@@ -395,3 +395,21 @@ def test_a_persist_read_racing_an_open_reads_the_newer_catalog(tmp_path: Path) -
     state.open()  # was: persist's SinceError, where an open should simply win or retry
     assert state.epoch == 3
     state.close()
+
+
+@pytest.mark.parametrize("single", ["sqlite", "postgres"], indirect=True)
+def test_tables_of_the_catalogs_names_that_are_not_a_catalog_are_refused(single: Place) -> None:
+    import psycopg
+
+    sql = f"CREATE TABLE {single.shard}_uppers (something text)"
+    if single.name == "sqlite":
+        with sqlite3.connect(single.url.removeprefix("sqlite:///")) as conn:
+            conn.execute(sql)
+        conn.close()
+    else:
+        with psycopg.connect(single.url, autocommit=True) as pg:
+            pg.execute(sql)  # type: ignore[arg-type]
+    state = single.state()
+    for call in (state.dump, state.check_open, state.open):
+        with pytest.raises(CatalogError, match="not a catalog"):
+            call()
