@@ -21,10 +21,11 @@ def sqlite_path(url: str) -> str:
     directory.
 
     Raises:
-        InvalidArgument: not ``sqlite:///...`` with a path.
+        InvalidArgument: not ``sqlite:///...`` with a path, or with a query (SQLAlchemy's
+            driver options, which this stash does not take: not part of a file name).
     """
     prefix = "sqlite:///"
-    if not url.startswith(prefix) or len(url) == len(prefix):
+    if not url.startswith(prefix) or len(url) == len(prefix) or "?" in url:
         raise InvalidArgument(
             f"{url!r}: a SQLite catalog URL is sqlite:////absolute/path.db or "
             "sqlite:///relative/path.db"

@@ -72,9 +72,6 @@ class Cache:
             else:
                 self._insert(name, key, value)
 
-    def objects(self) -> Objects:
-        return {name: dict(entries) for name, entries in self.rows.items()}
-
 
 def _unique_of(name: str, value: bytes) -> object | None:
     """The unique part of a stored value (None: no rule, or a value of an older version,

@@ -29,7 +29,7 @@ from tests.catalog.conftest import Place
 def test_sqlite_urls_follow_sqlalchemy() -> None:
     assert sqlite_path("sqlite:////abs/path.db") == "/abs/path.db"
     assert sqlite_path("sqlite:///rel/path.db") == "rel/path.db"
-    for bad in ("sqlite://", "sqlite:///", "sqlite:/x.db"):
+    for bad in ("sqlite://", "sqlite:///", "sqlite:/x.db", "sqlite:////x.db?mode=ro"):
         with pytest.raises(InvalidArgument):
             sqlite_path(bad)
 
