@@ -196,15 +196,17 @@ class CatalogState(TypedReads):
     # -- transactions ------------------------------------------------------------------
 
     def transaction(self, *, user: str | None = None) -> Transaction:
-        """A transaction on the cached catalog (a read-only catalog's refuses writes)."""
-        self._check_open()
-        return Transaction(
-            self._cache,
-            base_upper=self._upper,
-            user=self._user if user is None else user,
-            clock=self._clock,
-            writable=self._mode == "writable",
-        )
+        """A transaction on the cached catalog (a read-only catalog's refuses writes); its
+        base upper is the cache's (never one whose commit is still being applied)."""
+        with self._lock:
+            self._check_open()
+            return Transaction(
+                self._cache,
+                base_upper=self._upper,
+                user=self._user if user is None else user,
+                clock=self._clock,
+                writable=self._mode == "writable",
+            )
 
     def commit_transaction(self, tx: Transaction) -> None:
         """Commit ``tx`` as one write at the cached upper (nothing, if it changed nothing).

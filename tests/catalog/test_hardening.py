@@ -413,3 +413,33 @@ def test_tables_of_the_catalogs_names_that_are_not_a_catalog_are_refused(single:
     for call in (state.dump, state.check_open, state.open):
         with pytest.raises(CatalogError, match="not a catalog"):
             call()
+
+
+def test_a_transaction_made_while_a_commit_is_applied_reads_that_commit(tmp_path: Path) -> None:
+    """No lost update: a transaction made between a commit's write and its cache update used
+    to get the new upper with the old cache, read stale values and commit anyway."""
+    state = open_catalog(f"sqlite:///{tmp_path}/c.db")
+    state.open()
+    seen: list[object] = []
+    threads: list[threading.Thread] = []
+    cache = state._cache
+    real_apply = cache.apply
+
+    def read_in_another_thread() -> None:
+        tx = state.transaction()
+        seen.append(tx.get("settings", {"name": "n"}))
+
+    def apply_after_a_read(rows: list[Row]) -> None:
+        cache.apply = real_apply  # type: ignore[method-assign]
+        threads.append(threading.Thread(target=read_in_another_thread))
+        threads[0].start()
+        threads[0].join(timeout=0.5)
+        real_apply(rows)
+
+    cache.apply = apply_after_a_read  # type: ignore[method-assign]
+    tx = state.transaction()
+    tx.set_setting("n", "1")
+    state.commit_transaction(tx)
+    threads[0].join(timeout=10)
+    assert seen == [{"value": "1"}]
+    state.close()
