@@ -23,6 +23,7 @@ CATALOG_VERSION = 2
 """The schema version this code writes (config ``catalog_version``)."""
 
 _SECRET_PARAMS = frozenset({"password", "passwd", "secret", "sslpassword"})
+_USERINFO_SECRET = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@")
 _CONNINFO_SECRET = re.compile(
     r"(?i)(?:^|\s)(?:password|passwd|secret|sslpassword)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)"
 )
@@ -32,7 +33,10 @@ def strip_password(url: str) -> str:
     """``url`` without a password in its user info or its query (``password=...``), or a
     libpq ``key=value`` connection string without its ``password=...``; other strings (a
     path, a name) come back unchanged."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (``postgresql://[::1``): drop ``:password@`` textually
+        return _USERINFO_SECRET.sub(r"\1@", url)
     if not parts.scheme or not parts.netloc:
         return _CONNINFO_SECRET.sub("", url).strip() if "=" in url else url
     netloc = parts.netloc

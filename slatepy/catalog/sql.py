@@ -105,9 +105,14 @@ class SqlStorage(Storage):
         """``description: exc`` on one line, without the URL's password (a driver's message
         may quote the URL)."""
         text = " ".join(str(exc).split())
-        password = urlsplit(self._postgres_url or "").password
-        if password:
-            text = text.replace(password, "***")
+        if self._postgres_url:
+            text = text.replace(self._postgres_url, self.description)
+            try:
+                password = urlsplit(self._postgres_url).password
+            except ValueError:  # unparsable: the whole URL is all a message could quote
+                password = None
+            if password:
+                text = text.replace(password, "***")
         return f"{self.description}: {text}"
 
     def _run(self, body: Callable[[Any], T], *, write: bool) -> T | None:

@@ -443,3 +443,11 @@ def test_a_transaction_made_while_a_commit_is_applied_reads_that_commit(tmp_path
     threads[0].join(timeout=10)
     assert seen == [{"value": "1"}]
     state.close()
+
+
+def test_an_unparsable_url_is_one_line_without_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert strip_password("postgresql://u:hunter2@[::1/db") == "postgresql://u@[::1/db"
+    code, out, err = run(capsys, "dump", "postgresql://u:hunter2@[::1/db")
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "hunter2" not in err
