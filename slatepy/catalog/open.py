@@ -11,7 +11,7 @@ from slatepy.catalog.sql import SqlStorage
 from slatepy.catalog.state import CatalogState
 from slatepy.catalog.storage import Storage
 from slatepy.config import Settings
-from slatepy.errors import InvalidArgument
+from slatepy.errors import InvalidArgument, SlatepyError
 from slatepy.persist import PersistClient, PersistSettings
 
 
@@ -47,13 +47,22 @@ def open_storage(
         return SqlStorage(sqlite_path=sqlite_path(url), shard=shard, description=url)
     if url.startswith(("postgresql://", "postgres://")):
         return SqlStorage(postgres_url=url, shard=shard, description=strip_password(url))
-    client = PersistClient.open(
-        url,
-        consensus=consensus,
-        settings=persist_settings,
-        store_settings=store_settings,
-        create=create,
-    )
+    try:
+        client = PersistClient.open(
+            url,
+            consensus=consensus,
+            settings=persist_settings,
+            store_settings=store_settings,
+            create=create,
+        )
+    except SlatepyError as exc:  # persist's message may quote the URLs, passwords and all
+        for given in (url, consensus):
+            if given:
+                exc.args = tuple(
+                    a.replace(given, strip_password(given)) if isinstance(a, str) else a
+                    for a in exc.args
+                )
+        raise
     return PersistStorage(
         client, shard, owns_client=True, description=f"{strip_password(url)} (shard {shard})"
     )

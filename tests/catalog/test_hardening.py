@@ -451,3 +451,8 @@ def test_an_unparsable_url_is_one_line_without_its_password(
     assert strip_password("postgresql://u:hunter2@[::1/db") == "postgresql://u@[::1/db"
     code, out, err = run(capsys, "dump", "postgresql://u:hunter2@[::1/db")
     assert (code, out) == (1, "") and err.count("\n") == 1 and "hunter2" not in err
+
+
+def test_persists_errors_do_not_show_the_urls_password(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "dump", "file://u:hunter2@/no/such/place")
+    assert (code, out) == (1, "") and "hunter2" not in err
