@@ -22,7 +22,16 @@ from slatepy.catalog.errors import InvalidCatalogObject
 CATALOG_VERSION = 2
 """The schema version this code writes (config ``catalog_version``)."""
 
-_SECRET_PARAMS = frozenset({"password", "passwd", "secret", "sslpassword"})
+_SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey", "api_key")
+_SECRET_NAMES = frozenset({"sig", "signature", "x-amz-signature"})  # signed URLs (SAS, S3)
+
+
+def is_secret(name: str) -> bool:
+    """Whether a query parameter or option called ``name`` holds a secret."""
+    lower = name.lower()
+    return lower in _SECRET_NAMES or any(word in lower for word in _SECRET_WORDS)
+
+
 _USERINFO_SECRET = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@")
 _CONNINFO_SECRET = re.compile(
     r"(?i)(?:^|\s)(?:password|passwd|secret|sslpassword)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)"
@@ -30,7 +39,8 @@ _CONNINFO_SECRET = re.compile(
 
 
 def strip_password(url: str) -> str:
-    """``url`` without a password in its user info or its query (``password=...``), or a
+    """``url`` without a password in its user info or secrets in its query (``password=``,
+    ``sas_token=``, ``sig=``: :func:`is_secret`), or a
     libpq ``key=value`` connection string without its ``password=...``; other strings (a
     path, a name) come back unchanged."""
     try:
@@ -46,14 +56,14 @@ def strip_password(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_PARAMS])
+        query = urlencode([(k, v) for k, v in pairs if not is_secret(k)])
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def strip_options(options: dict[str, str]) -> dict[str, str]:
-    """``options`` without secret-named ones (``password``, ...), the rest's values through
+    """``options`` without secret-named ones (:func:`is_secret`), the rest's values through
     :func:`strip_password`."""
-    return {k: strip_password(v) for k, v in options.items() if k.lower() not in _SECRET_PARAMS}
+    return {k: strip_password(v) for k, v in options.items() if not is_secret(k)}
 
 
 def redact(obj: Any) -> Any:

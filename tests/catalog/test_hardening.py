@@ -16,6 +16,7 @@ from slatepy.catalog import (
     IncompatibleCatalogVersion,
     InvalidCatalogObject,
     ReadOnlyCatalog,
+    Sink,
     Source,
     StorageUsage,
     open_catalog,
@@ -456,3 +457,11 @@ def test_an_unparsable_url_is_one_line_without_its_password(
 def test_persists_errors_do_not_show_the_urls_password(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "dump", "file://u:hunter2@/no/such/place")
     assert (code, out) == (1, "") and "hunter2" not in err
+
+
+def test_secrets_in_query_parameters_and_options_are_not_stored() -> None:
+    signed = "https://acct.blob.core.windows.net/c?sv=2022&sig=SIGNED&se=2030"
+    assert strip_password(signed) == "https://acct.blob.core.windows.net/c?sv=2022&se=2030"
+    assert strip_password("az://c/p?sas_token=TOKEN&x=1") == "az://c/p?x=1"
+    sink = Sink("k", "kv", "s3://b/p?aws_secret_access_key=S", {"aws_session_token": "T"})
+    assert (sink.target, sink.options) == ("s3://b/p", {})
