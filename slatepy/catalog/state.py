@@ -53,8 +53,9 @@ OPEN_ATTEMPTS = 5
 
 class CatalogState(TypedReads):
     """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`. Safe to
-    share between threads: opens, commits and leadership checks take turns, so a commit
-    that loses to another thread's raises ``TransactionConflict``, never a fence.
+    share between threads: opens, new transactions, commits and leadership checks take
+    turns, so a commit that loses to another thread's raises ``TransactionConflict``, never
+    a fence.
 
     Args:
         storage: Where it lives (persist or the SQL stash).
