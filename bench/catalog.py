@@ -7,7 +7,8 @@ stash on SQLite and on a throwaway PostgreSQL on 127.0.0.1) a new catalog gets `
 databases in commits of 1,000 (each also appends its audit events, so the catalog holds
 twice as many rows). Then: ``open()`` of a new state (read everything, migrate in memory,
 bump the epoch: one write), best and median of 3; ``open_read_only()``; and ``--commits``
-single-item commits (one new database each, plus its audit event), p50/p99/max. Prints a
+single-item commits (one new database each, plus the audit events of it and its id
+allocator), p50/p99/max. Prints a
 Markdown table and writes ``bench/results/catalog.md``.
 """
 

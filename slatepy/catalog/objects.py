@@ -9,6 +9,7 @@ stored with its password removed (:func:`strip_password`, in the Structs' ``__po
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +22,33 @@ from slatepy.catalog.errors import InvalidCatalogObject
 CATALOG_VERSION = 2
 """The schema version this code writes (config ``catalog_version``)."""
 
-_SECRET_PARAMS = frozenset({"password", "passwd", "secret", "sslpassword"})
+_SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey", "api_key")
+_SECRET_NAMES = frozenset({"sig", "signature", "x-amz-signature"})  # signed URLs (SAS, S3)
+
+
+def is_secret(name: str) -> bool:
+    """Whether a query parameter or option called ``name`` holds a secret."""
+    lower = name.lower()
+    return lower in _SECRET_NAMES or any(word in lower for word in _SECRET_WORDS)
+
+
+_USERINFO_SECRET = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]*):[^@]*@")
+_CONNINFO_SECRET = re.compile(
+    r"(?i)(?:^|\s)(?:password|passwd|secret|sslpassword)\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S*)"
+)
 
 
 def strip_password(url: str) -> str:
-    """``url`` without a password in its user info or its query (``password=...``); other
-    strings (a path, a name) come back unchanged."""
-    parts = urlsplit(url)
+    """``url`` without a password in its user info or secrets in its query (``password=``,
+    ``sas_token=``, ``sig=``: :func:`is_secret`), or a
+    libpq ``key=value`` connection string without its ``password=...``; other strings (a
+    path, a name) come back unchanged."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unparsable (``postgresql://[::1``): drop ``:password@`` textually
+        return _USERINFO_SECRET.sub(r"\1@", url)
     if not parts.scheme or not parts.netloc:
-        return url
+        return _CONNINFO_SECRET.sub("", url).strip() if "=" in url else url
     netloc = parts.netloc
     if "@" in netloc:
         userinfo, _, host = netloc.rpartition("@")
@@ -37,8 +56,27 @@ def strip_password(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_PARAMS])
+        query = urlencode([(k, v) for k, v in pairs if not is_secret(k)])
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def strip_options(options: dict[str, str]) -> dict[str, str]:
+    """``options`` without secret-named ones (:func:`is_secret`), the rest's values through
+    :func:`strip_password`."""
+    return {k: strip_password(v) for k, v in options.items() if not is_secret(k)}
+
+
+def redact(obj: Any) -> Any:
+    """``obj`` (JSON-able) with :func:`strip_password` applied to every string in it: what
+    the dump and the debug tool print, so that a password stored before version 2 (or by
+    anything else) is never shown."""
+    if isinstance(obj, str):
+        return strip_password(obj)
+    if isinstance(obj, dict):
+        return {k: redact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
 
 
 class _Object(msgspec.Struct, forbid_unknown_fields=True):
@@ -100,6 +138,7 @@ class Source(_Object):
     def __post_init__(self) -> None:
         self.connection = strip_password(self.connection)
         self.location = strip_password(self.location)
+        self.options = strip_options(self.options)
 
 
 class Sink(_Object):
@@ -112,6 +151,7 @@ class Sink(_Object):
 
     def __post_init__(self) -> None:
         self.target = strip_password(self.target)
+        self.options = strip_options(self.options)
 
 
 class IdAllocator(_Object):
@@ -185,8 +225,9 @@ class Collection:
         try:
             return msgspec.convert(obj, kind)
         except msgspec.ValidationError as exc:
+            # The message names the field, never the value: it may hold a password.
             raise InvalidCatalogObject(
-                f"{what} {obj!r} does not fit collection {self.name!r} ({kind.__name__}): {exc}"
+                f"the {what} does not fit collection {self.name!r} ({kind.__name__}): {exc}"
             ) from None
 
 

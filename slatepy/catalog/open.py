@@ -11,7 +11,7 @@ from slatepy.catalog.sql import SqlStorage
 from slatepy.catalog.state import CatalogState
 from slatepy.catalog.storage import Storage
 from slatepy.config import Settings
-from slatepy.errors import InvalidArgument
+from slatepy.errors import InvalidArgument, SlatepyError
 from slatepy.persist import PersistClient, PersistSettings
 
 
@@ -21,10 +21,11 @@ def sqlite_path(url: str) -> str:
     directory.
 
     Raises:
-        InvalidArgument: not ``sqlite:///...`` with a path.
+        InvalidArgument: not ``sqlite:///...`` with a path, or with a query (SQLAlchemy's
+            driver options, which this stash does not take: not part of a file name).
     """
     prefix = "sqlite:///"
-    if not url.startswith(prefix) or len(url) == len(prefix):
+    if not url.startswith(prefix) or len(url) == len(prefix) or "?" in url:
         raise InvalidArgument(
             f"{url!r}: a SQLite catalog URL is sqlite:////absolute/path.db or "
             "sqlite:///relative/path.db"
@@ -46,13 +47,22 @@ def open_storage(
         return SqlStorage(sqlite_path=sqlite_path(url), shard=shard, description=url)
     if url.startswith(("postgresql://", "postgres://")):
         return SqlStorage(postgres_url=url, shard=shard, description=strip_password(url))
-    client = PersistClient.open(
-        url,
-        consensus=consensus,
-        settings=persist_settings,
-        store_settings=store_settings,
-        create=create,
-    )
+    try:
+        client = PersistClient.open(
+            url,
+            consensus=consensus,
+            settings=persist_settings,
+            store_settings=store_settings,
+            create=create,
+        )
+    except SlatepyError as exc:  # persist's message may quote the URLs, passwords and all
+        for given in (url, consensus):
+            if given:
+                exc.args = tuple(
+                    a.replace(given, strip_password(given)) if isinstance(a, str) else a
+                    for a in exc.args
+                )
+        raise
     return PersistStorage(
         client, shard, owns_client=True, description=f"{strip_password(url)} (shard {shard})"
     )

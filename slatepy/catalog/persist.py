@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 import msgspec
 
+from slatepy.catalog.errors import CatalogError
+from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
 from slatepy.errors import FencedError
 from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
@@ -62,30 +64,44 @@ class PersistStorage(Storage):
         return upper
 
     def read(self) -> Contents:
-        upper = self.upper()
-        if upper == 0:
+        if self.upper() == 0:  # no reader registered: reading a missing catalog creates nothing
             self._fence_row = None
             return Contents(0, 0, [])
         reader = self._client.open_leased_reader(self._shard, purpose="catalog read")
         try:
+            # The upper after registering: an open in between moves the since (to its upper
+            # minus one), and the reader's since is never beyond the upper read after it.
+            upper = self.upper()
             updates = reader.snapshot(upper - 1)
         finally:
             reader.expire()
         return self._contents(upper, updates)
 
     def _contents(self, upper: int, updates: Iterable[Update]) -> Contents:
+        """The catalog in a snapshot; a shard written by anything else (no fence row, or a
+        row of no collection) is refused, so that nothing reads or edits it as one.
+
+        Raises:
+            CatalogError: the shard holds something other than a catalog.
+        """
         entries: list[tuple[str, bytes, bytes]] = []
-        fence = _Fence(0)
-        self._fence_row = None
+        fence_row = None
         for (key, value), _, diff in updates:
             coll, _, k = key.partition(b"\x00")
+            name = coll.decode(errors="replace")
             if diff != 1:
-                raise AssertionError(f"catalog row {key!r} has multiplicity {diff}")
-            if coll == FENCE.encode():
-                self._fence_row = value
-                fence = msgspec.json.decode(value, type=_Fence)
+                raise CatalogError(f"{self.description}: corrupt: row {key!r} counts {diff}")
+            if name == FENCE:
+                fence_row = value
+            elif name in COLLECTIONS:
+                entries.append((name, k, value))
             else:
-                entries.append((coll.decode(), k, value))
+                fence_row = None
+                break
+        if fence_row is None:
+            raise CatalogError(f"{self.description} holds something that is not a catalog")
+        self._fence_row = fence_row
+        fence = msgspec.json.decode(fence_row, type=_Fence)
         return Contents(upper, fence.epoch, entries, fence.holder)
 
     def write(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slatepy.catalog.errors import CatalogError
+from slatepy.catalog.reads import TypedReads
 from slatepy.catalog.state import CatalogState
 from slatepy.catalog.transaction import Transaction
 
@@ -20,8 +21,9 @@ class ShadowMismatch(CatalogError):
     """The primary and the secondary answered a call differently."""
 
 
-class ShadowCatalog:
-    """See the module docstring; the interface of :class:`CatalogState`."""
+class ShadowCatalog(TypedReads):
+    """See the module docstring; the interface of :class:`CatalogState` (its typed reads
+    go through the shadowed :meth:`entries`)."""
 
     def __init__(self, primary: CatalogState, secondary: CatalogState) -> None:
         self.primary = primary
@@ -90,12 +92,6 @@ class ShadowCatalog:
     def entries(self, name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         return self._both(f"entries({name!r})", lambda s: s.entries(name))  # type: ignore[no-any-return]
 
-    def config(self, key: str) -> int | None:
-        return self._both(f"config({key!r})", lambda s: s.config(key))  # type: ignore[no-any-return]
-
-    def deploy_generation(self) -> int | None:
-        return self._both("deploy_generation", lambda s: s.deploy_generation())  # type: ignore[no-any-return]
-
     def dump(self, *, ignore_large_collections: bool = False) -> str:
         return self._both(  # type: ignore[no-any-return]
             "dump", lambda s: s.dump(ignore_large_collections=ignore_large_collections)
@@ -106,6 +102,12 @@ class ShadowCatalog:
             self.primary.close()
         finally:
             self.secondary.close()
+
+    def __enter__(self) -> ShadowCatalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _say(result: Any, error: BaseException | None) -> str:

@@ -21,7 +21,9 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
+from slatepy.catalog.errors import CatalogError
 from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
 from slatepy.errors import FencedError, InvalidArgument, StoreUnavailable
@@ -63,8 +65,12 @@ class SqlStorage(Storage):
         self._t = {n: f"{prefix}_{n}" for n in ("fence", "collections", "data", "uppers")}
         self._p = "?" if sqlite_path is not None else "%s"
         self._conn: Any = None
+        self._wal = False
         self._lock = threading.Lock()
+        # The nonce of this storage's last open (its leader's fence) and the nonce its last
+        # read saw (what an open expects to replace): a read never changes the former.
         self._nonce: bytes | None = None
+        self._read_nonce: bytes | None = None
 
     # -- connections and transactions ----------------------------------------------------
 
@@ -79,7 +85,9 @@ class SqlStorage(Storage):
                     self._postgres_url, autocommit=True, connect_timeout=10
                 )
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"cannot connect to {self.description}: {exc}") from None
+                raise StoreUnavailable(f"cannot connect to {self._say(exc)}") from None
+            except psycopg.ProgrammingError as exc:  # a malformed URL
+                raise InvalidArgument(f"cannot connect to {self._say(exc)}") from None
             return self._conn
         assert self._sqlite_path is not None
         if not create and not os.path.exists(self._sqlite_path):
@@ -90,9 +98,22 @@ class SqlStorage(Storage):
             )
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.description}: {exc}") from None
-        conn.execute("PRAGMA journal_mode=WAL")
         self._conn = conn
         return conn
+
+    def _say(self, exc: BaseException) -> str:
+        """``description: exc`` on one line, without the URL's password (a driver's message
+        may quote the URL)."""
+        text = " ".join(str(exc).split())
+        if self._postgres_url:
+            text = text.replace(self._postgres_url, self.description)
+            try:
+                password = urlsplit(self._postgres_url).password
+            except ValueError:  # unparsable: the whole URL is all a message could quote
+                password = None
+            if password:
+                text = text.replace(password, "***")
+        return f"{self.description}: {text}"
 
     def _run(self, body: Callable[[Any], T], *, write: bool) -> T | None:
         """Run ``body(cursor)`` in one serializable transaction (retried on serialization
@@ -106,8 +127,11 @@ class SqlStorage(Storage):
             return self._run_sqlite(conn, body, write=write)
 
     def _run_sqlite(self, conn: sqlite3.Connection, body: Callable[[Any], T], *, write: bool) -> T:
-        cur = conn.cursor()
         try:
+            if write and not self._wal:  # only a write may change the file (WAL: a write)
+                conn.execute("PRAGMA journal_mode=WAL")
+                self._wal = True
+            cur = conn.cursor()
             cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             result = body(cur)
             cur.execute("COMMIT")
@@ -115,8 +139,10 @@ class SqlStorage(Storage):
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.OperationalError):
-                raise StoreUnavailable(f"{self.description}: {exc}") from None
+            if isinstance(exc, sqlite3.OperationalError) and not str(exc).startswith("no such"):
+                raise StoreUnavailable(self._say(exc)) from None
+            if isinstance(exc, sqlite3.DatabaseError):  # not a database, a table not ours
+                raise CatalogError(f"{self._say(exc)}: not a catalog") from None
             raise
 
     def _run_postgres(self, conn: Any, body: Callable[[Any], T]) -> T:
@@ -140,7 +166,9 @@ class SqlStorage(Storage):
                     raise
             except psycopg.OperationalError as exc:
                 self._conn = None
-                raise StoreUnavailable(f"{self.description}: {exc}") from None
+                raise StoreUnavailable(self._say(exc)) from None
+            except psycopg.ProgrammingError as exc:  # a table of the name that is not ours
+                raise CatalogError(f"{self._say(exc)}: not a catalog") from None
         raise AssertionError("unreachable")
 
     def _exists(self, cur: Any) -> bool:
@@ -223,7 +251,7 @@ class SqlStorage(Storage):
             if not self._exists(cur):
                 return Contents(0, 0, [])
             epoch, nonce, holder = self._fence(cur)
-            self._nonce = nonce
+            self._read_nonce = nonce
             cur.execute(
                 f"SELECT c.name, d.key, d.value, sum(d.diff) FROM {t['data']} d "
                 f"JOIN {t['collections']} c ON c.collection_id = d.collection_id "
@@ -232,7 +260,9 @@ class SqlStorage(Storage):
             entries = []
             for name, key, value, total in cur.fetchall():
                 if total != 1:
-                    raise AssertionError(f"catalog row {name} {key!r} has multiplicity {total}")
+                    raise CatalogError(
+                        f"{self.description}: corrupt: {name} row {key!r} counts {total}"
+                    )
                 entries.append((str(name), bytes(key), bytes(value)))
             return Contents(self._upper(cur), epoch, entries, holder)
 
@@ -272,8 +302,9 @@ class SqlStorage(Storage):
                     raise _Fenced(f"catalog {self.description} no longer exists")
                 self._create(cur)
             current_epoch, current_nonce, _ = self._fence(cur)
+            mine = self._read_nonce if new_epoch is not None else self._nonce
             if epoch is not None and (
-                current_epoch != epoch or (expected_upper and current_nonce != self._nonce)
+                current_epoch != epoch or (expected_upper and current_nonce != mine)
             ):
                 raise _Fenced(f"unexpected fence epoch {current_epoch}, expected {epoch}")
             upper = self._upper(cur)

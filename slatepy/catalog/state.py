@@ -10,8 +10,7 @@ leader's commit after a newer ``open()`` raises ``FencedError`` and writes nothi
 
 from __future__ import annotations
 
-import os
-import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -20,24 +19,27 @@ import msgspec
 
 from slatepy.catalog.errors import (
     CatalogError,
+    IncompatibleCatalogVersion,
     MigrationNeeded,
     ReadOnlyCatalog,
     UninitializedCatalog,
 )
 from slatepy.catalog.objects import (
     CATALOG_VERSION,
-    COLLECTIONS,
-    LARGE_COLLECTIONS,
-    AuditEvent,
     ConfigKey,
     ConfigValue,
-    IdAllocator,
-    NameKey,
-    Objects,
     collection,
     initial_objects,
 )
 from slatepy.catalog.reads import TypedReads
+from slatepy.catalog.snapshot import (
+    add_open_event,
+    diff_objects,
+    dump_json,
+    holder,
+    objects_of,
+    sort_key,
+)
 from slatepy.catalog.storage import Contents, Row, Storage
 from slatepy.catalog.transaction import Cache, Transaction
 from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
@@ -49,24 +51,11 @@ OPEN_ATTEMPTS = 5
 """Tries of ``open()`` when another opener wins the race for the same upper."""
 
 
-def holder() -> str:
-    """Who this process is, for the fence row (``host:pid``)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def objects_of(contents: Contents) -> Objects:
-    objects: Objects = {}
-    for name, key, value in contents.entries:
-        objects.setdefault(name, {})[key] = value
-    return objects
-
-
-def sort_key(key: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(key.values())
-
-
 class CatalogState(TypedReads):
-    """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`.
+    """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`. Safe to
+    share between threads: opens, new transactions, commits and leadership checks take
+    turns, so a commit that loses to another thread's raises ``TransactionConflict``, never
+    a fence.
 
     Args:
         storage: Where it lives (persist or the SQL stash).
@@ -91,6 +80,7 @@ class CatalogState(TypedReads):
         self._epoch: int | None = None
         self._upper = 0
         self._cache = Cache()
+        self._lock = threading.RLock()
 
     @property
     def description(self) -> str:
@@ -114,6 +104,7 @@ class CatalogState(TypedReads):
 
     def is_initialized(self) -> bool:
         """Whether anything ever opened this catalog for writing. Writes nothing."""
+        self._check_not_closed()
         return self._storage.upper() > 0
 
     def open(self) -> None:
@@ -124,6 +115,10 @@ class CatalogState(TypedReads):
             IncompatibleCatalogVersion: the catalog is newer than this code (or too old).
             FencedError: other openers kept winning the race (after several tries).
         """
+        with self._lock:
+            self._open()
+
+    def _open(self) -> None:
         self._check_unopened()
         for attempt in range(OPEN_ATTEMPTS):
             contents = self._storage.read()
@@ -132,15 +127,15 @@ class CatalogState(TypedReads):
                 new, event = initial_objects(self._deploy_generation or 0), "initialize"
             else:
                 new, found = upgrade({k: dict(v) for k, v in old.items()})
-                event = "migrate" if found != CATALOG_VERSION else ""
+                event = "migrate" if found != CATALOG_VERSION else "open"
                 if self._deploy_generation is not None:
                     new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
                         msgspec.json.encode(ConfigValue(self._deploy_generation))
                     )
-            if event:
-                self._append_event(new, event)
-            rows = diff_objects(old, new)
             epoch = contents.epoch + 1
+            now_ms = int(self._clock() * 1000)
+            add_open_event(new, event, epoch=epoch, user=self._user, now_ms=now_ms)
+            rows = diff_objects(old, new)
             try:
                 self._upper = self._storage.write(
                     rows,
@@ -166,19 +161,20 @@ class CatalogState(TypedReads):
             MigrationNeeded: it is at an older version (``open()`` would migrate it).
             IncompatibleCatalogVersion: it is newer than this code.
         """
-        self._check_unopened()
-        contents = self._read_initialized()
-        objects = objects_of(contents)
-        found = catalog_version(objects)
-        check_version(found)
-        if found < CATALOG_VERSION:
-            raise MigrationNeeded(
-                f"catalog {self.description} is at version {found}; this code's version is "
-                f"{CATALOG_VERSION}: open it for writing once to migrate it"
-            )
-        self._cache = Cache(objects)
-        self._upper, self._epoch = contents.upper, contents.epoch
-        self._mode = "read_only"
+        with self._lock:
+            self._check_unopened()
+            contents = self._read_initialized()
+            objects = objects_of(contents)
+            found = catalog_version(objects)
+            check_version(found)
+            if found < CATALOG_VERSION:
+                raise MigrationNeeded(
+                    f"catalog {self.description} is at version {found}; this code's version "
+                    f"is {CATALOG_VERSION}: open it for writing once to migrate it"
+                )
+            self._cache = Cache(objects)
+            self._upper, self._epoch = contents.upper, contents.epoch
+            self._mode = "read_only"
 
     def check_open(self) -> tuple[int, int]:
         """Would ``open()`` succeed? Reads and migrates in memory, writes nothing.
@@ -189,40 +185,29 @@ class CatalogState(TypedReads):
 
         Raises:
             IncompatibleCatalogVersion: it would not (the catalog is too new or too old).
+            CatalogError: it would not (a migration step fails).
         """
+        self._check_not_closed()
         contents = self._storage.read()
         if contents.upper == 0:
             return 0, CATALOG_VERSION
         _, found = upgrade(objects_of(contents))
         return found, CATALOG_VERSION
 
-    def _append_event(self, objects: Objects, event: str) -> None:
-        """Add an audit event about the catalog itself to ``objects`` (and its id)."""
-        alloc_key = msgspec.json.encode(NameKey("audit_log"))
-        allocators = objects.setdefault("id_allocators", {})
-        raw = allocators.get(alloc_key)
-        next_id = 1 if raw is None else msgspec.json.decode(raw, type=IdAllocator).next_id
-        allocators[alloc_key] = msgspec.json.encode(IdAllocator(next_id + 1))
-        version = catalog_version(objects)
-        record = AuditEvent(
-            event, "config", {"key": "catalog_version", "value": version},
-            self._user, int(self._clock() * 1000),
-        )  # fmt: skip
-        audit = objects.setdefault("audit_log", {})
-        audit[msgspec.json.encode({"id": next_id})] = msgspec.json.encode(record)
-
     # -- transactions ------------------------------------------------------------------
 
     def transaction(self, *, user: str | None = None) -> Transaction:
-        """A transaction on the cached catalog (a read-only catalog's refuses writes)."""
-        self._check_open()
-        return Transaction(
-            self._cache,
-            base_upper=self._upper,
-            user=self._user if user is None else user,
-            clock=self._clock,
-            writable=self._mode == "writable",
-        )
+        """A transaction on the cached catalog (a read-only catalog's refuses writes); its
+        base upper is the cache's (never one whose commit is still being applied)."""
+        with self._lock:
+            self._check_open()
+            return Transaction(
+                self._cache,
+                base_upper=self._upper,
+                user=self._user if user is None else user,
+                clock=self._clock,
+                writable=self._mode == "writable",
+            )
 
     def commit_transaction(self, tx: Transaction) -> None:
         """Commit ``tx`` as one write at the cached upper (nothing, if it changed nothing).
@@ -233,16 +218,16 @@ class CatalogState(TypedReads):
             FencedError: a newer ``open()`` (or a debug edit) happened; nothing was written
                 and this state refuses everything from now on.
         """
-        self._check_writable()
-        if tx.base_upper != self._upper:
-            raise TransactionConflict(
-                f"the transaction read the catalog at {tx.base_upper}; it is at {self._upper} "
-                "now: make a new transaction"
-            )
-        rows = tx.batch()
-        if not rows:
-            return
-        self._write(rows)
+        with self._lock:
+            self._check_writable()
+            if tx.base_upper != self._upper:
+                raise TransactionConflict(
+                    f"the transaction read the catalog at {tx.base_upper}; it is at "
+                    f"{self._upper} now: make a new transaction"
+                )
+            rows = tx.batch()
+            if rows:
+                self._write(rows)
 
     def _write(self, rows: list[Row]) -> None:
         try:
@@ -259,13 +244,14 @@ class CatalogState(TypedReads):
             FencedError: a newer opener (or an edit) changed the catalog.
             ReadOnlyCatalog: this state was not opened for writing.
         """
-        self._check_writable()
-        assert self._epoch is not None
-        try:
-            self._storage.confirm(self._upper, self._epoch)
-        except FencedError:
-            self._mode = "fenced"
-            raise
+        with self._lock:
+            self._check_writable()
+            assert self._epoch is not None
+            try:
+                self._storage.confirm(self._upper, self._epoch)
+            except FencedError:
+                self._mode = "fenced"
+                raise
 
     def debug_commit(
         self, edit: Callable[[Transaction], T], *, user: str, timeout: float = 30.0
@@ -273,16 +259,41 @@ class CatalogState(TypedReads):
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
         a fresh read while another writer wins (up to ``timeout`` seconds): the debug
-        tool's edits. A live leader is fenced by them."""
+        tool's edits. A live leader is fenced by them.
+
+        Raises:
+            ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
+                edit would fence): the tool's edits are an unopened state's.
+            IncompatibleCatalogVersion: ``edit`` changes objects (not config or id
+                allocators, which every version shares) of a catalog at another version
+                than this code's: they would be of the wrong version.
+        """
+        self._check_not_closed()
+        if self._mode != "unopened":
+            raise ReadOnlyCatalog(
+                f"catalog {self.description} is open ({self._mode}): debug edits are made "
+                "by an unopened state"
+            )
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
             contents = self._read_initialized()
-            tx = Transaction(Cache(objects_of(contents)), base_upper=contents.upper, user=user)
+            objects = objects_of(contents)
+            tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
             result = edit(tx)
             rows = tx.batch()
             if not rows:
                 return result
+            if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
+                found = catalog_version(objects)
+                if found != CATALOG_VERSION:
+                    raise IncompatibleCatalogVersion(
+                        f"catalog {self.description} is at version {found}, this code's "
+                        f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
+                        "or open() it to migrate it first",
+                        found=found,
+                        code=CATALOG_VERSION,
+                    )
             try:
                 self._storage.write(rows, expected_upper=contents.upper, epoch=None)
                 return result
@@ -311,10 +322,16 @@ class CatalogState(TypedReads):
                 # As Materialize's persist catalog: a leader reads only while it leads.
                 self.confirm_leadership()
             raw = self._storage.read_collection(name)
-        items = [
-            (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
-            for k, v in raw
-        ]
+        try:
+            items = [
+                (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
+                for k, v in raw
+            ]
+        except msgspec.ValidationError as exc:  # unopened, on a catalog of another version
+            raise CatalogError(
+                f"catalog {self.description}: {name} holds an object this code's version "
+                f"{CATALOG_VERSION} cannot read ({exc}): check_open() says why"
+            ) from None
         return sorted(items, key=lambda kv: sort_key(kv[0]))
 
     def dump(self, *, ignore_large_collections: bool = False) -> str:
@@ -327,23 +344,9 @@ class CatalogState(TypedReads):
             UninitializedCatalog: there is nothing to dump.
         """
         self._check_not_closed()
-        contents = self._read_initialized()
-        objects = objects_of(contents)
-        out: dict[str, Any] = {"epoch": contents.epoch, "collections": {}}
-        for name in COLLECTIONS:
-            if ignore_large_collections and name in LARGE_COLLECTIONS:
-                continue
-            rows = [
-                {
-                    "key": msgspec.json.decode(k),
-                    "value": msgspec.json.decode(v),
-                    "time": contents.upper - 1,
-                    "diff": 1,
-                }
-                for k, v in objects.get(name, {}).items()
-            ]
-            out["collections"][name] = sorted(rows, key=lambda r: sort_key(r["key"]))
-        return msgspec.json.encode(out).decode()
+        return dump_json(
+            self._read_initialized(), ignore_large_collections=ignore_large_collections
+        )
 
     def current(self) -> Contents:
         """The stored contents now, with the epoch and who holds it (the debug tool)."""
@@ -351,9 +354,10 @@ class CatalogState(TypedReads):
 
     def close(self) -> None:
         """Release the storage's connections and handles. Idempotent."""
-        if self._mode != "closed":
-            self._mode = "closed"
-            self._storage.close()
+        with self._lock:
+            if self._mode != "closed":
+                self._mode = "closed"
+                self._storage.close()
 
     def __enter__(self) -> CatalogState:
         return self
@@ -392,19 +396,3 @@ class CatalogState(TypedReads):
         self._check_open()
         if self._mode != "writable":
             raise ReadOnlyCatalog(f"catalog {self.description} is open read-only")
-
-
-def diff_objects(old: Objects, new: Objects) -> list[Row]:
-    """The rows that turn ``old`` into ``new``."""
-    rows: list[Row] = []
-    for name in sorted(old.keys() | new.keys()):
-        before, after = old.get(name, {}), new.get(name, {})
-        for key in before.keys() | after.keys():
-            was, now = before.get(key), after.get(key)
-            if was == now:
-                continue
-            if was is not None:
-                rows.append((name, key, was, -1))
-            if now is not None:
-                rows.append((name, key, now, 1))
-    return rows

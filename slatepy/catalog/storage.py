@@ -11,8 +11,6 @@ the cache, transactions, migrations, the audit log — lives above, in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 Row = tuple[str, bytes, bytes, int]
@@ -34,24 +32,6 @@ class Contents:
     epoch: int
     entries: list[tuple[str, bytes, bytes]]
     holder: str = ""
-
-
-def consolidate(rows: Iterable[Row]) -> list[tuple[str, bytes, bytes]]:
-    """The rows whose diffs sum to one; any other non-zero sum is corruption.
-
-    Raises:
-        AssertionError: a row's diffs sum to neither zero nor one.
-    """
-    sums: dict[tuple[str, bytes, bytes], int] = defaultdict(int)
-    for coll, key, value, diff in rows:
-        sums[(coll, key, value)] += diff
-    live = []
-    for row, total in sums.items():
-        if total not in (0, 1):
-            raise AssertionError(f"catalog row {row!r} has multiplicity {total}")
-        if total:
-            live.append(row)
-    return live
 
 
 class Storage(ABC):

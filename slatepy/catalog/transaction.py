@@ -4,7 +4,8 @@
 index per uniqueness rule. A :class:`Transaction` reads through its own pending changes to the
 cache it was made from (reads see its own writes), checks each collection's uniqueness rule
 as it writes, and turns into one batch of rows: a retraction and an insertion per changed
-key, the audit events of the changes, and the audit allocator's new value.
+key, an audit event per change (an id allocator's and an appended storage-usage sample's
+included: every committed change is audited), and the audit allocator's new value.
 """
 
 from __future__ import annotations
@@ -71,9 +72,6 @@ class Cache:
             else:
                 self._insert(name, key, value)
 
-    def objects(self) -> Objects:
-        return {name: dict(entries) for name, entries in self.rows.items()}
-
 
 def _unique_of(name: str, value: bytes) -> object | None:
     """The unique part of a stored value (None: no rule, or a value of an older version,
@@ -120,18 +118,17 @@ class Transaction:
     def get(self, name: str, key: Any) -> dict[str, Any] | None:
         """The value at ``key`` as this transaction sees it, or None."""
         coll = self._cached(name)
-        raw = self._get(coll.name, coll.key_bytes(key))
-        return None if raw is None else _to_dict(coll.decode_value(raw))
+        return _json(self._get(coll.name, coll.key_bytes(key)))
 
     def entries(self, name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Every ``(key, value)`` of a cached collection as this transaction sees it."""
-        coll = self._cached(name)
+        self._cached(name)
         merged: dict[bytes, bytes | None] = {
             **self._cache.rows[name],
             **self._pending.get(name, {}),
         }
         return [
-            (_to_dict(coll.decode_key(k)), _to_dict(coll.decode_value(v)))
+            (msgspec.json.decode(k), msgspec.json.decode(v))
             for k, v in sorted(merged.items())
             if v is not None
         ]
@@ -141,23 +138,36 @@ class Transaction:
 
         Raises:
             InvalidCatalogObject: the key or value does not fit the collection, the
-                collection is append-only, or the value breaks its uniqueness rule.
+                collection is append-only, the value breaks its uniqueness rule, or it
+                moves an id allocator backwards.
         """
         coll = self._mutable(name)
         key_b, value_b = coll.key_bytes(key), coll.value_bytes(value)
         previous = self._get(name, key_b)
         self._check_unique(coll, key_b, value_b)
+        if previous is not None and name == "id_allocators":
+            was, now = (
+                msgspec.json.decode(v, type=IdAllocator).next_id for v in (previous, value_b)
+            )
+            if now < was:
+                raise _rewound(key_b)
         self._put(coll, key_b, value_b)
-        return None if previous is None else _to_dict(coll.decode_value(previous))
+        return _json(previous)
 
     def delete(self, name: str, key: Any) -> dict[str, Any] | None:
-        """Delete ``key``; returns the value it had (None: it had none, nothing changes)."""
+        """Delete ``key``; returns the value it had (None: it had none, nothing changes).
+
+        Raises:
+            InvalidCatalogObject: an id allocator (its ids would be handed out again).
+        """
         coll = self._mutable(name)
         key_b = coll.key_bytes(key)
         previous = self._get(name, key_b)
+        if previous is not None and name == "id_allocators":
+            raise _rewound(key_b)
         if previous is not None:
             self._put(coll, key_b, None)
-        return None if previous is None else _to_dict(coll.decode_value(previous))
+        return _json(previous)
 
     # -- typed methods ---------------------------------------------------------------------
 
@@ -180,13 +190,18 @@ class Transaction:
         return self._create("sink", "sinks", sink)
 
     def _create(self, kind: str, name: str, value: Any) -> int:
-        """Insert ``value`` under a fresh id of ``kind``; if it is refused, the id is not
-        taken either."""
+        """Insert ``value`` under a fresh id of ``kind``; if it is refused (also: the id is
+        somehow taken already: a create never replaces), the id is not taken either."""
         alloc_key = COLLECTIONS["id_allocators"].key_bytes(NameKey(kind))
         pending = self._pending.setdefault("id_allocators", {})
         had, before = alloc_key in pending, pending.get(alloc_key)
         (new_id,) = self.allocate_ids(kind)
         try:
+            if self.get(name, {"id": new_id}) is not None:
+                raise InvalidCatalogObject(
+                    f"{name}: id {new_id} (the next {kind} id) is taken already; "
+                    "the id allocator is behind the collection"
+                )
             self.set(name, {"id": new_id}, value)
         except Exception:
             if had:
@@ -222,17 +237,15 @@ class Transaction:
 
     def batch(self) -> list[Row]:
         """The rows this transaction commits (computed once; the transaction is then frozen).
-        Each changed key of a cached collection but ``id_allocators`` appends one audit
-        event."""
+        Each changed key and each appended sample appends one audit event."""
         if self._batch is not None:
             return self._batch
         events = [
             (kind, name, key)
             for name, changes in self._pending.items()
-            if name != "id_allocators"
             for key, new in changes.items()
             if (kind := _change(self._cache.rows[name].get(key), new)) is not None
-        ]
+        ] + [("create", name, key) for name, key, _ in self._appended]
         appended = list(self._appended)
         if events:
             now_ms = int(self._clock() * 1000)
@@ -313,6 +326,13 @@ class Transaction:
             raise _taken(coll, wanted, owner)
 
 
+def _rewound(key: bytes) -> InvalidCatalogObject:
+    return InvalidCatalogObject(
+        f"id_allocators {key.decode()}: an id allocator never moves backwards nor goes away "
+        "(its ids would be handed out again)"
+    )
+
+
 def _taken(coll: Collection, wanted: object, owner: bytes) -> InvalidCatalogObject:
     return InvalidCatalogObject(
         f"{coll.name}: {wanted!r} is taken already (by key {owner.decode()}); each is unique"
@@ -325,6 +345,7 @@ def _change(old: bytes | None, new: bytes | None) -> str | None:
     return "create" if old is None else "delete" if new is None else "update"
 
 
-def _to_dict(obj: Any) -> dict[str, Any]:
-    result: dict[str, Any] = msgspec.to_builtins(obj)
-    return result
+def _json(raw: bytes | None) -> dict[str, Any] | None:
+    """A stored value as a dict (as stored: also one of an older version, before a
+    migration, which the debug tool may replace)."""
+    return None if raw is None else msgspec.json.decode(raw)

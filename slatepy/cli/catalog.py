@@ -20,7 +20,7 @@ from typing import Any
 
 from slatepy.catalog import CatalogState, UninitializedCatalog, open_catalog
 from slatepy.catalog.errors import InvalidCatalogObject
-from slatepy.catalog.objects import collection
+from slatepy.catalog.objects import collection, redact
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound
 
@@ -115,7 +115,10 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             if args.target is None:
                 sys.stdout.write(pretty)
             else:
-                args.target.write_text(pretty)
+                try:
+                    args.target.write_text(pretty)
+                except OSError as exc:
+                    raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
         else:
             if contents.epoch:
                 print(
@@ -129,7 +132,7 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                 previous = state.debug_commit(lambda tx: tx.set(name, key, value), user=USER)
             else:
                 previous = state.debug_commit(lambda tx: tx.delete(name, key), user=USER)
-            print(f"previous value: {json.dumps(previous)}")
+            print(f"previous value: {json.dumps(redact(previous))}")
     return 0
 
 

@@ -103,10 +103,14 @@ def test_every_change_is_audited_and_the_audit_log_is_append_only(place: Place) 
     events = [(v["event_type"], v["collection"], v["user"]) for _, v in state.entries("audit_log")]
     assert events == [
         ("initialize", "config", ""),
+        ("update", "id_allocators", "bob"),  # every committed change: allocators too
         ("create", "databases", "bob"),
         ("create", "settings", "bob"),
         ("delete", "settings", "carol"),
     ]
+    place.make().open()  # an open changes the epoch: audited too
+    (_, last), = place.make().entries("audit_log")[-1:]  # fmt: skip
+    assert (last["event_type"], last["key"]["epoch"]) == ("open", 2)
     tx = state.transaction()
     for call in (
         lambda: tx.set("audit_log", {"id": 99}, {}),
@@ -195,7 +199,8 @@ def test_an_older_leaders_commit_is_fenced_and_writes_nothing(place: Place) -> N
     check = place.make()
     check.open_read_only()
     assert check.entries("databases") == []
-    assert [v["event_type"] for _, v in check.entries("audit_log")] == ["initialize"]
+    # Only the two opens are in the audit log: the fenced commit's events are not.
+    assert [v["event_type"] for _, v in check.entries("audit_log")] == ["initialize", "open"]
 
 
 def test_the_dump_is_json_of_every_collection(place: Place) -> None:
@@ -210,7 +215,7 @@ def test_the_dump_is_json_of_every_collection(place: Place) -> None:
         {"key": {"id": 1}, "value": {"name": "a", "url": "memory://", "owner": ""},
          "time": 1, "diff": 1}
     ]  # fmt: skip
-    assert len(dumped["collections"]["audit_log"]) == 2
+    assert len(dumped["collections"]["audit_log"]) == 3  # initialize, allocator, database
     small = json.loads(state.dump(ignore_large_collections=True))
     assert "audit_log" not in small["collections"]
     assert "storage_usage" not in small["collections"]

@@ -45,6 +45,13 @@ def _names(place: Place) -> list[str]:
     return [v["name"] for _, v in state.entries("databases")]
 
 
+def _audited(place: Place) -> list[tuple[str, str, str]]:
+    """``(event_type, collection, user)`` of every audit event."""
+    state = place.state()
+    state.open_read_only()
+    return [(v["event_type"], v["collection"], v["user"]) for _, v in state.entries("audit_log")]
+
+
 def test_a_leader_in_another_process_is_fenced_by_a_newer_open(shared: Place) -> None:
     child = _child(shared, "lead")
     try:
@@ -64,6 +71,7 @@ def test_a_leader_in_another_process_is_fenced_by_a_newer_open(shared: Place) ->
     assert out.startswith("fenced:"), (out, err)
     assert child.returncode == 0, err
     assert _names(shared) == ["parent"]
+    assert all(user != "child" for _, _, user in _audited(shared))  # no event of its commit
 
 
 def test_this_process_is_fenced_by_a_newer_open_in_another(shared: Place) -> None:
@@ -81,3 +89,5 @@ def test_this_process_is_fenced_by_a_newer_open_in_another(shared: Place) -> Non
     with pytest.raises(FencedError):
         leader.confirm_leadership()
     assert _names(shared) == ["before", "child"]
+    creates = [e for e in _audited(shared) if e[:2] == ("create", "databases")]
+    assert creates == [("create", "databases", ""), ("create", "databases", "child")]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from slatepy.catalog.errors import IncompatibleCatalogVersion
+from slatepy.catalog.errors import CatalogError, IncompatibleCatalogVersion
 from slatepy.catalog.objects import CATALOG_VERSION, ConfigKey, ConfigValue, Objects
 from slatepy.catalog.upgrade import v1_to_v2
 
@@ -69,11 +69,17 @@ def upgrade(objects: Objects, code: int = CATALOG_VERSION) -> tuple[Objects, int
 
     Raises:
         IncompatibleCatalogVersion: see :func:`check_version`.
+        CatalogError: a step failed on an object that is not of its version.
     """
     found = catalog_version(objects)
     check_version(found, code)
     for version in range(found, code):
-        objects = MIGRATIONS[version](objects)
+        try:
+            objects = MIGRATIONS[version](objects)
+        except msgspec.MsgspecError as exc:
+            raise CatalogError(
+                f"migrating the catalog from version {version} to {version + 1} failed: {exc}"
+            ) from None
         objects.setdefault("config", {})[_VERSION_KEY] = msgspec.json.encode(
             ConfigValue(version + 1)
         )
