@@ -425,6 +425,7 @@ class WriteHandle:
                     check=self._age_check(births),
                     idempotency=key,
                     digest=b"" if key is None else batches_digest(b.digest for b in batches),
+                    written=True,
                 )
             except StoreUnavailable as exc:
                 if not exc.definite:  # it may have landed: these windows may be applied
@@ -447,6 +448,7 @@ class WriteHandle:
         check: Callable[[int], None] | None = None,
         idempotency: tuple[str, int] | None = None,
         digest: bytes = b"",
+        written: bool = False,
     ) -> Appended | AlreadyCommitted | AlreadyApplied:
         args = CompareAndAppend(
             writer_id=self.writer_id,
@@ -458,6 +460,7 @@ class WriteHandle:
             debug=self._debug,
             idempotency=idempotency,
             digest=digest,
+            written=written,
         )
         try:
             result = self._run_unstalled(args, check)

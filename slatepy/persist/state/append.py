@@ -56,6 +56,9 @@ class CompareAndAppend:
             append is this one (its digest, or parts the state references: issue 27).
         digest: Names the batches the call applies (``batch.batches_digest``), recorded
             with ``idempotency``; empty for appends of updates.
+        written: The runs are parts of batches written before the call (which may be in the
+            trace already: rule 5a looks); False for parts the call wrote itself (fresh
+            keys: the trace cannot hold them, and the scan is skipped).
     """
 
     writer_id: str
@@ -68,6 +71,7 @@ class CompareAndAppend:
     debug: str = ""
     idempotency: tuple[str, int] | None = None
     digest: bytes = b""
+    written: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +224,7 @@ def compare_and_append(
         return refuse(UpperMismatch(args.expected, None))
     if state.upper != args.expected:
         return refuse(UpperMismatch(args.expected, state.upper))
-    twice = _applied_twice(state, args.runs)
+    twice = _applied_twice(state, args.runs) if args.written else None
     if twice is not None:
         return refuse(
             UsageError(
