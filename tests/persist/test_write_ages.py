@@ -1,6 +1,7 @@
 """GC at the age edge of the write path (issue 27, defects 1 and 2): GC passes run while
 ``compare_and_append``, ``append``, a batch write and a builder are in flight, each held
-just after its part's PUT (a store wrapper), on memory, file and S3 (moto). The clock then
+just after its part's PUT (a store wrapper), and while a batch append is held before its
+consensus entry's PUT, on memory, file and S3 (moto). The clock then
 jumps past ``batch_lease`` so GC deletes the unreferenced part: the write must be refused
 (its parts are older than ``batch_lease / 2``), never commit a state naming a deleted part.
 Also: a long-lived builder is dated by its first part, and ``write_stall_timeout`` is
@@ -55,44 +56,65 @@ def location_fixture(
         yield open_store(backend.url, backend.settings), backend.settings
 
 
-class PartPause:
-    """Holds the first part PUT (after it landed) until released."""
+class Pause:
+    """Holds one PUT until released: the first part PUT once it landed, or (``at_cas``)
+    the first consensus entry PUT after :meth:`arm`, before it lands."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, at_cas: bool = False) -> None:
+        self.at_cas = at_cas
+        self.armed = not at_cas
         self.reached = threading.Event()
         self.resume = threading.Event()
 
+    def arm(self) -> None:
+        self.armed = True
+
+    def before_put(self, path: str) -> None:
+        if self.at_cas and self.armed and path.startswith("consensus/"):
+            self._hold()
+
     def after_put(self, path: str) -> None:
-        if "/part/" in path and not self.reached.is_set():
+        if not self.at_cas and "/part/" in path:
+            self._hold()
+
+    def _hold(self) -> None:
+        if not self.reached.is_set():
             self.reached.set()
-            assert self.resume.wait(30), "nobody released the paused part PUT"
+            assert self.resume.wait(30), "nobody released the paused PUT"
 
 
-def _caa(write: WriteHandle) -> None:
+def _caa(write: WriteHandle, pause: Pause) -> None:
     write.compare_and_append(BIG, 1, 2)
 
 
-def _append(write: WriteHandle) -> None:
+def _append(write: WriteHandle, pause: Pause) -> None:
     write.append(BIG, 1, 2)
 
 
-def _batch(write: WriteHandle) -> None:
+def _batch(write: WriteHandle, pause: Pause) -> None:
     batch = write.batch(BIG, 1, 2)
     write.compare_and_append_batch([batch], 1, 2)
 
 
-def _builder(write: WriteHandle) -> None:
+def _builder(write: WriteHandle, pause: Pause) -> None:
     builder = write.builder(1)
     builder.extend(BIG)  # spills: 2 KiB >= builder_buffer_bytes
     builder.add(b"late", b"v", 1, 1)
     write.compare_and_append_batch([builder.finish(2)], 1, 2)
 
 
-WRITES: dict[str, Callable[[WriteHandle], None]] = {
+def _batch_at_cas(write: WriteHandle, pause: Pause) -> None:
+    batch = write.batch(BIG, 1, 2)
+    pause.arm()  # held at its CAS: GC's fence lands first, then the retry checks the age
+    write.compare_and_append_batch([batch], 1, 2)
+
+
+WRITES: dict[str, Callable[[WriteHandle, Pause], None]] = {
     "compare_and_append": _caa,
     "append": _append,
     "batch": _batch,
     "builder": _builder,
+    "batch_at_cas": _batch_at_cas,
 }
 
 
@@ -102,12 +124,12 @@ def test_gc_during_a_write_in_flight_never_leaves_a_state_naming_a_deleted_part(
 ) -> None:
     raw, store_settings = location
     clock = Clock(time.time())
-    pause = PartPause()
+    pause = Pause(at_cas=kind == "batch_at_cas")
     settings = dataclasses.replace(HOLLOW, builder_buffer_bytes=1024)
     with (
         manual(
             PersistClient.open(
-                InterceptStore(raw, after_put=pause.after_put),
+                InterceptStore(raw, pause.before_put, after_put=pause.after_put),
                 settings=settings,
                 store_settings=store_settings,
                 clock=clock,
@@ -123,7 +145,7 @@ def test_gc_during_a_write_in_flight_never_leaves_a_state_naming_a_deleted_part(
 
         def run() -> None:
             try:
-                WRITES[kind](write)
+                WRITES[kind](write, pause)
             except BaseException as exc:  # the test inspects it
                 errors.append(exc)
 
