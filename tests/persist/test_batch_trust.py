@@ -61,6 +61,13 @@ def test_a_replay_of_the_callers_own_landed_append_is_answered_as_its_own(
     assert snapshot(hollow, 0) == [upd(b"a", 0)]
     with pytest.raises(UsageError, match="applied"):
         again.delete()  # it is referenced: GC alone may delete it
+    # The same key with the landed batch and one more: neither True nor False is so.
+    extra = replay.batch([upd(b"c", 0)], 0, None)
+    with nothing_committed(hollow), pytest.raises(UsageError, match="shares parts"):
+        replay.compare_and_append_batch(
+            [replay.batch_from_bytes(shipped), extra], 1, 2, idempotency=("sink", 1), forward=True
+        )
+    extra.delete()
     # Another batch under a recorded key is someone else's append: False, not referenced.
     other = replay.batch([upd(b"b", 0)], 0, None)
     assert not replay.compare_and_append_batch([other], 1, 2, idempotency=("sink", 1), forward=True)

@@ -155,10 +155,12 @@ def compare_and_append(
        caller's own landed attempt, before any other answer (issue 27, defect 3).
     2a. With ``idempotency=(key, id)`` and ``key`` recorded at ``id`` or beyond (and not
        expired by ``idempotency_ttl``): if the recorded append is this one — its digest
-       is the call's, or the state references a part of the call — NoOp(``AlreadyApplied(
-       ours=True)``): the caller's own append, whose parts must stay. Otherwise
-       NoOp(``AlreadyApplied``) — whatever the uppers, the writer's registration or the
-       shard being closed; the call's parts are then referenced by no state.
+       is the call's (or, recorded without a digest, the state references a part of the
+       call) — NoOp(``AlreadyApplied(ours=True)``): the caller's own append, whose parts
+       must stay. A recorded append of other batches sharing a part with the call:
+       ``UsageError`` (neither answer is true). Otherwise NoOp(``AlreadyApplied``) —
+       whatever the uppers, the writer's registration or the shard being closed; the
+       call's parts are then referenced by no state.
     3. The writer is not registered: if an earlier attempt was uncertain and the upper is
        not ``expected``, ``Indeterminate`` (it may have landed and the writer expired since,
        taking the token with it: never a guess); else if the handle had registered,
@@ -201,8 +203,19 @@ def compare_and_append(
             applied.applied_ms >= state.walltime_ms - settings.idempotency_ttl_ms
         )
         if applied is not None and fresh and applied.id >= idempotency[1]:
-            if (args.digest and applied.digest == args.digest) or _referenced(state, args.runs):
+            if args.digest and applied.digest == args.digest:
                 return noop(AlreadyApplied(applied.id, applied.upper, ours=True))
+            if _referenced(state, args.runs):
+                if not applied.digest:  # recorded before digests: the parts say it is ours
+                    return noop(AlreadyApplied(applied.id, applied.upper, ours=True))
+                return refuse(
+                    UsageError(
+                        f"idempotency key {idempotency[0]!r} is recorded at id {applied.id} by "
+                        "an append of other batches that shares parts with this call: not "
+                        "the same append, and its parts are referenced; apply the same "
+                        "batches as the recorded append, or new ones"
+                    )
+                )
             return noop(AlreadyApplied(applied.id, applied.upper))
     if writer is None:
         if args.uncertain and state.upper != args.expected:
