@@ -18,7 +18,15 @@ MIN_SAFE_LEASE = 3600.0
 be safe (RFC 0015 §3.2, §6.4; the same assumption as RFC 0003)."""
 
 
-_KINDS: dict[str, tuple[type, ...]] = {"float": (int, float), "int": (int,), "bool": (bool,)}
+_KINDS: dict[str, tuple[type, ...]] = {
+    "float": (int, float),
+    "float | None": (int, float, type(None)),
+    "int": (int,),
+    "bool": (bool,),
+}
+
+DEFAULT_STALL_TIMEOUT = 60.0
+"""Seconds an append waits for compaction by default (capped at ``batch_lease / 4``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +63,10 @@ class PersistSettings:
             at least (the spine's small fanout, RFC 0015 §8.1): each merge is a blob write
             and a state change, so 2 (pairs) would cost about one of each per small append.
         write_stall_timeout: Seconds an append waits for compaction at
-            ``max_trace_batches`` before it fails with ``WriteStalled``.
+            ``max_trace_batches`` before it fails with ``WriteStalled``; at most
+            ``batch_lease / 4`` (its parts are written before it waits, and a batch may be
+            applied only within ``batch_lease / 2`` of being written). None (the default):
+            the smaller of 60 s and ``batch_lease / 4`` (see :attr:`stall_timeout`).
         max_handles: Most leased readers, and most writers, one shard registers.
         idempotency_ttl: Seconds an idempotency key (``compare_and_append_batch(...,
             idempotency=(key, id))``) stays recorded after its last append; a replay older
@@ -90,7 +101,7 @@ class PersistSettings:
     listen_poll_max: float = 1.0
     max_trace_batches: int = 2000
     small_merge_batches: int = 8
-    write_stall_timeout: float = 60.0
+    write_stall_timeout: float | None = None
     max_handles: int = 1000
     idempotency_ttl: float = 7 * 24 * 3600.0
     max_idempotency_keys: int = 1000
@@ -133,7 +144,18 @@ class PersistSettings:
             (self.listen_poll_max > 0, "listen_poll_max must be > 0"),
             (self.max_trace_batches >= 8, "max_trace_batches must be >= 8"),
             (2 <= self.small_merge_batches <= 64, "small_merge_batches must be in [2, 64]"),
-            (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
+            (
+                self.write_stall_timeout is None or self.write_stall_timeout > 0,
+                "write_stall_timeout must be > 0",
+            ),
+            (
+                self.write_stall_timeout is None
+                or self.write_stall_timeout <= self.batch_lease / 4,
+                f"write_stall_timeout ({self.write_stall_timeout} s) must be at most "
+                f"batch_lease / 4 ({self.batch_lease / 4} s): an append's parts are written "
+                "before it waits, a batch may be applied only within batch_lease / 2 of being "
+                "written, and GC deletes unreferenced parts older than batch_lease",
+            ),
             (self.max_handles >= 1, "max_handles must be >= 1"),
             (self.idempotency_ttl > 0, "idempotency_ttl must be > 0 seconds"),
             (self.max_idempotency_keys >= 1, "max_idempotency_keys must be >= 1"),
@@ -159,6 +181,14 @@ class PersistSettings:
             return msgspec.convert(data, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise InvalidArgument(f"invalid persist settings: {exc}") from exc
+
+    @property
+    def stall_timeout(self) -> float:
+        """Seconds an append waits for compaction: ``write_stall_timeout``, or by default
+        the smaller of 60 s and ``batch_lease / 4``."""
+        if self.write_stall_timeout is not None:
+            return self.write_stall_timeout
+        return min(DEFAULT_STALL_TIMEOUT, self.batch_lease / 4)
 
     @property
     def writer_lease_ms(self) -> int:

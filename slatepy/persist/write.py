@@ -16,16 +16,24 @@ applied with ``compare_and_append_batch`` to any ``[expected, new)`` it covers, 
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-import msgspec
-
-from slatepy.errors import ClosedError, CorruptionError, WriteStalled
-from slatepy.format.envelope import seal, unseal
+from slatepy.errors import ClosedError, StoreUnavailable, WriteStalled
 from slatepy.persist import frontier
+from slatepy.persist.batch import (
+    BATCH_FORMAT_VERSION,
+    BATCH_MAGIC,
+    Batch,
+    BatchBuilder,
+    BatchRecord,
+    batches_digest,
+    check_reapply,
+    clamp_hollow,
+    decode_batch,
+    record_digest,
+)
 from slatepy.persist.codec import (
     Update,
     check_bounds,
@@ -34,6 +42,7 @@ from slatepy.persist.codec import (
     check_updates,
     consolidate,
 )
+from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import UpperMismatch, UsageError
 from slatepy.persist.ids import new_token
 from slatepy.persist.machine import ShardMachine, rerun_as_is
@@ -49,6 +58,7 @@ from slatepy.persist.state.append import (
     check_batch_covers,
     check_idempotency,
     compare_and_append,
+    heartbeat_upper,
 )
 from slatepy.persist.state.outcome import Maintenance
 from slatepy.persist.state.records import (
@@ -59,15 +69,21 @@ from slatepy.persist.state.records import (
     forward_runs,
     narrow_runs,
 )
+
+__all__ = [
+    "BATCH_FORMAT_VERSION",
+    "BATCH_MAGIC",
+    "Batch",
+    "BatchBuilder",
+    "BatchRecord",
+    "WriteHandle",
+]
 from slatepy.persist.state.transitions import (
     ExpireWriter,
     HeartbeatWriter,
     expire_writer,
     heartbeat_writer,
 )
-
-BATCH_MAGIC = b"SLPB"
-BATCH_FORMAT_VERSION = 1
 
 APPEND_ATTEMPTS = 64
 """Rounds ``append`` retries after an ``UpperMismatch`` (each a concurrent writer's commit)."""
@@ -90,170 +106,6 @@ def _check_range(lower: object, upper: object, names: tuple[str, str]) -> None:
 
 def _mark_uncertain(args: CompareAndAppend) -> CompareAndAppend:
     return dataclasses.replace(args, uncertain=True)
-
-
-class BatchRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What a shipped batch carries: its shard, writer, bounds, parts and birth time."""
-
-    shard_id: str
-    writer_id: str
-    lower: int
-    upper: int | None
-    runs: Runs
-    written_ms: int
-
-
-def _check_record(record: BatchRecord) -> None:
-    """Check what the state would otherwise take on trust from shipped bytes.
-
-    Raises:
-        CorruptionError: bounds out of order, an empty run or part, a part window outside
-            the batch, or a part key outside the shard's part directory.
-    """
-    problem = None
-    if not frontier.lt(record.lower, record.upper):
-        problem = f"bounds [{record.lower}, {record.upper})"
-    for run in record.runs:
-        if not run:
-            problem = "an empty run"
-        for part in run:
-            window = part.window
-            if part.updates < 1:
-                problem = "a part without updates"
-            elif window is not None and (
-                window.lower < record.lower or not frontier.le(window.upper, record.upper)
-            ):
-                problem = f"a part window [{window.lower}, {window.upper}) outside the batch"
-            elif isinstance(part, HollowPart) and not _PART_KEY.fullmatch(part.key):
-                problem = f"a part key {part.key!r}"
-    if problem is not None:
-        raise CorruptionError(f"persist batch: {problem}")
-
-
-_PART_KEY = re.compile(r"part/[A-Za-z0-9._-]+/c?[0-9a-f]{32}\.sst")
-_batch_encoder = msgspec.msgpack.Encoder()
-_batch_decoder = msgspec.msgpack.Decoder(BatchRecord)
-
-
-class Batch:
-    """Updates for ``[lower, upper)`` written to blob (or held inline), not yet applied.
-    Apply it with ``WriteHandle.compare_and_append_batch``; it stays usable after an
-    ``UpperMismatch``, and may be applied again for another range it covers.
-
-    Attributes:
-        record: The batch's shard, bounds, parts and the time it was written.
-    """
-
-    def __init__(self, record: BatchRecord, parts: PartWriter) -> None:
-        self.record = record
-        self._parts = parts
-
-    @property
-    def shard_id(self) -> str:
-        return self.record.shard_id
-
-    @property
-    def lower(self) -> int:
-        return self.record.lower
-
-    @property
-    def upper(self) -> int | None:
-        return self.record.upper
-
-    def to_bytes(self) -> bytes:
-        """The batch as bytes for another process (``WriteHandle.batch_from_bytes``)."""
-        payload = _batch_encoder.encode(self.record)
-        return seal(BATCH_MAGIC, BATCH_FORMAT_VERSION, payload)
-
-    def delete(self) -> None:
-        """Delete the batch's blobs now: only for a batch that was never applied (best
-        effort; GC deletes unreferenced parts after ``batch_lease`` anyway)."""
-        self._parts.delete(self.record.runs)
-
-
-class BatchBuilder:
-    """Builds a batch from updates added one at a time, in bounded memory: a full buffer
-    (``builder_buffer_bytes``) is sorted, consolidated and written as one run of parts.
-    Open with ``WriteHandle.builder(lower)``."""
-
-    def __init__(self, handle: WriteHandle, lower: int) -> None:
-        self.lower = lower
-        self._handle = handle
-        self._buffer: list[Update] = []
-        self._bytes = 0
-        self._runs: list[Run] = []
-        self._max_time: int | None = None
-        self._finished = False
-
-    def add(self, key: bytes, value: bytes, time: int, diff: int) -> None:
-        """Add one update (``time >= lower``; ``< upper`` is checked by :meth:`finish`).
-
-        Raises:
-            UsageError: a malformed update, or the builder is finished.
-        """
-        self._check_open()
-        (update,) = check_updates([((key, value), time, diff)], self.lower, None)
-        self._buffer.append(update)
-        self._bytes += len(key) + len(value) + 32
-        self._max_time = time if self._max_time is None else max(self._max_time, time)
-        if self._bytes >= self._handle._machine.settings.builder_buffer_bytes:
-            self._flush(inline_budget=0)
-
-    def extend(self, updates: Iterable[Update]) -> None:
-        """Add many updates at once (checked as a column, as ``compare_and_append`` does:
-        much cheaper per update than :meth:`add`); after the call, a buffer at
-        ``builder_buffer_bytes`` or more is written as a run (so memory is bounded by that
-        plus one call's updates: feed it in chunks).
-
-        Raises:
-            UsageError: a malformed update (nothing of the call is added), or the builder is
-                finished.
-        """
-        self._check_open()
-        checked = check_updates(updates, self.lower, None)
-        if not checked:
-            return
-        self._buffer.extend(checked)
-        self._bytes += sum(len(k) + len(v) + 32 for (k, v), _, _ in checked)
-        top = max(update[1] for update in checked)
-        self._max_time = top if self._max_time is None else max(self._max_time, top)
-        if self._bytes >= self._handle._machine.settings.builder_buffer_bytes:
-            self._flush(inline_budget=0)
-
-    @property
-    def max_time(self) -> int | None:
-        """The largest time added so far (None: nothing added)."""
-        return self._max_time
-
-    def finish(self, upper: int | None) -> Batch:
-        """The batch of every added update for ``[lower, upper)``.
-
-        Raises:
-            InvalidBounds: ``upper`` is not beyond ``lower``.
-            UsageError: an added time is not before ``upper`` (the parts written so far
-                are deleted), or the builder is finished.
-        """
-        self._check_open()
-        self._finished = True
-        try:
-            _check_range(self.lower, upper, ("lower", "upper"))
-            if self._max_time is not None and not frontier.lt(self._max_time, upper):
-                raise UsageError(f"an added update has time {self._max_time}, not before {upper}")
-        except UsageError:
-            self._handle._parts.delete(tuple(self._runs))
-            raise
-        self._flush(inline_budget=None if not self._runs else 0)
-        return self._handle._new_batch(tuple(self._runs), self.lower, upper)
-
-    def _flush(self, *, inline_budget: int | None) -> None:
-        consolidated = consolidate(self._buffer)
-        self._buffer, self._bytes = [], 0
-        if consolidated:
-            self._runs.append(self._handle._write_run(consolidated, inline_budget))
-
-    def _check_open(self) -> None:
-        if self._finished:
-            raise UsageError("this batch builder is finished; open a new one")
 
 
 class WriteHandle:
@@ -298,16 +150,28 @@ class WriteHandle:
             self._upper = self._machine.fetch().upper
             return self._upper
 
+    @property
+    def settings(self) -> PersistSettings:
+        return self._machine.settings
+
+    def now_ms(self) -> int:
+        """This client's clock, in ms (the one batch ages are judged by)."""
+        return self._machine.now_ms()
+
     def compare_and_append(
         self, updates: Iterable[Update], expected_upper: int, new_upper: int | None
     ) -> None:
         """Append ``updates`` (times in ``[expected_upper, new_upper)``) iff the shard's
         upper is ``expected_upper``, moving it to ``new_upper`` (``None`` closes the shard).
+        With no updates and ``new_upper == expected_upper`` the call is the seed's writer
+        heartbeat: it extends the writer's lease iff the upper is ``expected_upper``.
 
         Raises:
             InvalidBounds: ``new_upper`` is not beyond ``expected_upper`` (before the upper
-                is looked at).
-            UsageError: an update is malformed or outside the bounds; the writer expired.
+                is looked at), unless it is a heartbeat.
+            UsageError: an update is malformed or outside the bounds; the writer expired;
+                the parts written grew older than half of ``batch_lease`` before the commit
+                (they are deleted; nothing was appended).
             UpperMismatch: the shard's upper is not ``expected_upper`` (nothing appended;
                 ``.current`` is the upper, also in :attr:`upper` now).
             StoreUnavailable / Indeterminate: storage failed; ``definite=False`` when the
@@ -315,10 +179,33 @@ class WriteHandle:
         """
         with self._lock:
             self._check_live()
+            if type(expected_upper) is int and new_upper == expected_upper:
+                items = list(updates)
+                if not items:
+                    self._heartbeat_upper(check_time(expected_upper, "expected upper"))
+                    return
+                updates = items
             _check_range(expected_upper, new_upper, ("expected upper", "new upper"))
             checked = check_updates(updates, expected_upper, new_upper)
+            born = self.now_ms()  # before the first part is put: its age is at least this
             runs = self._write_runs(checked)
-            self._commit(runs, expected_upper, new_upper)
+            self._commit(runs, expected_upper, new_upper, check=self._young(runs, [born]))
+
+    def _heartbeat_upper(self, upper: int) -> None:
+        args = CompareAndAppend(
+            writer_id=self.writer_id,
+            token=new_token(),
+            expected=upper,
+            new=upper,
+            runs=(),
+            registered=self._registered,
+        )
+        try:
+            self._machine.run(heartbeat_upper, args, on_uncertain=rerun_as_is)
+        except UpperMismatch as exc:
+            self._upper = exc.current
+            raise
+        self._upper = frontier.join(self._upper, upper)
 
     def append(self, updates: Iterable[Update], lower: int, upper: int | None) -> None:
         """Append ``updates`` for ``[lower, upper)``, safe to retry and to race with
@@ -328,21 +215,41 @@ class WriteHandle:
 
         Raises:
             InvalidBounds: ``lower`` is not before ``upper``.
-            UsageError: malformed updates, or the shard is closed.
+            UsageError: malformed updates, or the shard is closed; the parts grew older
+                than half of ``batch_lease`` before the commit (deleted, nothing appended).
             UpperMismatch: the shard's upper is below ``lower`` (a gap would open).
         """
         with self._lock:
             self._check_live()
             _check_range(lower, upper, ("lower", "upper"))
             checked = check_updates(updates, lower, upper)
+            born = self.now_ms()
             runs = self._write_runs(checked)
             try:
-                self._append_runs(runs, lower, upper)
+                self._append_runs(runs, lower, upper, self._young(runs, [born]))
             except (UsageError, UpperMismatch):
                 self._parts.delete(runs)
                 raise
 
-    def _append_runs(self, runs: Runs, lower: int, upper: int | None) -> None:
+    def _young(self, runs: Runs, births: list[int]) -> Callable[[int], None] | None:
+        """The check, before each CAS, that blobs written at ``births`` are young enough
+        to be referenced (RFC §6.4; issue 27 defect 2): None when ``runs`` has no blob."""
+        if not any(isinstance(part, HollowPart) for run in runs for part in run):
+            return None
+        return self._age_check(births)
+
+    def _age_check(self, births: list[int]) -> Callable[[int], None]:
+        settings = self._machine.settings
+
+        def young_enough(now_ms: int) -> None:
+            for written_ms in births:
+                check_batch_age(written_ms, now_ms, settings)
+
+        return young_enough
+
+    def _append_runs(
+        self, runs: Runs, lower: int, upper: int | None, check: Callable[[int], None] | None
+    ) -> None:
         refreshed = False
         for _ in range(APPEND_ATTEMPTS):
             try:
@@ -358,7 +265,7 @@ class WriteHandle:
                 return
             narrowed = narrow_runs(runs, case.expected, upper) if case.narrowed else runs
             try:
-                self._commit(narrowed, case.expected, upper, delete_on_mismatch=False)
+                self._commit(narrowed, case.expected, upper, delete_on_mismatch=False, check=check)
                 return
             except UpperMismatch:
                 refreshed = True
@@ -367,9 +274,9 @@ class WriteHandle:
 
     def _write_runs(self, updates: list[Update]) -> Runs:
         consolidated = consolidate(updates)
-        return (self._write_run(consolidated, None),) if consolidated else ()
+        return (self.write_run(consolidated, None),) if consolidated else ()
 
-    def _write_run(self, consolidated: list[Update], inline_budget: int | None) -> Run:
+    def write_run(self, consolidated: list[Update], inline_budget: int | None) -> Run:
         """One run of consolidated updates; inline while it fits ``inline_budget`` (None:
         what the state's inline allowance has left)."""
         if inline_budget is None:
@@ -377,14 +284,24 @@ class WriteHandle:
             inline_budget = max(0, self._machine.settings.inline_state_max_bytes - used)
         return self._parts.write_run(consolidated, inline_budget=inline_budget)
 
-    def _new_batch(self, runs: Runs, lower: int, upper: int | None) -> Batch:
+    def delete_runs(self, runs: Runs) -> None:
+        """Delete the blobs of runs this handle wrote and never applied (best effort)."""
+        self._parts.delete(runs)
+
+    @staticmethod
+    def check_range(lower: object, upper: object, names: tuple[str, str]) -> None:
+        _check_range(lower, upper, names)
+
+    def new_batch(self, runs: Runs, lower: int, upper: int | None, born: int | None) -> Batch:
+        """A batch of ``runs`` dated ``born`` (read before its first part was put; None:
+        no part was put before now)."""
         record = BatchRecord(
             shard_id=self.shard_id,
             writer_id=self.writer_id,
             lower=lower,
             upper=upper,
             runs=runs,
-            written_ms=self._machine.now_ms(),
+            written_ms=self.now_ms() if born is None else born,
         )
         return Batch(record, self._parts)
 
@@ -397,8 +314,9 @@ class WriteHandle:
         """
         self._check_live()
         _check_range(lower, upper, ("lower", "upper"))
-        runs = self._write_runs(check_updates(updates, lower, upper))
-        return self._new_batch(runs, lower, upper)
+        checked = check_updates(updates, lower, upper)
+        born = self.now_ms()
+        return self.new_batch(self._write_runs(checked), lower, upper, born)
 
     def builder(self, lower: int) -> BatchBuilder:
         """A builder of a batch starting at ``lower``, fed one update at a time.
@@ -410,25 +328,22 @@ class WriteHandle:
         return BatchBuilder(self, check_time(lower, "lower"))
 
     def batch_from_bytes(self, data: bytes) -> Batch:
-        """A batch shipped by :meth:`Batch.to_bytes` (from any process).
+        """A batch shipped by :meth:`Batch.to_bytes` (from any process). Everything it
+        claims is checked first (``batch.check_record``); its blob parts are read only
+        within its bounds.
 
         Raises:
-            CorruptionError: the bytes are not a batch.
+            CorruptionError: the bytes are not a batch, or a claim does not hold (named).
             UsageError: the batch belongs to another shard.
         """
         if not isinstance(data, bytes | bytearray | memoryview):  # bytes(7) is 7 zero bytes
             raise UsageError(f"batch_from_bytes needs bytes, not {type(data).__name__}")
-        try:
-            _, payload = unseal(bytes(data), BATCH_MAGIC, (BATCH_FORMAT_VERSION,), "persist batch")
-            record = _batch_decoder.decode(payload)
-        except msgspec.DecodeError as exc:
-            raise CorruptionError(f"persist batch: cannot decode: {exc}") from exc
+        record = decode_batch(bytes(data), self._machine.settings.inline_state_max_bytes)
         if record.shard_id != self.shard_id:
             raise UsageError(
                 f"a batch of shard {record.shard_id!r} cannot be applied to {self.shard_id!r}"
             )
-        _check_record(record)
-        return Batch(record, self._parts)
+        return Batch(clamp_hollow(record), self._parts, digest=record_digest(record))
 
     def compare_and_append_batch(
         self,
@@ -442,28 +357,32 @@ class WriteHandle:
         """Apply written batches iff the shard's upper is ``expected_upper``, moving it to
         ``new_upper``. Each batch must cover ``[expected_upper, new_upper)``; its updates
         outside that range are dropped (a window, no rewrite). The batches stay usable after
-        an ``UpperMismatch``.
+        an ``UpperMismatch``; a batch is never applied twice for the same written times.
 
         Args:
             idempotency: ``(key, id)`` recorded in the same state change as the append
-                (RFC 0015 Addendum E). If the shard already records ``key`` at ``id`` or
-                beyond, nothing is appended, whatever the uppers, and the call returns
-                False (the caller deletes its batches). Ids of one key must grow with
-                each logical append (a Spark micro-batch id, a sequence number).
+                (RFC 0015 Addendum E), with a digest of the batches. If the shard already
+                records ``key`` at ``id`` or beyond, nothing is appended, whatever the
+                uppers: the call returns True if that append was of these very batches (an
+                earlier attempt of this append landed), else False (another append of the
+                key landed; no state references these batches, which the caller may
+                delete). Ids of one key must grow with each logical append.
             forward: Apply the batches above the times they were written at: each batch
                 needs only ``new_upper <= batch.upper``, and its updates before
                 ``expected_upper`` read as ``expected_upper`` (a part's ``forward``, no
-                rewrite). For a sink that mints its range at commit time.
+                rewrite). For a sink that mints its range at commit time. A forwarded
+                application takes every written time below ``new_upper``: the batch cannot
+                be applied again for any of them.
 
         Returns:
-            True when appended (or an earlier attempt of this call landed), False when the
-            idempotency key said the append was applied already.
+            True when appended (or an earlier attempt of this append landed), False when
+            the idempotency key said another append of it was applied already.
 
         Raises:
             InvalidBounds: ``new_upper`` is not beyond ``expected_upper`` (checked first).
             UsageError: a batch of another shard, one that does not cover the range, the
-                same batch twice, or one older than half of ``batch_lease``; a malformed
-                ``idempotency``.
+                same batch twice, one applied for these written times already, or one
+                older than half of ``batch_lease``; a malformed ``idempotency``.
             UpperMismatch: the shard's upper is not ``expected_upper``.
         """
         with self._lock:
@@ -473,6 +392,7 @@ class WriteHandle:
             if len({id(batch) for batch in batches}) != len(batches):
                 raise UsageError("compare_and_append_batch: the same batch was passed twice")
             runs: list[Run] = []
+            windows: dict[int, tuple[int, int | None]] = {}
             for batch in batches:
                 record = batch.record
                 if record.shard_id != self.shard_id:
@@ -486,28 +406,37 @@ class WriteHandle:
                             f"a batch of [{record.lower}, {record.upper}) cannot be applied "
                             f"forwarded up to {new_upper}: its upper must be at least that"
                         )
+                    windows[id(batch)] = (record.lower, new_upper)
                     runs.extend(forward_runs(record.runs, expected_upper, new_upper))
                     continue
                 narrow = check_batch_covers(record.lower, record.upper, expected_upper, new_upper)
+                windows[id(batch)] = (expected_upper, new_upper)
                 runs.extend(
                     narrow_runs(record.runs, expected_upper, new_upper) if narrow else record.runs
                 )
-            settings = self._machine.settings
+            check_reapply(batches, windows, key)
             births = [batch.record.written_ms for batch in batches]
-
-            def young_enough(now_ms: int) -> None:
-                for written_ms in births:
-                    check_batch_age(written_ms, now_ms, settings)
-
-            result = self._commit(
-                tuple(runs),
-                expected_upper,
-                new_upper,
-                delete_on_mismatch=False,
-                check=young_enough,
-                idempotency=key,
-            )
-            return not isinstance(result, AlreadyApplied)
+            try:
+                result = self._commit(
+                    tuple(runs),
+                    expected_upper,
+                    new_upper,
+                    delete_on_mismatch=False,
+                    check=self._age_check(births),
+                    idempotency=key,
+                    digest=b"" if key is None else batches_digest(b.digest for b in batches),
+                    written=True,
+                )
+            except StoreUnavailable as exc:
+                if not exc.definite:  # it may have landed: these windows may be applied
+                    for batch in batches:
+                        batch.uncertain.append((*windows[id(batch)], key))
+                raise
+            if isinstance(result, AlreadyApplied) and not result.ours:
+                return False
+            for batch in batches:
+                batch.applied.append(windows[id(batch)])
+            return True
 
     def _commit(
         self,
@@ -518,6 +447,8 @@ class WriteHandle:
         delete_on_mismatch: bool = True,
         check: Callable[[int], None] | None = None,
         idempotency: tuple[str, int] | None = None,
+        digest: bytes = b"",
+        written: bool = False,
     ) -> Appended | AlreadyCommitted | AlreadyApplied:
         args = CompareAndAppend(
             writer_id=self.writer_id,
@@ -528,6 +459,8 @@ class WriteHandle:
             registered=self._registered,
             debug=self._debug,
             idempotency=idempotency,
+            digest=digest,
+            written=written,
         )
         try:
             result = self._run_unstalled(args, check)
@@ -563,8 +496,9 @@ class WriteHandle:
         self, args: CompareAndAppend, check: Callable[[int], None] | None
     ) -> Appended | AlreadyCommitted | AlreadyApplied:
         """Run the append; while the trace is full (``WriteStalled``: compaction is behind)
-        wait for the state to change and rerun, up to ``write_stall_timeout``."""
-        deadline = time.monotonic() + self._machine.settings.write_stall_timeout
+        wait for the state to change and rerun, up to ``write_stall_timeout``
+        (``settings.stall_timeout``)."""
+        deadline = time.monotonic() + self._machine.settings.stall_timeout
         while True:
             try:
                 result = self._machine.run(

@@ -273,11 +273,16 @@ def test_a_lost_reply_is_answered_by_the_recorded_key(tmp_path: Path) -> None:
         assert faulty.counts.get("compare_and_set:lost_reply", 0) >= 1
         faulty.enabled = False
         shipped = batch.to_bytes()
-    # A new process (new client, new writer) replays the call: already applied.
+    # A new process (new client, new writer) replays the call with the same batch: that
+    # append landed and it is its own (issue 27 defect 3: False told it to delete parts
+    # the state references). Another batch under the key: already applied, not referenced.
     with PersistClient.open(url, consensus=inner, settings=TEST_SETTINGS) as client:
         write = client.open_writer(SHARD)
         again = write.batch_from_bytes(shipped)
-        assert not write.compare_and_append_batch([again], 5, 6, idempotency=("q", 7), forward=True)
+        assert write.compare_and_append_batch([again], 5, 6, idempotency=("q", 7), forward=True)
+        other = write.batch([upd(b"y", 1)], 1, None)
+        assert not write.compare_and_append_batch([other], 5, 6, idempotency=("q", 7), forward=True)
+        other.delete()
         assert read_all(client) == [upd(b"x", 1)]
         assert state_of(client).idempotency["q"].id == 7
     inner.close()

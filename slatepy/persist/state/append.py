@@ -27,6 +27,7 @@ from slatepy.persist.state.records import (
     Applied,
     Desc,
     HollowBatch,
+    HollowPart,
     Runs,
     State,
     Writer,
@@ -51,7 +52,13 @@ class CompareAndAppend:
         debug: Stored with a writer registered by this call.
         idempotency: ``(key, id)``, an external idempotency key recorded atomically with
             the append (Addendum E): if the shard records ``key`` at ``id`` or beyond, the
-            call is a NoOp(``AlreadyApplied``) whatever its uppers.
+            call is a NoOp(``AlreadyApplied``) whatever its uppers — unless the recorded
+            append is this one (its digest, or parts the state references: issue 27).
+        digest: Names the batches the call applies (``batch.batches_digest``), recorded
+            with ``idempotency``; empty for appends of updates.
+        written: The runs are parts of batches written before the call (which may be in the
+            trace already: rule 5a looks); False for parts the call wrote itself (fresh
+            keys: the trace cannot hold them, and the scan is skipped).
     """
 
     writer_id: str
@@ -63,6 +70,8 @@ class CompareAndAppend:
     uncertain: bool = False
     debug: str = ""
     idempotency: tuple[str, int] | None = None
+    digest: bytes = b""
+    written: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +93,13 @@ class AlreadyCommitted:
 class AlreadyApplied:
     """The call's idempotency key is recorded at ``id`` (at or beyond the call's): that
     append, or a later one of the same key, landed and set the upper to ``upper``. Nothing
-    was appended; the caller's batches are not referenced."""
+    was appended. ``ours``: the recorded append applied the call's own batches (an earlier
+    attempt of it landed; its parts are referenced: the caller reports success). Else the
+    caller's batches are referenced by no state."""
 
     id: int
     upper: int | None
+    ours: bool = False
 
 
 def check_idempotency(idempotency: object) -> tuple[str, int] | None:
@@ -139,27 +151,34 @@ def compare_and_append(
 
     1. ``InvalidBounds`` unless ``new`` is beyond ``expected`` — before the upper is
        looked at; ``UsageError`` for an empty token or runs with an empty run or part.
-    1a. With ``idempotency=(key, id)`` and ``key`` recorded at ``id`` or beyond (and not
-       expired by ``idempotency_ttl``): NoOp(``AlreadyApplied``) — whatever the uppers,
-       the writer's registration or the shard being closed. This also answers the retry of
-       an attempt whose reply was lost.
-    2. The writer is not registered: if an earlier attempt was uncertain and the upper is
+    2. The writer's ``most_recent_token`` is ``token``: NoOp(``AlreadyCommitted``) — the
+       caller's own landed attempt, before any other answer (issue 27, defect 3).
+    2a. With ``idempotency=(key, id)`` and ``key`` recorded at ``id`` or beyond (and not
+       expired by ``idempotency_ttl``): if the recorded append is this one — its digest
+       is the call's (or, recorded without a digest, the state references a part of the
+       call) — NoOp(``AlreadyApplied(ours=True)``): the caller's own append, whose parts
+       must stay. A recorded append of other batches sharing a part with the call:
+       ``UsageError`` (neither answer is true). Otherwise NoOp(``AlreadyApplied``) —
+       whatever the uppers, the writer's registration or the shard being closed; the
+       call's parts are then referenced by no state.
+    3. The writer is not registered: if an earlier attempt was uncertain and the upper is
        not ``expected``, ``Indeterminate`` (it may have landed and the writer expired since,
        taking the token with it: never a guess); else if the handle had registered,
        ``UsageError`` (lease expired). Otherwise the append registers it.
-    3. The writer's ``most_recent_token`` is ``token``: NoOp(``AlreadyCommitted``).
     4. The shard is finalized or closed: ``UpperMismatch(expected, None)``.
     5. The upper is not ``expected``: ``UpperMismatch(expected, upper)``. With an
        uncertain earlier attempt this is the idempotency table's "another token" row: the
        handle serializes its calls, so a landed attempt would have left our token.
+    5a. ``UsageError`` when a part of the call is in the trace already for overlapping
+       written times (a batch applied twice, issue 27 defect 8).
     6. ``WriteStalled`` when the trace holds ``max_trace_batches`` (compaction is behind)
        and the batch has data; progress-only appends go on (empty batches merge with their
        empty neighbours, so they add at most one batch).
     7. Append ``HollowBatch(next_batch_id, Desc(expected, new), runs)``, set ``upper =
        new``, record ``token``/``new``/heartbeat on the writer (registering it), record
-       ``idempotency`` as ``Applied(id, new, walltime)`` (dropping expired keys, evicting
-       the least recently applied beyond ``max_idempotency_keys``), and run the spine rule
-       (metadata merges, claims for this writer).
+       ``idempotency`` as ``Applied(id, new, walltime, digest)`` (dropping expired keys,
+       evicting the least recently applied beyond ``max_idempotency_keys``), and run the
+       spine rule (metadata merges, claims for this writer).
 
     Keeps: the trace stays contiguous from 0 to the upper, which only grows; a token is
     committed at most once.
@@ -175,14 +194,29 @@ def compare_and_append(
         idempotency = check_idempotency(args.idempotency)
     except UsageError as exc:
         return refuse(exc)
+    writer = state.writers.get(args.writer_id)
+    if writer is not None and writer.most_recent_token == args.token:
+        return noop(AlreadyCommitted(writer.most_recent_upper))
     if idempotency is not None:
         applied = state.idempotency.get(idempotency[0])
         fresh = applied is not None and (
             applied.applied_ms >= state.walltime_ms - settings.idempotency_ttl_ms
         )
         if applied is not None and fresh and applied.id >= idempotency[1]:
+            if args.digest and applied.digest == args.digest:
+                return noop(AlreadyApplied(applied.id, applied.upper, ours=True))
+            if _referenced(state, args.runs):
+                if not applied.digest:  # recorded before digests: the parts say it is ours
+                    return noop(AlreadyApplied(applied.id, applied.upper, ours=True))
+                return refuse(
+                    UsageError(
+                        f"idempotency key {idempotency[0]!r} is recorded at id {applied.id} by "
+                        "an append of other batches that shares parts with this call: not "
+                        "the same append, and its parts are referenced; apply the same "
+                        "batches as the recorded append, or new ones"
+                    )
+                )
             return noop(AlreadyApplied(applied.id, applied.upper))
-    writer = state.writers.get(args.writer_id)
     if writer is None:
         if args.uncertain and state.upper != args.expected:
             return refuse(
@@ -199,12 +233,18 @@ def compare_and_append(
                     "new writer"
                 )
             )
-    elif writer.most_recent_token == args.token:
-        return noop(AlreadyCommitted(writer.most_recent_upper))
     if state.finalized or state.upper is None:
         return refuse(UpperMismatch(args.expected, None))
     if state.upper != args.expected:
         return refuse(UpperMismatch(args.expected, state.upper))
+    twice = _applied_twice(state, args.runs) if args.written else None
+    if twice is not None:
+        return refuse(
+            UsageError(
+                f"compare_and_append: part {twice} is in the trace already for overlapping "
+                "written times; a batch applied twice would count its updates twice"
+            )
+        )
     if args.runs and len(state.trace) >= settings.max_trace_batches:
         return refuse(
             WriteStalled(
@@ -230,7 +270,7 @@ def compare_and_append(
     if idempotency is not None:
         key, applied_id = idempotency
         idempotency_map = recorded(
-            state.idempotency, key, Applied(applied_id, args.new, now), now, settings
+            state.idempotency, key, Applied(applied_id, args.new, now, args.digest), now, settings
         )
     appended = msgspec.structs.replace(
         state,
@@ -305,15 +345,88 @@ def check_batch_covers(
 
 
 def check_batch_age(written_ms: int, now_ms: int, settings: PersistSettings) -> None:
-    """Check that a batch written at ``written_ms`` may still be applied at ``now_ms``:
-    within half of ``batch_lease``, so GC (which deletes unreferenced parts older than the
-    lease) cannot have taken its parts.
+    """Check that a batch written at ``written_ms`` (just before its oldest part) may still
+    be applied at ``now_ms``: within half of ``batch_lease``, so GC (which deletes
+    unreferenced parts older than the lease) cannot have taken its parts. A birth more
+    than a quarter of the lease ahead of ``now_ms`` is refused too: its age could not be
+    judged (a clock that far ahead, or a forged batch).
 
     Raises:
-        UsageError: the batch is too old; write it again.
+        UsageError: the batch is too old (write it again), or from the future.
     """
-    if now_ms - written_ms > settings.batch_lease_ms // 2:
+    age = now_ms - written_ms
+    if age > settings.batch_lease_ms // 2:
         raise UsageError(
-            f"batch too old: written {now_ms - written_ms} ms ago, more than half of "
+            f"batch too old: written {age} ms ago, more than half of "
             f"batch_lease ({settings.batch_lease} s); GC may delete its parts: write it again"
         )
+    if -age > settings.batch_lease_ms // 4:
+        raise UsageError(
+            f"batch from the future: written {-age} ms after this clock's now, more than a "
+            f"quarter of batch_lease ({settings.batch_lease} s); its age cannot be judged"
+        )
+
+
+def _hollow_windows(runs: Runs) -> dict[str, tuple[int, int | None]]:
+    """The hollow parts of ``runs`` by key, with the written times each stands for."""
+    return {
+        part.key: (0, None) if part.window is None else (part.window.lower, part.window.upper)
+        for run in runs
+        for part in run
+        if isinstance(part, HollowPart)
+    }
+
+
+def _referenced(state: State, runs: Runs) -> bool:
+    """Whether the trace references a hollow part of ``runs``."""
+    keys = _hollow_windows(runs)
+    return bool(keys) and any(key in keys for batch in state.trace for key in batch.part_keys())
+
+
+def _applied_twice(state: State, runs: Runs) -> str | None:
+    """The key of a hollow part of ``runs`` that the trace references for written times
+    overlapping the ones ``runs`` would add, or None."""
+    mine = _hollow_windows(runs)
+    if not mine:
+        return None
+    for batch in state.trace:
+        for part in batch.parts():
+            if isinstance(part, HollowPart) and part.key in mine:
+                theirs = (
+                    (0, None) if part.window is None else (part.window.lower, part.window.upper)
+                )
+                lo, hi = mine[part.key]
+                if frontier.lt(max(lo, theirs[0]), frontier.meet((hi, theirs[1]))):
+                    return part.key
+    return None
+
+
+def heartbeat_upper(
+    state: State, now_ms: int, settings: PersistSettings, args: CompareAndAppend
+) -> Outcome[Appended]:
+    """``compare_and_append([], u, u)``: the seed's writer heartbeat (issue 27 departure).
+
+    Rules: ``UsageError`` unless ``expected == new`` and no runs; ``UpperMismatch`` unless
+    the shard's upper is ``expected``; a writer registered before and now gone:
+    ``UsageError`` (lease expired); a writer never registered: NoOp (a heartbeat registers
+    nothing); else its lease is extended.
+    """
+    if args.expected != args.new or args.runs:
+        return refuse(UsageError("a heartbeat has no updates and new upper == expected upper"))
+    if state.finalized or state.upper is None:
+        return refuse(UpperMismatch(args.expected, None))
+    if state.upper != args.expected:
+        return refuse(UpperMismatch(args.expected, state.upper))
+    writer = state.writers.get(args.writer_id)
+    if writer is None:
+        if args.registered:
+            return refuse(
+                UsageError(
+                    f"writer {args.writer_id} is not registered: its lease expired; open a "
+                    "new writer"
+                )
+            )
+        return noop(Appended(args.expected))
+    beat = msgspec.structs.replace(writer, last_heartbeat_ms=walltime_after(state, now_ms))
+    new = successor(state, now_ms, writers={**state.writers, args.writer_id: beat})
+    return Change(new, Appended(args.expected))

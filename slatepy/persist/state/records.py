@@ -137,11 +137,14 @@ def part_times(part: Part) -> tuple[int, int | None]:
 
 class Applied(msgspec.Struct, frozen=True, array_like=True):
     """An idempotency key's latest applied id (Addendum E): the append of ``(key, id)`` set
-    the upper to ``upper`` at ``applied_ms``; any id up to ``id`` is applied."""
+    the upper to ``upper`` at ``applied_ms``; any id up to ``id`` is applied. ``digest``
+    names the batches that append applied (``batch.batches_digest``; empty in older
+    states): a replay carrying them is that append, not another (issue 27)."""
 
     id: int
     upper: int | None
     applied_ms: int
+    digest: bytes = b""
 
 
 class HollowBatch(msgspec.Struct, frozen=True, array_like=True):
