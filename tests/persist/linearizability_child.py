@@ -39,7 +39,7 @@ SETTINGS = PersistSettings(
     allow_short_leases=True,
     batch_lease=2.0,
     consensus_min_age=5.0,
-    write_stall_timeout=1.0,
+    write_stall_timeout=0.5,  # the most batch_lease / 4 allows
     gc_min_versions=8,
     merge_lease=0.5,  # a GC claim lasts 5 x merge_lease: a pass that failed blocks 2.5 s
 )
