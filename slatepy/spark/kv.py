@@ -71,8 +71,10 @@ from slatepy.engine.pinned import (
     split_points,
 )
 from slatepy.errors import InvalidArgument, NotFound
+from slatepy.gc.rules import referenced_ssts
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
+from slatepy.spark.cleanup import commit_never_ran, left_to_gc
 from slatepy.spark.codec import Column, RowCodec, prefix_end
 from slatepy.store.stack import open_stack
 
@@ -251,8 +253,9 @@ class KvWriter(DataSourceArrowWriter):
     straight to the store (no WAL, no memtable; ``engine.ingest``). ``commit`` publishes
     every task's SSTs in one manifest update: the loaded keys are newer than every write
     acknowledged before it and older than every write after it. ``abort`` deletes what the
-    successful tasks reported; what failed attempts, or tasks still running when the job
-    failed, wrote is unreferenced and GC deletes it.
+    successful tasks reported only when a task failed (no commit ran); after a failed
+    commit it deletes nothing, since the publish may have landed. Every unreferenced SST
+    (those, and what failed attempts wrote) is deleted by GC after ``gc_min_age``.
     A task holds its partition in memory: give a large DataFrame enough partitions
     (``repartitionByRange(n, key)`` also makes the SSTs of different tasks disjoint).
     """
@@ -313,11 +316,20 @@ class KvWriter(DataSourceArrowWriter):
             store.drain()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Delete the SSTs of a load whose commit never ran (a task failed); after a commit
+        ran, delete nothing: its publish may have landed (``slatepy.spark.cleanup``)."""
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
+        if not commit_never_ran(messages):
+            left_to_gc(f"bulk load into {self.url}", len(handles), "GC (after gc_min_age)")
+            return
+        if not handles:
+            return
         settings = Settings.from_env()
         store = open_stack(self.url, settings)
         try:
-            delete_ingest_ssts(store, handles)
+            loaded = ManifestStore(store).load()  # belt and braces: none can be referenced
+            referenced = referenced_ssts([loaded.manifest]) if loaded is not None else set()
+            delete_ingest_ssts(store, [h for h in handles if h.id not in referenced])
         finally:
             store.drain()
 
