@@ -75,11 +75,12 @@ from pyspark.sql.types import (
 from slatepy.errors import InvalidArgument
 from slatepy.persist import Batch, PersistClient, UpperMismatch, WriteHandle
 from slatepy.spark.cleanup import commit_never_ran, left_to_gc, log
+from slatepy.spark.codec import Column, RowCodec
 from slatepy.spark.persist_options import shard_options
 
 SINK_NAME = "slatepy.persist"
 
-COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "writerid"})
+COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "writerid", "key", "value"})
 STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path"}
 BATCH_OPTIONS = COMMON_OPTIONS | {"idempotencykey", "idempotencyid", "path"}
 
@@ -115,6 +116,9 @@ class SinkConfig:
     has_diff: bool
     writer_id: str | None
     idempotency: tuple[str, int] | None
+    codec: RowCodec | None = None
+    """With option ``key`` or ``value``: the KV source's row codec over the columns other
+    than ``diff`` and the time column (None: the columns ``key`` and ``value`` as bytes)."""
 
 
 def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkConfig:
@@ -126,15 +130,6 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
     """
     opts, url, shard = shard_options(options, STREAM_OPTIONS if stream else BATCH_OPTIONS)
     fields = {field.name: field for field in schema.fields}
-    for name in ("key", "value"):
-        field = fields.get(name)
-        if field is None:
-            raise InvalidArgument(f'slatepy.persist: the DataFrame has no "{name}" column')
-        if not isinstance(field.dataType, _BYTES_TYPES):
-            raise InvalidArgument(
-                f'slatepy.persist: column "{name}" must be binary or string, not '
-                f"{field.dataType.simpleString()}"
-            )
     time_column = opts.get("timecolumn")
     if time_column is not None:
         field = fields.get(time_column)
@@ -150,12 +145,37 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
     has_diff = "diff" in fields
     if has_diff and not isinstance(fields["diff"].dataType, _INTEGER_TYPES):
         raise InvalidArgument('slatepy.persist: column "diff" must be an integer type')
-    extra = sorted(set(fields) - {"key", "value", "diff", *([time_column] if time_column else [])})
-    if extra:
-        raise InvalidArgument(
-            f"slatepy.persist: unexpected column(s) {extra}: the sink takes key, value, "
-            'diff and the "timeColumn" option\'s column'
+    codec = None
+    if "key" in opts or "value" in opts:
+        row = [
+            Column(f.name, f.dataType.typeName(), f.nullable)
+            for f in schema.fields
+            if f.name not in ("diff", time_column)
+        ]
+        keys = [name.strip() for name in opts.get("key", "key").split(",") if name.strip()]
+        codec = RowCodec.of(row, keys, opts.get("value"))
+    else:
+        for name in ("key", "value"):
+            field = fields.get(name)
+            if field is None:
+                raise InvalidArgument(
+                    f'slatepy.persist: the DataFrame has no "{name}" column (or name the '
+                    'key column(s) with option "key", as for the slatepy source)'
+                )
+            if not isinstance(field.dataType, _BYTES_TYPES):
+                raise InvalidArgument(
+                    f'slatepy.persist: column "{name}" must be binary or string, not '
+                    f"{field.dataType.simpleString()}"
+                )
+        extra = sorted(
+            set(fields) - {"key", "value", "diff", *([time_column] if time_column else [])}
         )
+        if extra:
+            raise InvalidArgument(
+                f"slatepy.persist: unexpected column(s) {extra}: the sink takes key, value, "
+                'diff and the "timeColumn" option\'s column (or set option "key"/"value" '
+                "to encode other columns as the slatepy source does)"
+            )
     idempotency = None
     key, ident = opts.get("idempotencykey"), opts.get("idempotencyid")
     if (key is None) != (ident is None):
@@ -188,6 +208,7 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
         has_diff=has_diff,
         writer_id=writer_id,
         idempotency=idempotency,
+        codec=codec,
     )
 
 
@@ -268,8 +289,12 @@ def write_task(
             n = record_batch.num_rows
             if not n:
                 continue
-            keys = _bytes_column(record_batch, "key")
-            values = _bytes_column(record_batch, "value")
+            if config.codec is None:
+                keys = _bytes_column(record_batch, "key")
+                values = _bytes_column(record_batch, "value")
+            else:
+                names = [c.name for c in config.codec.columns]
+                keys, values = config.codec.from_batch(record_batch.select(names))
             if config.time_column is not None:
                 times = _int_column(record_batch, config.time_column, "time column")
             else:

@@ -399,3 +399,31 @@ def test_merges_that_outlast_the_commit_wait_keep_the_trace_bounded(
     assert longest <= 16, (longest, n)
     counts, upper = shard_rows(url)
     assert upper == n and len(counts) == 20 * n and set(counts.values()) == {1}
+
+
+def test_the_key_and_value_options_encode_rows_as_the_kv_source_does(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    import pyarrow as pa
+
+    from slatepy.spark.codec import Column, RowCodec
+    from slatepy.spark.persist_sink import commit_batches, write_task
+
+    url = tmp_path / "persist"  # a plain path works as the url
+    ddl = "id long, name string, t long"
+    config = sink_config(
+        {"url": str(url), "shard": SHARD, "key": "id", "timeColumn": "t"}, schema(ddl), stream=False
+    )
+    rows = pa.record_batch({"id": [2, 1], "name": ["b", "a"], "t": [0, 1]})
+    commit_batches(
+        config, [write_task(config, iter([rows]), 0, None)], idempotency=None, min_time=0
+    )
+    codec = RowCodec.of([Column("id", "long"), Column("name", "string")], ["id"], None)
+    with PersistClient.open(f"file://{url}") as client:
+        reader = client.open_leased_reader(SHARD)
+        updates = sorted(reader.snapshot(1))
+        reader.expire()
+    keys = codec.decode_keys([k for (k, _), _, _ in updates])[0]
+    names = codec.decode_values([v for (_, v), _, _ in updates])[1]
+    assert list(zip(keys, names, strict=True)) == [(1, "a"), (2, "b")]
+    with pytest.raises(InvalidArgument, match="option 'key': no column 'nope'"):
+        sink_config({"url": "memory://", "shard": SHARD, "key": "nope"}, schema(ddl), stream=False)
