@@ -39,10 +39,13 @@ The protocol (the seed's ``mint_batch_descriptions`` / ``write_batches`` /
   (``slatepy.spark.cleanup``, RFC 0025). Persist's GC deletes every unreferenced part
   (those, a replay's, failed task attempts') after ``batch_lease``.
 
-Options (case-insensitive): ``url`` and ``shard`` (required), ``timeColumn``, ``consensus``
-(a ``postgresql://`` URL; default: the log on the blob store), ``writerId`` (the idempotency
-key's name instead of the streaming query id), and for one-off writes ``idempotencyKey`` +
-``idempotencyId`` (both or neither: a retried job with the same pair appends once).
+Options (case-insensitive): ``url`` and ``shard`` (required; a plain path is a local
+location), ``timeColumn``, ``consensus`` (a ``postgresql://`` URL; default: the log on the
+blob store), ``key``/``value`` (encode other columns as the ``slatepy`` source does), for
+streams ``writerId`` (names the idempotency key, ``writer:<writerId>:<query id>``; another
+query's key under the same ``writerId`` refuses the commit: RFC 0025), and for one-off writes
+``idempotencyKey`` + ``idempotencyId`` (both or neither: a retried job with the same pair
+appends once). An append skipped as already applied is logged at WARNING.
 """
 
 from __future__ import annotations
@@ -80,8 +83,8 @@ from slatepy.spark.persist_options import shard_options
 
 SINK_NAME = "slatepy.persist"
 
-COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "writerid", "key", "value"})
-STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path"}
+COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "key", "value"})
+STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path", "writerid"}
 BATCH_OPTIONS = COMMON_OPTIONS | {"idempotencykey", "idempotencyid", "path"}
 
 MINT_ATTEMPTS = 1000
