@@ -254,12 +254,12 @@ def test_a_task_over_its_buffer_budget_spills_sorted_runs(
     monkeypatch.setattr(SortedSpill, "_spill", counted)
 
     def load(url: str, rows: int) -> int:
-        options = {"url": url, "key": "id", "bufferBytes": "262144", "targetSstBytes": "262144"}
+        options = {"url": url, "key": "id", "bufferBytes": "131072", "targetSstBytes": "131072"}
         writer = KvWriter(options, schema, overwrite=False)  # creates the database
         ids = [(i * 7919) % rows for i in range(rows)]  # every id once, shuffled ...
         batches = [
-            pa.record_batch({"id": ids[i : i + 5000], "name": [f"n{j}" for j in ids[i : i + 5000]]})
-            for i in range(0, rows, 5000)
+            pa.record_batch({"id": ids[i : i + 500], "name": [f"n{j}" for j in ids[i : i + 500]]})
+            for i in range(0, rows, 500)
         ] + [pa.record_batch({"id": [0, rows - 1], "name": ["new", "new"]})]  # ... 2 again
         tracemalloc.start()
         try:
@@ -274,8 +274,8 @@ def test_a_task_over_its_buffer_budget_spills_sorted_runs(
             assert names == ["new", "n1", "new"]
         return peak
 
-    small = load(f"file://{tmp_path}/a", 20_000)
+    small = load(f"file://{tmp_path}/a", 10_000)
     assert len(spills) >= 4
-    large = load(f"file://{tmp_path}/b", 80_000)  # ~30x the budget
+    large = load(f"file://{tmp_path}/b", 40_000)  # ~35x the budget
     assert len(spills) >= 4 + 16
     assert large < 1.5 * small + (1 << 20), (small, large)
