@@ -155,7 +155,9 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=500_000)
     parser.add_argument("--name", default="spark")
     parser.add_argument("--kv-rows", type=int, default=2_000_000, help="load/read rows")
-    parser.add_argument("--write-batch", type=int, default=1000, help="Db.write batch rows")
+    parser.add_argument(
+        "--write-batch", default="1000,10000", help="Db.write batch rows (comma-separated)"
+    )
     args = parser.parse_args()
     only = {part.strip() for part in args.only.split(",") if part.strip()}
     unknown = only - {"sink", "load", "read"}
@@ -168,7 +170,8 @@ def main() -> None:
         if only & {"load", "read"}:
             from bench.spark_kv import run_kv
 
-            run_kv(spark, args.kv_rows, args.write_batch, only)
+            batches = [int(n) for n in args.write_batch.split(",") if n.strip()]
+            run_kv(spark, args.kv_rows, batches, only)
     finally:
         spark.stop()
 

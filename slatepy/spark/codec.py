@@ -277,9 +277,17 @@ class RowCodec:
     def to_batch(self, pairs: Sequence[tuple[bytes, bytes]], schema: pa.Schema) -> pa.RecordBatch:
         """A record batch of ``schema`` (from :meth:`arrow_schema`) for ``(key, value)``."""
         keys = [k for k, _ in pairs]
-        by_index: dict[int, Sequence[Any]] = dict(
-            zip(self.key, self.decode_keys(keys), strict=True)
-        )
+        try:
+            decoded = self.decode_keys(keys)
+        except (UnicodeDecodeError, ValueError, IndexError) as exc:
+            layout = ", ".join(
+                f"{self._key_column(i).name} {self._key_column(i).type_name}"
+                for i in range(len(self.key))
+            )
+            raise InvalidArgument(
+                f"option 'key': a stored key does not decode as key column(s) ({layout}): {exc}"
+            ) from exc
+        by_index: dict[int, Sequence[Any]] = dict(zip(self.key, decoded, strict=True))
         by_index.update(self.decode_values([v for _, v in pairs]))
         arrays = [
             pa.array(by_index.get(i, [None] * len(pairs)), type=schema.field(i).type)

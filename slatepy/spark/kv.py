@@ -1,8 +1,10 @@
 """The ``slatepy`` data source: a KV database read as, and bulk-loaded from, a DataFrame
 (RFC 0016).
 
-Bulk load (the database must exist; ``.mode("append")`` is required: Spark's Python sinks
-refuse the default mode, and this one refuses ``overwrite``)::
+Bulk load (a missing database is created, as ``Db.open`` does, unless ``createIfMissing``
+is ``false``; ``.mode("append")`` is required: Spark's Python sinks refuse the default mode,
+and this one refuses ``overwrite``). The load records its columns and key columns in
+``spark/table.json`` (``slatepy.spark.table``), so a read needs no ``.schema(...)``::
 
     (
         df.write.format("slatepy")
@@ -17,7 +19,8 @@ Reading::
     slatepy.spark.register(spark)
     df = (
         spark.read.format("slatepy")
-        .schema("id long, name string, score double")   # omit for `key binary, value binary`
+        .schema("id long, name string, score double")   # omit: the loaded layout, or
+                                                        # `key binary, value binary`
         .option("url", "s3://bucket/db")
         .option("key", "id")                            # the key column(s), comma-separated
         .option("start", "100").option("end", "200")    # optional key range of the first
@@ -32,12 +35,15 @@ A clone (RFC 0017) reads like any database: the SSTs it shares are read from its
 
 Options (names are case-insensitive, values strings):
 
-* ``url`` (or the ``load(path)`` argument): the database.
+* ``url`` (or the ``load(path)`` argument): the database; a plain path is a local one.
 * ``key``, ``value``: the row codec (``slatepy.spark.codec``). Without a schema the rows are
-  ``key binary, value binary``, the raw bytes.
+  those of the recorded layout, else ``key binary, value binary``, the raw bytes.
 * ``start``, ``end``, ``prefix``: a key range, as values of the first key column.
 * ``maxPartitions`` (default 64), ``snapshotTtl`` (seconds, default 3600): reads only.
 * ``targetSstBytes`` (default 64 MiB): writes only, the size the tasks cut SSTs at.
+* ``createIfMissing`` (default ``true``): writes only; ``false`` refuses a missing database.
+* ``bufferBytes`` (default 256 MiB): writes only, the rows a task buffers before it spills a
+  sorted run to its local temporary directory (``slatepy.spark.spill``).
 
 Filters are not pushed down: PySpark 4.3 keeps the reader that ``pushFilters`` narrowed with
 the DataFrame and reuses it for later plans without filters, so ``df.where(...).count()``
@@ -47,11 +53,14 @@ from options, which are part of the relation. Spark still applies every ``where`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -62,6 +71,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from slatepy.config import Settings
+from slatepy.engine.db import Db
 from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
 from slatepy.engine.pinned import (
     PinnedSnapshot,
@@ -71,9 +81,13 @@ from slatepy.engine.pinned import (
     split_points,
 )
 from slatepy.errors import InvalidArgument, NotFound
+from slatepy.gc.rules import referenced_ssts
 from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
+from slatepy.spark.cleanup import commit_never_ran, left_to_gc
 from slatepy.spark.codec import Column, RowCodec, prefix_end
+from slatepy.spark.spill import SortedSpill
+from slatepy.spark.table import TABLE_PATH, TableLayout, read_layout, write_layout
 from slatepy.store.stack import open_stack
 
 DEFAULT_SCHEMA = "key binary, value binary"
@@ -84,10 +98,14 @@ READ_OPTIONS = frozenset(
 )
 """Every option a read accepts, lowercased (Spark stores them so; ``path`` is ``load``'s)."""
 
-WRITE_OPTIONS = frozenset({"url", "path", "key", "value", "targetsstbytes"})
+WRITE_OPTIONS = frozenset(
+    {"url", "path", "key", "value", "targetsstbytes", "createifmissing", "bufferbytes"}
+)
 """Every option a bulk load accepts, lowercased (``path`` is ``save``'s)."""
 
 DEFAULT_TARGET_SST_BYTES = 64 * 1024 * 1024
+DEFAULT_BUFFER_BYTES = 256 * 1024 * 1024
+"""A load task's row buffer (estimated bytes) before it spills a sorted run to local disk."""
 
 
 def options_of(options: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
@@ -109,7 +127,15 @@ def url_of(options: Mapping[str, str]) -> str:
     found = url or path
     if not found:
         raise InvalidArgument("option 'url' is required: the database's URL")
-    return found
+    return plain_path_url(found)
+
+
+def plain_path_url(url: str) -> str:
+    """``url``, with a plain path (``/data/db``, ``data/db``) as an absolute ``file://``
+    URL (resolved on the driver, where options are checked)."""
+    if "://" in url:
+        return url
+    return "file://" + os.path.abspath(url)
 
 
 def key_option(options: Mapping[str, str]) -> list[str]:
@@ -141,12 +167,17 @@ class KvDataSource(DataSource):
         return "slatepy"
 
     def schema(self) -> str:
+        """The layout the last bulk load recorded (``slatepy.spark.table``), else the raw
+        ``key binary, value binary``."""
         options = options_of(self.options, READ_OPTIONS)
+        layout = recorded_layout(url_of(options))
+        if layout is not None:
+            return layout.ddl()
         if "key" in options or "value" in options:
             raise InvalidArgument(
-                "option 'key'/'value' needs the row schema: give it with "
-                ".schema('id long, name string, ...'); without a schema and these options the "
-                f"rows are `{DEFAULT_SCHEMA}`"
+                "option 'key'/'value' needs the row schema: no bulk load recorded one "
+                f"({TABLE_PATH}), so give it with .schema('id long, name string, ...'); "
+                f"without a schema and these options the rows are `{DEFAULT_SCHEMA}`"
             )
         return DEFAULT_SCHEMA
 
@@ -176,12 +207,20 @@ class KvReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         opts = options_of(options, READ_OPTIONS)
         self.url = url_of(opts)
-        key = key_option(opts) or ["key"]
+        columns = columns_of_schema(schema)
+        layout = recorded_layout(self.url)
+        self.stored = None if layout is None else layout.describe()
         value = opts.get("value")
-        names = [f.name for f in schema.fields]
-        if "key" not in opts and value is None and names == ["key", "value"]:
-            value = "value"  # the raw default schema
-        self.codec = RowCodec.of(columns_of_schema(schema), key, value)
+        if layout is not None and "key" not in opts and value is None:
+            key, value = list(layout.key), layout.value
+        else:
+            key = key_option(opts) or ["key"]
+            names = [f.name for f in schema.fields]
+            if "key" not in opts and value is None and names == ["key", "value"]:
+                value = "value"  # the raw default schema
+        if layout is not None:
+            layout.check(columns, key, value)  # an explicit schema wins unless it conflicts
+        self.codec = RowCodec.of(columns, key, value)
         self.max_partitions = int(_number(opts, "maxPartitions", 64, least=1))
         self.ttl = _number(opts, "snapshotTtl", 3600.0, least=1)
         self.start, self.end = self._range(opts)
@@ -227,12 +266,32 @@ class KvReader(DataSourceReader):
             ):
                 pairs.append(pair)
                 if len(pairs) == BATCH_ROWS:
-                    yield self.codec.to_batch(pairs, schema)
+                    yield self._batch(pairs, schema)
                     pairs = []
             if pairs:
-                yield self.codec.to_batch(pairs, schema)
+                yield self._batch(pairs, schema)
         finally:
             store.drain()
+
+    def _batch(self, pairs: list[tuple[bytes, bytes]], schema: Any) -> Any:
+        try:
+            return self.codec.to_batch(pairs, schema)
+        except InvalidArgument as exc:
+            stored = (
+                f"the recorded layout is {self.stored}"
+                if self.stored
+                else f"no load recorded a layout ({TABLE_PATH})"
+            )
+            raise InvalidArgument(f"{exc}; {stored}") from exc
+
+
+def recorded_layout(url: str) -> TableLayout | None:
+    """The layout recorded at ``url`` (None: none, or no database)."""
+    store = open_stack(url, Settings.from_env())
+    try:
+        return read_layout(store)
+    finally:
+        store.drain()
 
 
 @dataclass(frozen=True)
@@ -251,10 +310,12 @@ class KvWriter(DataSourceArrowWriter):
     straight to the store (no WAL, no memtable; ``engine.ingest``). ``commit`` publishes
     every task's SSTs in one manifest update: the loaded keys are newer than every write
     acknowledged before it and older than every write after it. ``abort`` deletes what the
-    successful tasks reported; what failed attempts, or tasks still running when the job
-    failed, wrote is unreferenced and GC deletes it.
-    A task holds its partition in memory: give a large DataFrame enough partitions
-    (``repartitionByRange(n, key)`` also makes the SSTs of different tasks disjoint).
+    successful tasks reported only when a task failed (no commit ran); after a failed
+    commit it deletes nothing, since the publish may have landed. Every unreferenced SST
+    (those, and what failed attempts wrote) is deleted by GC after ``gc_min_age``.
+    A task buffers up to ``bufferBytes`` of rows and spills sorted runs to local disk past
+    that (``slatepy.spark.spill``); ``repartitionByRange(n, key)`` makes the SSTs of
+    different tasks disjoint.
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, *, overwrite: bool) -> None:
@@ -265,69 +326,80 @@ class KvWriter(DataSourceArrowWriter):
             )
         opts = options_of(options, WRITE_OPTIONS)
         self.url = url_of(opts)
-        self.codec = RowCodec.of(columns_of_schema(schema), key_option(opts), opts.get("value"))
+        columns = columns_of_schema(schema)
+        self.codec = RowCodec.of(columns, key_option(opts), opts.get("value"))
+        self.layout = TableLayout(tuple(columns), tuple(key_option(opts)), opts.get("value"))
         self.target_sst_bytes = int(
             _number(opts, "targetSstBytes", DEFAULT_TARGET_SST_BYTES, least=4096)
         )
-        # On the driver, before any task runs: the database must exist (a load creates none).
+        self.buffer_bytes = int(_number(opts, "bufferBytes", DEFAULT_BUFFER_BYTES, least=64 * 1024))
+        create = opts.get("createifmissing", "true").lower()
+        if create not in ("true", "false"):
+            raise InvalidArgument(f"option 'createIfMissing': true or false, not {create!r}")
+        # On the driver, before any task runs: the database exists (created as Db.open
+        # does, unless createIfMissing is false) and the layout agrees with the recorded one.
         settings = Settings.from_env()
         try:
             missing = ManifestStore(open_stack(self.url, settings)).load() is None
         except NotFound:
             missing = True
-        if missing:
+        if missing and create == "false":
             raise NotFound(
-                f"option 'url': no slatepy database at {self.url} (a load creates none: "
-                f"create it with Db.open)",
+                f"option 'url': no slatepy database at {self.url} (createIfMissing is false)",
                 path="manifest/",
             )
+        if missing:
+            Db.open(self.url, settings=msgspec.structs.replace(settings, compactor="off")).close()
+        recorded = recorded_layout(self.url)
+        if recorded is not None:
+            recorded.check(columns, self.layout.key, self.layout.value)
 
     def write(self, iterator: Iterator[Any]) -> KvCommitMessage:
-        keys: list[bytes] = []
-        values: list[bytes] = []
-        for batch in iterator:
-            k, v = self.codec.from_batch(batch)
-            keys += k
-            values += v
-        pairs = sorted(zip(keys, values, strict=True), key=_first)  # stable: last row wins
-        del keys, values
         settings = Settings.from_env()
-        store = open_stack(self.url, settings)
-        try:
-            handles = write_ingest_ssts(
-                store, _last_of_equal(pairs), settings, target_sst_bytes=self.target_sst_bytes
-            )
-        finally:
-            store.drain()
+        with SortedSpill(self.buffer_bytes) as rows:
+            for batch in iterator:
+                rows.add(*self.codec.from_batch(batch))
+            store = open_stack(self.url, settings)
+            try:
+                handles = write_ingest_ssts(
+                    store, rows.sorted_pairs(), settings, target_sst_bytes=self.target_sst_bytes
+                )
+            finally:
+                store.drain()
         return KvCommitMessage(tuple(handles))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
-        if not handles:
-            return  # an empty DataFrame: nothing to publish
         settings = Settings.from_env()
         store = open_stack(self.url, settings)
         try:
-            publish_ingest(store, settings, handles)
+            if handles:  # (an empty DataFrame: nothing to publish)
+                publish_ingest(store, settings, handles)
+            recorded = read_layout(store)
+            known = set() if recorded is None else {c.name for c in recorded.columns}
+            columns = (
+                self.layout.columns
+                if recorded is None
+                else (*recorded.columns, *(c for c in self.layout.columns if c.name not in known))
+            )
+            write_layout(store, dataclasses.replace(self.layout, columns=columns))
         finally:
             store.drain()
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Delete the SSTs of a load whose commit never ran (a task failed); after a commit
+        ran, delete nothing: its publish may have landed (``slatepy.spark.cleanup``)."""
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
+        if not commit_never_ran(messages):
+            left_to_gc(f"bulk load into {self.url}", len(handles), "GC (after gc_min_age)")
+            return
+        if not handles:
+            return
         settings = Settings.from_env()
         store = open_stack(self.url, settings)
         try:
-            delete_ingest_ssts(store, handles)
+            loaded = ManifestStore(store).load()  # belt and braces: none can be referenced
+            referenced = referenced_ssts([loaded.manifest]) if loaded is not None else set()
+            delete_ingest_ssts(store, [h for h in handles if h.id not in referenced])
         finally:
             store.drain()
-
-
-def _first(pair: tuple[bytes, bytes]) -> bytes:
-    return pair[0]
-
-
-def _last_of_equal(pairs: list[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
-    """Sorted pairs with, of equal keys, only the last."""
-    for i, pair in enumerate(pairs):
-        if i + 1 == len(pairs) or pairs[i + 1][0] != pair[0]:
-            yield pair

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from slatepy.errors import InvalidArgument
 from slatepy.persist.ids import validate_shard_id
+from slatepy.spark.kv import plain_path_url
 
 
 def shard_options(
@@ -26,6 +27,7 @@ def shard_options(
     url = opts.get("url") or opts.get("path")
     if not url:
         raise InvalidArgument('slatepy.persist: option "url" is required (the persist location)')
+    url = plain_path_url(url)
     shard = opts.get("shard")
     if not shard:
         raise InvalidArgument('slatepy.persist: option "shard" is required (the shard id)')

@@ -33,27 +33,24 @@ The protocol (the seed's ``mint_batch_descriptions`` / ``write_batches`` /
   idempotency=(query id, batchId), forward=True)``; on ``UpperMismatch`` (another writer
   appended) it re-mints from the new upper and tries again;
 * a replayed micro-batch (after a driver crash, Spark re-runs it and commits the same
-  ``batchId`` again) finds its key recorded, appends nothing and deletes its batches;
-  ``abort`` deletes the batches named in its messages. Orphans of failed task attempts are
-  deleted by persist's GC after ``batch_lease``.
+  ``batchId`` again) finds its key recorded and appends nothing;
+* ``abort`` deletes the batches named in its messages only when a task failed (no commit
+  ran with them); after a failed commit, whose append may have landed, it deletes nothing
+  (``slatepy.spark.cleanup``, RFC 0025). Persist's GC deletes every unreferenced part
+  (those, a replay's, failed task attempts') after ``batch_lease``.
 
-Options (case-insensitive): ``url`` and ``shard`` (required), ``timeColumn``, ``consensus``
-(a ``postgresql://`` URL; default: the log on the blob store), ``writerId`` (the idempotency
-key's name instead of the streaming query id), and for one-off writes ``idempotencyKey`` +
-``idempotencyId`` (both or neither: a retried job with the same pair appends once).
-
-Test hook (documented in RFC 0016): with ``SLATEPY_PERSIST_SINK_TEST_KILL=<marker path>`` in
-the environment, the first streaming commit that appends creates the marker file and
-SIGKILLs the process group of its session's leader (the test's driver process, started with
-``start_new_session``, and its JVM) and its own, right after the append and before Spark
-records the commit: the crash-inside-commit test. The hook does nothing once the marker
-exists, and nothing without the variable.
+Options (case-insensitive): ``url`` and ``shard`` (required; a plain path is a local
+location), ``timeColumn``, ``consensus`` (a ``postgresql://`` URL; default: the log on the
+blob store), ``key``/``value`` (encode other columns as the ``slatepy`` source does), for
+streams ``writerId`` (names the idempotency key, ``writer:<writerId>:<query id>``; another
+query's key under the same ``writerId`` refuses the commit: RFC 0025), and for one-off writes
+``idempotencyKey`` + ``idempotencyId`` (both or neither: a retried job with the same pair
+appends once). An append skipped as already applied is logged at WARNING.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,21 +77,32 @@ from pyspark.sql.types import (
 
 from slatepy.errors import InvalidArgument
 from slatepy.persist import Batch, PersistClient, UpperMismatch, WriteHandle
+from slatepy.spark.cleanup import commit_never_ran, left_to_gc, log
+from slatepy.spark.codec import Column, RowCodec
 from slatepy.spark.persist_options import shard_options
 
 SINK_NAME = "slatepy.persist"
 
-COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "writerid"})
-STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path"}
+COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "key", "value"})
+STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path", "writerid"}
 BATCH_OPTIONS = COMMON_OPTIONS | {"idempotencykey", "idempotencyid", "path"}
 
 MINT_ATTEMPTS = 1000
 """Re-mints a commit tries before giving up (each one another writer's append landing)."""
 
 MAINTENANCE_WAIT = 30.0
-"""Seconds a commit waits for the merges its append claimed before its process ends."""
+"""Seconds a commit waits for the merges its append claimed before its process ends, while
+the shard's trace is short (at most :data:`TRACE_BOUND` batches)."""
 
-KILL_HOOK = "SLATEPY_PERSIST_SINK_TEST_KILL"
+TRACE_BOUND = 32
+"""Trace batches above which a commit waits for its merges to finish (up to
+:data:`MAINTENANCE_MAX_WAIT`) instead of abandoning them after :data:`MAINTENANCE_WAIT`: a
+merge abandoned is restarted from scratch by whoever claims it after ``merge_lease``, so one
+that outlasts every commit's wait would never finish and the trace would grow by a batch per
+micro-batch until appends stall."""
+
+MAINTENANCE_MAX_WAIT = 1800.0
+"""Seconds a commit waits at most for its merges while the trace is long."""
 
 _INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
 _BYTES_TYPES = (BinaryType, StringType)
@@ -111,6 +119,9 @@ class SinkConfig:
     has_diff: bool
     writer_id: str | None
     idempotency: tuple[str, int] | None
+    codec: RowCodec | None = None
+    """With option ``key`` or ``value``: the KV source's row codec over the columns other
+    than ``diff`` and the time column (None: the columns ``key`` and ``value`` as bytes)."""
 
 
 def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkConfig:
@@ -122,15 +133,6 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
     """
     opts, url, shard = shard_options(options, STREAM_OPTIONS if stream else BATCH_OPTIONS)
     fields = {field.name: field for field in schema.fields}
-    for name in ("key", "value"):
-        field = fields.get(name)
-        if field is None:
-            raise InvalidArgument(f'slatepy.persist: the DataFrame has no "{name}" column')
-        if not isinstance(field.dataType, _BYTES_TYPES):
-            raise InvalidArgument(
-                f'slatepy.persist: column "{name}" must be binary or string, not '
-                f"{field.dataType.simpleString()}"
-            )
     time_column = opts.get("timecolumn")
     if time_column is not None:
         field = fields.get(time_column)
@@ -146,12 +148,37 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
     has_diff = "diff" in fields
     if has_diff and not isinstance(fields["diff"].dataType, _INTEGER_TYPES):
         raise InvalidArgument('slatepy.persist: column "diff" must be an integer type')
-    extra = sorted(set(fields) - {"key", "value", "diff", *([time_column] if time_column else [])})
-    if extra:
-        raise InvalidArgument(
-            f"slatepy.persist: unexpected column(s) {extra}: the sink takes key, value, "
-            'diff and the "timeColumn" option\'s column'
+    codec = None
+    if "key" in opts or "value" in opts:
+        row = [
+            Column(f.name, f.dataType.typeName(), f.nullable)
+            for f in schema.fields
+            if f.name not in ("diff", time_column)
+        ]
+        keys = [name.strip() for name in opts.get("key", "key").split(",") if name.strip()]
+        codec = RowCodec.of(row, keys, opts.get("value"))
+    else:
+        for name in ("key", "value"):
+            field = fields.get(name)
+            if field is None:
+                raise InvalidArgument(
+                    f'slatepy.persist: the DataFrame has no "{name}" column (or name the '
+                    'key column(s) with option "key", as for the slatepy source)'
+                )
+            if not isinstance(field.dataType, _BYTES_TYPES):
+                raise InvalidArgument(
+                    f'slatepy.persist: column "{name}" must be binary or string, not '
+                    f"{field.dataType.simpleString()}"
+                )
+        extra = sorted(
+            set(fields) - {"key", "value", "diff", *([time_column] if time_column else [])}
         )
+        if extra:
+            raise InvalidArgument(
+                f"slatepy.persist: unexpected column(s) {extra}: the sink takes key, value, "
+                'diff and the "timeColumn" option\'s column (or set option "key"/"value" '
+                "to encode other columns as the slatepy source does)"
+            )
     idempotency = None
     key, ident = opts.get("idempotencykey"), opts.get("idempotencyid")
     if (key is None) != (ident is None):
@@ -171,14 +198,20 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
                 'option "idempotencyKey" non-empty'
             )
         idempotency = ("user:" + key, number)
+    writer_id = opts.get("writerid")
+    if writer_id is not None and (not writer_id or len(writer_id) > 160 or ":" in writer_id):
+        raise InvalidArgument(
+            'slatepy.persist: option "writerId" must be 1 to 160 characters without ":"'
+        )
     return SinkConfig(
         url=url,
         shard=shard,
         consensus=opts.get("consensus"),
         time_column=time_column,
         has_diff=has_diff,
-        writer_id=opts.get("writerid"),
+        writer_id=writer_id,
         idempotency=idempotency,
+        codec=codec,
     )
 
 
@@ -259,8 +292,12 @@ def write_task(
             n = record_batch.num_rows
             if not n:
                 continue
-            keys = _bytes_column(record_batch, "key")
-            values = _bytes_column(record_batch, "value")
+            if config.codec is None:
+                keys = _bytes_column(record_batch, "key")
+                values = _bytes_column(record_batch, "value")
+            else:
+                names = [c.name for c in config.codec.columns]
+                keys, values = config.codec.from_batch(record_batch.select(names))
             if config.time_column is not None:
                 times = _int_column(record_batch, config.time_column, "time column")
             else:
@@ -288,18 +325,26 @@ def commit_batches(
     *,
     idempotency: tuple[str, int] | None,
     min_time: int,
-    kill_hook: bool = False,
+    writer_prefix: str | None = None,
 ) -> bool:
     """The driver's ``append_batches``: mint ``[u, max(u, t_max) + 1)`` from the shard's
     upper ``u``, apply every task's batch with one ``compare_and_append_batch`` (recording
     ``idempotency``), re-mint on ``UpperMismatch``. Answers False when the key said the
-    append was applied already (the batches are then deleted)."""
+    append was applied already (logged at WARNING; the batches are left to GC).
+
+    Raises:
+        InvalidArgument: ``writer_prefix`` (``writer:<writerId>:``) names a recorded key of
+            another query than ``idempotency``'s: a ``writerId`` reused by a query on a new
+            checkpoint, whose batch ids restart and would be skipped as applied.
+    """
     times = [m.max_time for m in messages if isinstance(m, PersistCommitMessage)]
     t_max = max([min_time, *(t for t in times if t is not None)])
     with _open(config) as client:
         write = client.open_writer(config.shard, purpose="spark sink commit")
         batches = _batches(write, messages)
         try:
+            if writer_prefix is not None and idempotency is not None:
+                _refuse_reused_writer(client, config, writer_prefix, idempotency[0])
             upper = write.fetch_recent_upper()
             for _ in range(MINT_ATTEMPTS):
                 if upper is None:
@@ -317,12 +362,22 @@ def commit_batches(
                 except UpperMismatch as exc:
                     upper = exc.current
                     continue
-                if not applied:
-                    for batch in batches:
-                        batch.delete()
-                elif kill_hook:
-                    _test_kill_hook()
-                client.wait_maintenance(MAINTENANCE_WAIT)
+                if not applied and idempotency is not None:
+                    # These batches were not appended by this call, but nothing proves that
+                    # no earlier commit with these same messages appended them (merges may
+                    # have moved their parts since): GC deletes them once unreferenced.
+                    recorded = client.machine(config.shard).fetch().idempotency.get(idempotency[0])
+                    log.warning(
+                        "slatepy.persist: shard %r: skipped as already applied: key %r is "
+                        "recorded at id %s, this append's id is %d; %d row(s) not appended "
+                        "(a replay of an applied micro-batch or retried job)",
+                        config.shard,
+                        idempotency[0],
+                        None if recorded is None else recorded.id,
+                        idempotency[1],
+                        sum(m.rows for m in messages if isinstance(m, PersistCommitMessage)),
+                    )
+                _wait_maintenance(client, config.shard)
                 return applied
             raise InvalidArgument(
                 f"slatepy.persist: no append to {config.shard!r} after {MINT_ATTEMPTS} attempts "
@@ -332,29 +387,76 @@ def commit_batches(
             write.expire()
 
 
-def abort_batches(config: SinkConfig, messages: Sequence[Any]) -> None:
-    """Delete the batches named in ``messages`` (never applied: commit did not run or
-    failed definitely). Best effort: GC deletes what is left after ``batch_lease``."""
-    if not any(isinstance(m, PersistCommitMessage) and m.batch for m in messages):
+def _wait_maintenance(client: PersistClient, shard: str) -> None:
+    """Wait for the merges this commit's append claimed (taking over claims that expired,
+    as every append does): up to :data:`MAINTENANCE_WAIT`, then on while the trace is longer
+    than :data:`TRACE_BOUND` (see there), up to :data:`MAINTENANCE_MAX_WAIT`."""
+    if client.wait_maintenance(MAINTENANCE_WAIT):
+        return
+    machine = client.machine(shard)
+    deadline = time.monotonic() + MAINTENANCE_MAX_WAIT
+    while len(machine.state.trace) > TRACE_BOUND:
+        if client.wait_maintenance(min(1.0, max(0.0, deadline - time.monotonic()))):
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "slatepy.persist: shard %r: merges still running after %.0f s with %d batches "
+                "in the trace; abandoned (another writer takes them over after merge_lease)",
+                shard,
+                MAINTENANCE_WAIT + MAINTENANCE_MAX_WAIT,
+                len(machine.state.trace),
+            )
+            return
+
+
+def _refuse_reused_writer(client: PersistClient, config: SinkConfig, prefix: str, key: str) -> None:
+    others = sorted(
+        k
+        for k in client.machine(config.shard).fetch().idempotency
+        if k.startswith(prefix) and k != key
+    )
+    if others:
+        raise InvalidArgument(
+            f'slatepy.persist: option "writerId" {config.writer_id!r} was used by another '
+            f"streaming query on shard {config.shard!r} (recorded keys {others}; this query's "
+            f"is {key!r}): a query on a new checkpoint restarts its batch ids, and its batches "
+            "would be skipped as already applied. Give this query a new writerId, or restart "
+            "the old query from its own checkpoint"
+        )
+
+
+def abort_batches(
+    config: SinkConfig, messages: Sequence[Any], *, idempotency: tuple[str, int] | None
+) -> None:
+    """Spark's ``abort``: delete the batches named in ``messages`` only when no commit ran
+    with them (a task failed: a ``None`` slot), none of their parts is in the shard's
+    trace and ``idempotency`` (if known) is not recorded at or beyond its id. After a
+    commit ran, delete nothing: its append may have landed (``slatepy.spark.cleanup``).
+    Persist's GC deletes unreferenced parts after ``batch_lease``."""
+    named = [m for m in messages if isinstance(m, PersistCommitMessage) and m.batch]
+    if not named:
+        return
+    if not commit_never_ran(messages):
+        left_to_gc(f"persist sink into {config.shard!r}", len(named), "persist GC")
         return
     with _open(config) as client:
         write = client.open_writer(config.shard, purpose="spark sink abort")
-        for batch in _batches(write, messages):
-            batch.delete()
-        write.expire()
+        try:
+            state = client.machine(config.shard).fetch()
+            if idempotency is not None:
+                applied = state.idempotency.get(idempotency[0])
+                if applied is not None and applied.id >= idempotency[1]:
+                    return  # covered by a recorded key: leave it to GC
+            referenced = {key for batch in state.trace for key in batch.part_keys()}
+            for batch in _batches(write, named):
+                if not referenced.intersection(_part_keys(batch)):
+                    batch.delete()
+        finally:
+            write.expire()
 
 
-def _test_kill_hook() -> None:
-    """The documented test hook: see the module docstring."""
-    marker = os.environ.get(KILL_HOOK)
-    if not marker or os.path.exists(marker):
-        return
-    with open(marker, "w") as out:
-        out.write(str(os.getpid()))
-    # PySpark's worker daemon runs in a process group of its own; the driver (started as a
-    # session leader by the test) and its JVM are in the session's group: kill that first.
-    os.killpg(os.getsid(0), signal.SIGKILL)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+def _part_keys(batch: Batch) -> set[str]:
+    return {key for run in batch.record.runs for part in run if (key := getattr(part, "key", None))}
 
 
 class PersistBatchWriter(DataSourceArrowWriter):
@@ -370,7 +472,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
         commit_batches(self.config, messages, idempotency=self.config.idempotency, min_time=0)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_batches(self.config, messages)
+        abort_batches(self.config, messages, idempotency=self.config.idempotency)
 
 
 class PersistStreamWriter(DataSourceStreamArrowWriter):
@@ -394,25 +496,32 @@ class PersistStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if not any(isinstance(m, PersistCommitMessage) for m in messages):
             return  # no task ran: nothing to append, no query id to record
+        prefix = None if self.config.writer_id is None else f"writer:{self.config.writer_id}:"
         commit_batches(
             self.config,
             messages,
             idempotency=(self._key(messages), batchId),
             min_time=batchId if self.config.time_column is None else 0,
-            kill_hook=True,
+            writer_prefix=prefix,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        abort_batches(self.config, messages)
+        try:
+            key: tuple[str, int] | None = (self._key(messages), batchId)
+        except InvalidArgument:
+            key = None  # no task reported a query id: no commit can have recorded one
+        abort_batches(self.config, messages, idempotency=key)
 
     def _key(self, messages: Sequence[Any]) -> str:
-        if self.config.writer_id:
-            return "writer:" + self.config.writer_id
+        """``spark:<query id>``, or ``writer:<writerId>:<query id>``: the query id (kept in
+        the checkpoint) scopes a key to one checkpoint, whose batch ids only grow."""
         ids = {m.query_id for m in messages if isinstance(m, PersistCommitMessage)}
         ids.discard(None)
         if len(ids) != 1:
             raise InvalidArgument(
-                f"slatepy.persist: cannot tell the streaming query id from the tasks ({ids}); "
-                'set option "writerId"'
+                f"slatepy.persist: cannot tell the streaming query id from the tasks ({ids})"
             )
-        return "spark:" + str(ids.pop())
+        query = str(ids.pop())
+        if self.config.writer_id:
+            return f"writer:{self.config.writer_id}:{query}"
+        return "spark:" + query

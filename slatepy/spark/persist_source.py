@@ -1,14 +1,15 @@
 """Reading a persist shard from Spark (RFC 0016, "Persist source"): a consolidated
 snapshot, and a stream of its updates with the shard's uppers as offsets.
 
-Snapshot (one consistent view; ``as_of`` defaults to the upper minus one)::
+Snapshot (one consistent view; ``asOf``, alias ``as_of``, defaults to the upper minus one)::
 
     spark.read.format("slatepy.persist").option("url", URL).option("shard", S)
-        .option("as_of", 41).load()          # key binary, value binary, time long, diff long
+        .option("asOf", 41).load()           # key binary, value binary, time long, diff long
 
-Every update at a time ``<= as_of``, its time advanced to ``as_of``, summed per ``(key,
-value)``, zero diffs dropped (``ReadHandle.snapshot``). ``as_of`` must lie in ``[since,
-upper)``; anything else is an error naming ``as_of``.
+``asOf`` is a time of the shard (the sink's update times: a micro-batch's ``batchId`` or the
+``timeColumn``): every update at a time ``<= asOf``, its time advanced to ``asOf``, summed
+per ``(key, value)``, zero diffs dropped (``ReadHandle.snapshot``). ``asOf`` must lie in
+``[since, upper)``; anything else is an error naming ``asOf``.
 
 Stream::
 
@@ -21,8 +22,8 @@ reader holds a leased reader whose since ``commit(end)`` downgrades to ``end - 1
 never starts below a committed end, so nothing it needs is compacted away. ``latestOffset``
 polls the upper at most every ``pollInterval`` seconds (default 0.5; Spark calls it ~90
 times a second when idle). ``Trigger.AvailableNow`` reads up to the upper at its start.
-Options: ``url``, ``shard`` (required), ``consensus``, ``pollInterval``; for ``read``:
-``as_of``.
+Options: ``url`` (a plain path is a local one), ``shard`` (required), ``consensus``,
+``pollInterval``; for ``read``: ``asOf``.
 """
 
 from __future__ import annotations
@@ -34,11 +35,18 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from slatepy.errors import InvalidArgument
 from slatepy.persist import PersistClient, ReadHandle, Updates
 from slatepy.persist.errors import SinceError
+from slatepy.persist.state.records import HollowBatch
 from slatepy.spark.persist_options import shard_options
 
 SCHEMA = "key binary, value binary, time long, diff long"
@@ -46,8 +54,19 @@ ARROW_SCHEMA = pa.schema(
     [("key", pa.binary()), ("value", pa.binary()), ("time", pa.int64()), ("diff", pa.int64())]
 )
 BATCH_ROWS = 8192
-READ_OPTIONS = frozenset({"url", "path", "shard", "consensus", "as_of"})
-STREAM_OPTIONS = frozenset({"url", "path", "shard", "consensus", "pollinterval"})
+READ_OPTIONS = frozenset({"url", "path", "shard", "consensus", "asof", "as_of"})
+STREAM_OPTIONS = frozenset(
+    {
+        "url",
+        "path",
+        "shard",
+        "consensus",
+        "pollinterval",
+        "maxrowspertrigger",
+        "maxbytespertrigger",
+        "startingoffsets",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,9 @@ class SourceConfig:
     consensus: str | None
     as_of: int | None = None
     poll_interval: float = 0.5
+    max_rows: int | None = None
+    max_bytes: int | None = None
+    starting: str | int = "earliest"
 
 
 def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
@@ -67,13 +89,16 @@ def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
     """
     opts, url, shard = shard_options(options, STREAM_OPTIONS if stream else READ_OPTIONS)
     as_of = None
-    if "as_of" in opts:
+    text = opts.get("asof", opts.get("as_of"))
+    if "asof" in opts and "as_of" in opts and opts["asof"] != opts["as_of"]:
+        raise InvalidArgument('slatepy.persist: options "asOf" and "as_of" (its alias) disagree')
+    if text is not None:
         try:
-            as_of = int(opts["as_of"])
+            as_of = int(text)
         except ValueError:
             as_of = -1
         if as_of < 0:
-            raise InvalidArgument('slatepy.persist: option "as_of" must be an integer >= 0')
+            raise InvalidArgument('slatepy.persist: option "asOf" must be an integer >= 0')
     poll = 0.5
     if "pollinterval" in opts:
         try:
@@ -82,7 +107,73 @@ def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
             poll = -1.0
         if not 0 <= poll <= 3600:
             raise InvalidArgument('slatepy.persist: option "pollInterval" must be seconds >= 0')
-    return SourceConfig(url, shard, opts.get("consensus"), as_of, poll)
+    limits: list[int | None] = []
+    for name in ("maxRowsPerTrigger", "maxBytesPerTrigger"):
+        text = opts.get(name.lower())
+        limits.append(None if text is None else _positive(text, name))
+    starting: str | int = opts.get("startingoffsets", "earliest").lower()
+    if starting not in ("earliest", "latest"):
+        try:
+            starting = int(starting)
+        except ValueError:
+            starting = -1
+        if starting < 0:
+            raise InvalidArgument(
+                'slatepy.persist: option "startingOffsets" must be "earliest", "latest" or an '
+                "upper (an integer >= 0)"
+            )
+    return SourceConfig(
+        url,
+        shard,
+        opts.get("consensus"),
+        as_of,
+        poll,
+        max_rows=limits[0],
+        max_bytes=limits[1],
+        starting=starting,
+    )
+
+
+def _positive(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise InvalidArgument(f'slatepy.persist: option "{name}" must be an integer > 0')
+    return value
+
+
+def admitted_upper(
+    trace: Sequence[HollowBatch],
+    lower: int,
+    upper: int,
+    max_rows: int | None,
+    max_bytes: int | None,
+) -> int:
+    """The largest batch boundary in ``(lower, upper]`` whose batches above ``lower`` hold at
+    most ``max_rows`` updates and ``max_bytes`` part bytes, or the first such boundary (a
+    micro-batch always makes progress). Counts are the trace's (before consolidation; a
+    merged batch counts whole), so the limits are honoured at batch granularity."""
+    rows = size = 0
+    admitted = lower
+    for batch in trace:
+        end = batch.desc.upper
+        if end is None or end <= lower:
+            continue
+        rows += batch.updates
+        size += sum(
+            getattr(part, "size", None) or len(getattr(part, "data", b"")) for part in batch.parts()
+        )
+        over = (max_rows is not None and rows > max_rows) or (
+            max_bytes is not None and size > max_bytes
+        )
+        if over and admitted > lower:
+            break
+        admitted = min(end, upper)
+        if admitted >= upper or over:
+            break
+    return admitted if admitted > lower else upper
 
 
 def _open(config: SourceConfig) -> PersistClient:
@@ -178,16 +269,16 @@ class PersistSnapshotReader(DataSourceReader):
             as_of = (upper - 1) if upper is not None else None
             if as_of is None:
                 raise InvalidArgument(
-                    f'slatepy.persist: shard {config.shard!r} is closed; give option "as_of"'
+                    f'slatepy.persist: shard {config.shard!r} is closed; give option "asOf"'
                 )
         if upper is not None and as_of >= upper:
             raise InvalidArgument(
-                f'slatepy.persist: option "as_of" {as_of} is not below the shard\'s upper '
+                f'slatepy.persist: option "asOf" {as_of} is not below the shard\'s upper '
                 f"{upper} (not complete yet)"
             )
         if since is None or as_of < since:
             raise InvalidArgument(
-                f'slatepy.persist: option "as_of" {as_of} is before the shard\'s since {since} '
+                f'slatepy.persist: option "asOf" {as_of} is before the shard\'s since {since} '
                 "(compacted away)"
             )
         return [SnapshotPartition(as_of)]
@@ -200,7 +291,7 @@ class PersistSnapshotReader(DataSourceReader):
             yield from read_snapshot(self.config, partition.as_of)
         except SinceError as exc:
             raise InvalidArgument(
-                f'slatepy.persist: option "as_of" {partition.as_of}: {exc}'
+                f'slatepy.persist: option "asOf" {partition.as_of}: {exc}'
             ) from exc
 
 
@@ -243,7 +334,23 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._upper
 
     def initialOffset(self) -> dict[str, Any]:
-        return self._offset(0)
+        """``startingOffsets``: ``earliest`` (0: the first micro-batch is a snapshot),
+        ``latest`` (the shard's upper now: only updates after it), or an upper."""
+        starting = self.config.starting
+        if starting == "earliest":
+            return self._offset(0)
+        if starting == "latest":
+            self._polled = float("-inf")
+            return self._offset(self._poll())
+        assert isinstance(starting, int)
+        return self._offset(starting)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.config.max_rows is not None:
+            return ReadMaxRows(self.config.max_rows)
+        if self.config.max_bytes is not None:
+            return ReadMaxBytes(self.config.max_bytes)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._polled = float("-inf")
@@ -253,9 +360,13 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, Any]:
         lower = 0 if start is None else self._check(start)
-        if self._until is not None:
-            return self._offset(max(lower, self._until))
-        return self._offset(max(lower, self._poll()))
+        upper = max(lower, self._until if self._until is not None else self._poll())
+        limited = self.config.max_rows is not None or self.config.max_bytes is not None
+        if upper > lower and limited and not isinstance(limit, ReadAllAvailable):
+            client, _ = self._handle()
+            trace = client.machine(self.config.shard).state.trace  # cached by the poll
+            upper = admitted_upper(trace, lower, upper, self.config.max_rows, self.config.max_bytes)
+        return self._offset(upper)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         lo, hi = self._check(start), self._check(end)

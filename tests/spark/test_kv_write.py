@@ -185,10 +185,97 @@ def test_bad_options_fail_before_any_object_is_written(spark: Any, tmp_path: Pat
     with pytest.raises(Exception, match="option 'url' is required"):
         df.write.format("slatepy").option("key", "id").mode("append").save()
     with pytest.raises(Exception, match="option 'url': no slatepy database"):
-        load(df, f"file://{tmp_path}/missing")
+        load(df, f"file://{tmp_path}/missing", createIfMissing="false")
+    assert not (tmp_path / "missing").exists()
     arrays = spark.createDataFrame([(1, [1, 2])], "id long, xs array<int>")
     with pytest.raises(Exception, match="option 'value' not set, so column 'xs'"):
         load(arrays, url)
     with pytest.raises(Exception, match="only appends"):
         df.write.format("slatepy").option("url", url).option("key", "id").mode("overwrite").save()
     assert compacted_objects(url) == []
+
+
+def test_a_load_creates_the_table_and_a_read_needs_no_schema(spark: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "new-db")  # a plain path, and no database there yet
+    df = spark.createDataFrame(
+        [(i, f"n{i}", i / 4, i % 2 == 0) for i in range(100)],
+        "id long, name string, score double, even boolean",
+    )
+    df.write.format("slatepy").option("key", "id").mode("append").save(path)
+    back = spark.read.format("slatepy").load(path)  # no .schema(), no key option
+    assert back.schema == df.schema
+    assert sorted(back.collect()) == sorted(df.collect())
+    narrow = spark.read.format("slatepy").schema("id long, score double").load(path)
+    assert sorted(narrow.collect()) == sorted(df.select("id", "score").collect())  # it wins
+    for ddl, message in [
+        ("id string, name string", "column 'id' is string, but the database's recorded layout"),
+        ("id long, score string", "column 'score' is string, but .* key \\(id long\\)"),
+    ]:
+        with pytest.raises(Exception, match=message):
+            spark.read.format("slatepy").schema(ddl).load(path).collect()
+    with pytest.raises(Exception, match="option 'key': columns \\['name'\\], but"):
+        df.write.format("slatepy").option("key", "name").mode("append").save(path)
+
+
+def test_a_key_type_that_does_not_match_the_stored_keys_names_them(
+    spark: Any, tmp_path: Path
+) -> None:
+    url = new_db(tmp_path)
+    with Db.open(url, settings=OFF) as db:  # integer keys, no recorded layout
+        db.put(key(1), CODEC.encode_values({1: ["a"], 2: [1.0]}, 1)[0])
+    read = spark.read.format("slatepy").schema("id string, name string").option("url", url)
+    with pytest.raises(
+        Exception, match=r"a stored key does not decode as key column\(s\) \(id string\)"
+    ):
+        read.option("key", "id").load().collect()
+
+
+def test_a_task_over_its_buffer_budget_spills_sorted_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load task without Spark: rows past ``bufferBytes`` spill to sorted runs, equal
+    keys across runs keep the last row, and traced memory does not grow with the rows."""
+    import tracemalloc
+
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from slatepy.spark.kv import KvWriter
+    from slatepy.spark.spill import SortedSpill
+
+    schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
+    spills: list[str] = []
+    spill = SortedSpill._spill
+
+    def counted(self: SortedSpill) -> None:
+        spills.append("run")
+        spill(self)
+
+    monkeypatch.setattr(SortedSpill, "_spill", counted)
+
+    def load(url: str, rows: int) -> int:
+        options = {"url": url, "key": "id", "bufferBytes": "131072", "targetSstBytes": "131072"}
+        writer = KvWriter(options, schema, overwrite=False)  # creates the database
+        ids = [(i * 7919) % rows for i in range(rows)]  # every id once, shuffled ...
+        batches = [
+            pa.record_batch({"id": ids[i : i + 500], "name": [f"n{j}" for j in ids[i : i + 500]]})
+            for i in range(0, rows, 500)
+        ] + [pa.record_batch({"id": [0, rows - 1], "name": ["new", "new"]})]  # ... 2 again
+        tracemalloc.start()
+        try:
+            message = writer.write(iter(batches))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        writer.commit([message])
+        with Db.open(url, settings=OFF) as db:
+            assert CODEC.decode_keys([k for k, _ in db.scan()])[0] == list(range(rows))
+            names = [name_of(v) for v in db.get_many([key(0), key(1), key(rows - 1)])]
+            assert names == ["new", "n1", "new"]
+        return peak
+
+    small = load(f"file://{tmp_path}/a", 10_000)
+    assert len(spills) >= 4
+    large = load(f"file://{tmp_path}/b", 40_000)  # ~35x the budget
+    assert len(spills) >= 4 + 16
+    assert large < 1.5 * small + (1 << 20), (small, large)

@@ -20,7 +20,7 @@ import pytest
 
 from slatepy.errors import InvalidArgument
 from slatepy.persist import PersistClient
-from slatepy.spark.persist_sink import KILL_HOOK, sink_config
+from slatepy.spark.persist_sink import sink_config
 
 pytestmark = pytest.mark.spark
 
@@ -224,9 +224,11 @@ def test_two_queries_contend_for_one_shard_exactly_once(spark: Any, tmp_path: Pa
     assert after == upper + 2
 
 
-def _driver(url: str, inputs: Path, checkpoint: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+def _driver(
+    url: str, inputs: Path, checkpoint: Path, env: dict[str, str], *marker: str
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(DRIVER), url, SHARD, str(inputs), str(checkpoint)],
+        [sys.executable, str(DRIVER), url, SHARD, str(inputs), str(checkpoint), *marker],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -242,8 +244,9 @@ def test_a_driver_killed_inside_commit_and_mid_stream_ends_exactly_once(tmp_path
     expected = write_inputs(inputs, files=6, rows=40, prefix="r")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
-    # 1. Killed by the test hook inside commit: after the append, before Spark's commit log.
-    first = _driver(url, inputs, checkpoint, {**env, KILL_HOOK: str(marker)})
+    # 1. Killed inside commit (tests/spark/failing.py): after the append, before Spark's
+    # commit log.
+    first = _driver(url, inputs, checkpoint, env, str(marker))
     out, _ = first.communicate(timeout=240)
     assert first.returncode == -signal.SIGKILL, out
     assert marker.exists()
@@ -273,3 +276,154 @@ def test_a_driver_killed_inside_commit_and_mid_stream_ends_exactly_once(tmp_path
     # one file each; a restart may plan the files left differently, so count Spark's commits.
     commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
     assert upper == max(commits) + 1 <= 6
+
+
+def test_a_replayed_append_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("pyspark")
+    import pyarrow as pa
+
+    from slatepy.spark.persist_sink import commit_batches, write_task
+
+    url = f"file://{tmp_path}/persist"
+    config = sink_config(
+        {"url": url, "shard": SHARD}, schema("key binary, value binary"), stream=True
+    )
+    rows = pa.record_batch({"key": [b"a", b"b"], "value": [b"va", b"vb"]})
+
+    def commit() -> bool:
+        message = write_task(config, iter([rows]), 0, "q")
+        return commit_batches(config, [message], idempotency=("spark:q", 0), min_time=0)
+
+    assert commit()
+    with caplog.at_level("WARNING", logger="slatepy.spark"):
+        assert not commit()  # the replay of batch 0
+    assert "key 'spark:q' is recorded at id 0, this append's id is 0; 2 row(s)" in caplog.text
+    assert shard_rows(url)[0] == {b"a": 1, b"b": 1}
+
+
+def test_a_writer_id_reused_on_a_new_checkpoint_is_refused(spark: Any, tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/persist"
+
+    def run(name: str, writer_id: str) -> Exception | None:
+        stream = (
+            spark.readStream.format("json")
+            .schema("key string, value string")
+            .option("maxFilesPerTrigger", 1)
+            .load(str(tmp_path / f"in-{name}"))
+        )
+        query = (
+            stream.writeStream.format("slatepy.persist")
+            .option("url", url)
+            .option("shard", SHARD)
+            .option("writerId", writer_id)
+            .option("checkpointLocation", str(tmp_path / f"ckpt-{name}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            query.awaitTermination(240)
+        except Exception as exc:  # StreamingQueryException
+            return exc
+        return None
+
+    first = write_inputs(tmp_path / "in-a", files=2, rows=10, prefix="a")
+    assert run("a", "orders") is None
+    second = write_inputs(tmp_path / "in-b", files=2, rows=10, prefix="b")
+    failed = run("b", "orders")  # a new checkpoint: its batch 0 is not the old query's
+    assert failed is not None and "option \"writerId\" 'orders' was used by another" in str(failed)
+    assert shard_rows(url)[0] == {key: 1 for key in first}  # refused, nothing appended
+    assert run("b", "orders-2") is None  # not silently lost: a new writerId appends it all
+    assert shard_rows(url)[0] == {key: 1 for key in first + second}
+
+
+def test_merges_that_outlast_the_commit_wait_keep_the_trace_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Micro-batch commits (``commit_batches``, no Spark) whose merges take longer than the
+    commit's wait (merges read their parts slowly and check for a stop every 8 entries),
+    for more than 3 x ``merge_lease``: the trace stays bounded (before: every commit
+    abandoned its merge when its client closed, and the trace grew by one per commit)."""
+    pytest.importorskip("pyspark")
+    import threading
+
+    import pyarrow as pa
+
+    from slatepy.persist import PersistSettings, compactor
+    from slatepy.spark import persist_sink
+    from slatepy.store import open_store
+    from slatepy.store.base import WrappingStore
+
+    class SlowMergeReads(WrappingStore):
+        def _slow(self, path: str) -> None:
+            if "/part/" in path and threading.current_thread().name.endswith("maintenance"):
+                time.sleep(0.03)
+
+        def get(self, path: str) -> bytes:
+            self._slow(path)
+            return self.inner.get(path)
+
+        def get_range(self, path: str, start: int, end: int) -> bytes:
+            self._slow(path)
+            return self.inner.get_range(path, start, end)
+
+    url = f"file://{tmp_path}/persist"
+    settings = PersistSettings(
+        merge_lease=1.0, batch_lease=60.0, allow_short_leases=True, inline_part_max_bytes=0
+    )
+
+    def open_client(config: Any) -> PersistClient:
+        return PersistClient.open(SlowMergeReads(open_store(url, create=True)), settings=settings)
+
+    monkeypatch.setattr(compactor, "CHECK_EVERY", 8)
+    monkeypatch.setattr(persist_sink, "_open", open_client)
+    monkeypatch.setattr(persist_sink, "MAINTENANCE_WAIT", 0.05)
+    monkeypatch.setattr(persist_sink, "TRACE_BOUND", 6, raising=False)
+    config = sink_config(
+        {"url": url, "shard": SHARD}, schema("key binary, value binary"), stream=True
+    )
+    longest, n, start = 0, 0, time.monotonic()
+    while time.monotonic() - start < 3.5 * settings.merge_lease or n < 30:
+        keys = [f"b{n:03}-{i:03}".encode() for i in range(20)]
+        rows = pa.record_batch({"key": keys, "value": [b"v" + k for k in keys]})
+        message = persist_sink.write_task(config, iter([rows]), n, "q")
+        assert persist_sink.commit_batches(
+            config, [message], idempotency=("spark:q", n), min_time=n
+        )
+        with open_client(config) as client:
+            longest = max(longest, len(client.machine(SHARD).fetch().trace))
+        n += 1
+    # The spine claims a merge at 8 batches; merges behind by up to a merge_lease of
+    # commits. Before: one batch more per commit (34 after 34 commits here).
+    assert longest <= 16, (longest, n)
+    counts, upper = shard_rows(url)
+    assert upper == n and len(counts) == 20 * n and set(counts.values()) == {1}
+
+
+def test_the_key_and_value_options_encode_rows_as_the_kv_source_does(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark")
+    import pyarrow as pa
+
+    from slatepy.spark.codec import Column, RowCodec
+    from slatepy.spark.persist_sink import commit_batches, write_task
+
+    url = tmp_path / "persist"  # a plain path works as the url
+    ddl = "id long, name string, t long"
+    config = sink_config(
+        {"url": str(url), "shard": SHARD, "key": "id", "timeColumn": "t"}, schema(ddl), stream=False
+    )
+    rows = pa.record_batch({"id": [2, 1], "name": ["b", "a"], "t": [0, 1]})
+    commit_batches(
+        config, [write_task(config, iter([rows]), 0, None)], idempotency=None, min_time=0
+    )
+    codec = RowCodec.of([Column("id", "long"), Column("name", "string")], ["id"], None)
+    with PersistClient.open(f"file://{url}") as client:
+        reader = client.open_leased_reader(SHARD)
+        updates = sorted(reader.snapshot(1))
+        reader.expire()
+    keys = codec.decode_keys([k for (k, _), _, _ in updates])[0]
+    names = codec.decode_values([v for (_, v), _, _ in updates])[1]
+    assert list(zip(keys, names, strict=True)) == [(1, "a"), (2, "b")]
+    with pytest.raises(InvalidArgument, match="option 'key': no column 'nope'"):
+        sink_config({"url": "memory://", "shard": SHARD, "key": "nope"}, schema(ddl), stream=False)

@@ -36,8 +36,12 @@ def test_options_are_checked_without_spark() -> None:
 
     with pytest.raises(InvalidArgument, match='"shard"'):
         source_config({"url": "memory://"}, stream=False)
-    with pytest.raises(InvalidArgument, match='"as_of"'):
+    with pytest.raises(InvalidArgument, match='"asOf"'):
         source_config({"url": "memory://", "shard": SHARD, "as_of": "x"}, stream=False)
+    with pytest.raises(InvalidArgument, match="startingOffsets"):
+        source_config({"url": "memory://", "shard": SHARD, "startingOffsets": "x"}, stream=True)
+    with pytest.raises(InvalidArgument, match="maxRowsPerTrigger"):
+        source_config({"url": "memory://", "shard": SHARD, "maxRowsPerTrigger": "0"}, stream=True)
     with pytest.raises(InvalidArgument, match="as_of"):  # a stream has no as_of
         source_config({"url": "memory://", "shard": SHARD, "as_of": "1"}, stream=True)
     config = source_config({"URL": "memory://", "Shard": SHARD, "pollInterval": "2"}, stream=True)
@@ -62,8 +66,9 @@ def test_a_snapshot_read_as_of_a_time(spark: Any, tmp_path: Path) -> None:
 
     assert read().columns == ["key", "value", "time", "diff"]
     assert rows_of(read(as_of="1")) == [(b"a", b"va", 1, 1), (b"b", b"vb", 1, 1)]
-    assert rows_of(read()) == [(b"b", b"vb", 3, 1), (b"c", b"vc", 3, 2)]  # as_of 3
-    with pytest.raises(Exception, match="as_of"):
+    assert rows_of(read()) == [(b"b", b"vb", 3, 1), (b"c", b"vc", 3, 2)]  # asOf 3
+    assert rows_of(read(asOf="3")) == rows_of(read())
+    with pytest.raises(Exception, match="asOf"):
         read(as_of="4").collect()  # not complete yet
     with pytest.raises(Exception, match="bogus"):
         read(bogus="1").collect()
@@ -126,3 +131,43 @@ def test_commit_downgrades_the_readers_since(tmp_path: Path) -> None:
             reader.partitions({"shard": "other", "upper": 0}, end)
     finally:
         reader.stop()
+
+
+def test_max_rows_per_trigger_and_starting_offsets(spark: Any, tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from slatepy.spark.persist_source import PersistStreamReader, source_config
+
+    url = f"file://{tmp_path}/persist"
+    fill(url, [(t, t + 1, [(b"k%d-%d" % (t, i), t, 1) for i in range(10)]) for t in range(5)])
+    options = {"url": url, "shard": SHARD, "maxRowsPerTrigger": "20"}
+    reader = PersistStreamReader(source_config(options, stream=True))
+    try:
+        limit = reader.getDefaultReadLimit()
+        assert limit == ReadMaxRows(20)
+        ends = [reader.initialOffset()]
+        while ends[-1]["upper"] < 5:
+            ends.append(reader.latestOffset(ends[-1], limit))
+        assert [e["upper"] for e in ends] == [0, 2, 4, 5]  # 20, 20, 10 rows
+        assert reader.latestOffset(ends[0], ReadAllAvailable())["upper"] == 5
+    finally:
+        reader.stop()
+    latest = PersistStreamReader(
+        source_config({"url": url, "shard": SHARD, "startingOffsets": "latest"}, stream=True)
+    )
+    try:
+        assert latest.initialOffset()["upper"] == 5
+    finally:
+        latest.stop()
+
+    sizes: list[int] = []
+    stream = spark.readStream.format("slatepy.persist").options(**options).load()
+    query = (
+        stream.writeStream.foreachBatch(lambda df, _: sizes.append(df.count()))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert sizes == [20, 20, 10]
