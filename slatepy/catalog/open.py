@@ -49,8 +49,8 @@ def open_storage(
     client = PersistClient.open(
         url,
         consensus=consensus,
-        settings=persist_settings,
-        store_settings=store_settings,
+        settings=store_settings,
+        persist_settings=persist_settings,
         create=create,
     )
     return PersistStorage(

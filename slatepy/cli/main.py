@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from slatepy.config import Settings
+from slatepy.config import Settings, resolve_settings
 from slatepy.errors import SlatepyError
 from slatepy.store.url import open_store
 
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             run_demo(args.dir, orders=args.orders)
             return 0
-        settings = Settings.from_env()
+        settings = resolve_settings()
         if args.command == "persist":
             return _persist(args, settings)
         if args.command == "catalog":

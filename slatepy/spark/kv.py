@@ -61,7 +61,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from slatepy.config import Settings
+from slatepy.config import resolve_settings
 from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
 from slatepy.engine.pinned import (
     PinnedSnapshot,
@@ -81,10 +81,11 @@ BATCH_ROWS = 8192
 
 READ_OPTIONS = frozenset(
     {"url", "path", "key", "value", "start", "end", "prefix", "maxpartitions", "snapshotttl"}
+    | {"settings"}
 )
 """Every option a read accepts, lowercased (Spark stores them so; ``path`` is ``load``'s)."""
 
-WRITE_OPTIONS = frozenset({"url", "path", "key", "value", "targetsstbytes"})
+WRITE_OPTIONS = frozenset({"url", "path", "key", "value", "targetsstbytes", "settings"})
 """Every option a bulk load accepts, lowercased (``path`` is ``save``'s)."""
 
 DEFAULT_TARGET_SST_BYTES = 64 * 1024 * 1024
@@ -176,6 +177,9 @@ class KvReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         opts = options_of(options, READ_OPTIONS)
         self.url = url_of(opts)
+        # Resolved on the driver (option "settings": a TOML path; then SLATEPY_*) and
+        # shipped to the executors with this object.
+        self.settings = resolve_settings(opts.get("settings"))
         key = key_option(opts) or ["key"]
         value = opts.get("value")
         names = [f.name for f in schema.fields]
@@ -198,7 +202,7 @@ class KvReader(DataSourceReader):
         return start, end
 
     def partitions(self) -> list[KvPartition]:
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_pinned_store(self.url, settings)  # a clone: reads its shared SSTs too
         try:
             pinned, manifest = pin_snapshot(store, settings, ttl=self.ttl)
@@ -217,7 +221,7 @@ class KvReader(DataSourceReader):
             raise TypeError(f"not a slatepy partition: {partition!r}")
         if partition.end is not None and partition.end <= partition.start:
             return
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_pinned_store(self.url, settings)
         schema = self.codec.arrow_schema()
         try:
@@ -265,12 +269,15 @@ class KvWriter(DataSourceArrowWriter):
             )
         opts = options_of(options, WRITE_OPTIONS)
         self.url = url_of(opts)
+        # Resolved on the driver (option "settings": a TOML path; then SLATEPY_*) and
+        # shipped to the executors with this object.
+        self.settings = resolve_settings(opts.get("settings"))
         self.codec = RowCodec.of(columns_of_schema(schema), key_option(opts), opts.get("value"))
         self.target_sst_bytes = int(
             _number(opts, "targetSstBytes", DEFAULT_TARGET_SST_BYTES, least=4096)
         )
         # On the driver, before any task runs: the database must exist (a load creates none).
-        settings = Settings.from_env()
+        settings = self.settings
         try:
             missing = ManifestStore(open_stack(self.url, settings)).load() is None
         except NotFound:
@@ -291,7 +298,7 @@ class KvWriter(DataSourceArrowWriter):
             values += v
         pairs = sorted(zip(keys, values, strict=True), key=_first)  # stable: last row wins
         del keys, values
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_stack(self.url, settings)
         try:
             handles = write_ingest_ssts(
@@ -305,7 +312,7 @@ class KvWriter(DataSourceArrowWriter):
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
         if not handles:
             return  # an empty DataFrame: nothing to publish
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_stack(self.url, settings)
         try:
             publish_ingest(store, settings, handles)
@@ -314,7 +321,7 @@ class KvWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_stack(self.url, settings)
         try:
             delete_ingest_ssts(store, handles)
