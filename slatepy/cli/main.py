@@ -28,8 +28,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"slatepy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
-    demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))
+    demo = sub.add_parser(
+        "demo", help="run a realistic workload on a local directory (or any store with --url)"
+    )
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("slatepy-demo-data"),
+        help="local directory of the database (default: ./slatepy-demo-data)",
+    )
+    where.add_argument(
+        "--url",
+        help="run on this database URL instead, e.g. s3://slatepy/mydb against MinIO "
+        "(settings from SLATEPY_* as for every command)",
+    )
     demo.add_argument(
         "--orders", type=_positive_int, default=20_000, help="orders to ingest (at least 1)"
     )
@@ -190,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from slatepy.cli.demo import run_demo
 
-            run_demo(args.dir, orders=args.orders)
+            run_demo(args.dir, orders=args.orders, url=args.url)
             return 0
         settings = resolve_settings()
         if args.command == "persist":

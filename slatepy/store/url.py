@@ -157,7 +157,8 @@ def _s3(
     secret = settings.s3_secret_access_key or env.get("AWS_SECRET_ACCESS_KEY")
     if not (key_id and secret) and not _aws_chain_configured(settings):
         raise InvalidArgument(
-            f"s3://{bucket} needs credentials and none are configured: set "
+            f"s3://{bucket}{'/' + prefix if prefix else ''} needs credentials and none are "
+            "configured: set "
             "s3_access_key_id and s3_secret_access_key (SLATEPY_S3_ACCESS_KEY_ID, "
             "SLATEPY_S3_SECRET_ACCESS_KEY) or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
             "with an IAM role on EC2 set instance_credentials (SLATEPY_INSTANCE_CREDENTIALS="
@@ -257,7 +258,8 @@ def _gcs(
     endpoint = settings.gcs_endpoint or os.environ.get("GOOGLE_BASE_URL")
     if not _gcs_configured(settings):
         raise InvalidArgument(
-            f"gs://{bucket} needs credentials and none are configured: set "
+            f"gs://{bucket}{'/' + prefix if prefix else ''} needs credentials and none are "
+            "configured: set "
             "GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT / _PATH / _KEY) to a "
             "service-account key, or run `gcloud auth application-default login`; on GCE "
             "with a service account set instance_credentials (SLATEPY_INSTANCE_CREDENTIALS="
