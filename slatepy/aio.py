@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from slatepy.config import Settings, SettingsLike
+from slatepy.config import SettingsLike
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import clone as sync_clone
@@ -457,7 +457,7 @@ async def clone(
     dst: str | ObjectStore,
     *,
     checkpoint: str | None = None,
-    settings: Settings | None = None,
+    settings: SettingsLike = None,
 ) -> Checkpoint:
     """:func:`slatepy.clone` on a worker thread: a new database at ``dst`` holding the
     source's data (its durable state now, or ``checkpoint``), sharing its SSTs; returns the

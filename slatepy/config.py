@@ -376,6 +376,8 @@ def resolve_settings(
             "settings must be a Settings, a dict or a TOML file path, "
             f"not {type(settings).__name__}"
         )
+    # Layers are merged raw and validated once, together: a bound between two options
+    # (compactor_lease >= 3 * compaction_interval) holds of the result, not of each layer.
     data: dict[str, Any] = {}
     if path:
         try:
@@ -383,10 +385,32 @@ def resolve_settings(
                 data.update(tomllib.load(f))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidArgument(f"cannot read the settings file {str(path)!r}: {exc}") from exc
-        data = _non_defaults(Settings.from_dict(data))  # names checked against the file's
-    data.update(_non_defaults(Settings.from_env(env)))
+        for name in data:
+            if name not in Settings.__struct_fields__:
+                raise InvalidArgument(
+                    f"unknown setting {name!r} in {str(path)!r}"
+                    f"{_did_you_mean(name, Settings.__struct_fields__)}"
+                )
+    data.update(_environment_values(env))
     data.update(explicit)
     return Settings.from_dict(data)
+
+
+def _environment_values(env: Mapping[str, str]) -> dict[str, str]:
+    """The ``SLATEPY_<OPTION>`` variables as ``{option: text}`` (as ``Settings.from_env``
+    reads them, without validating them alone)."""
+    options = {f"SLATEPY_{name.upper()}": name for name in Settings.__struct_fields__}
+    values: dict[str, str] = {}
+    for variable, value in env.items():
+        if not variable.startswith("SLATEPY_") or variable.startswith(NOT_SETTINGS):
+            continue
+        if variable not in options:
+            raise InvalidArgument(
+                f"environment variable {variable} names no setting"
+                f"{_did_you_mean(variable, options)}"
+            )
+        values[options[variable]] = value
+    return values
 
 
 def _non_defaults(settings: Settings) -> dict[str, Any]:

@@ -89,10 +89,20 @@ def test_explicit_then_environment_then_file_then_defaults(
     assert resolve_settings(resolved) == resolved  # resolving twice changes nothing
 
 
+def test_bounds_hold_of_the_result_not_of_each_layer(bare_env: pytest.MonkeyPatch) -> None:
+    bare_env.setenv("SLATEPY_COMPACTION_INTERVAL", "20")  # alone: lease 30 < 3 * 20
+    assert resolve_settings({"compactor_lease": 90}).compaction_interval == 20
+    with pytest.raises(InvalidArgument, match="compactor_lease"):
+        resolve_settings()
+    bare_env.setenv("SLATEPY_FLUSH_INTERVALL", "1")
+    with pytest.raises(InvalidArgument, match="did you mean 'SLATEPY_FLUSH_INTERVAL'"):
+        resolve_settings()
+
+
 def test_bad_settings_name_their_source(bare_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     toml = tmp_path / "slatepy.toml"
     toml.write_text("flush_intervall = 0.5\n")
-    with pytest.raises(InvalidArgument, match="did you mean 'flush_interval'"):
+    with pytest.raises(InvalidArgument, match=r"slatepy\.toml'; did you mean 'flush_interval'"):
         resolve_settings(toml)
     with pytest.raises(InvalidArgument, match="cannot read the settings file"):
         resolve_settings(tmp_path / "missing.toml")
