@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slatepy",
         description="slatepy: an LSM key-value store on object storage. Store settings come "
-        "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT) and AWS_*.",
+        "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT), then the TOML file "
+        "$SLATEPY_CONFIG, then AWS_* and the like (docs/configuration.md).",
     )
     parser.add_argument("--version", action="version", version=f"slatepy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
