@@ -230,7 +230,7 @@ def main() -> None:
     for name in args.stores:
         with (
             persist_location(name) as (url, settings, consensus),
-            PersistClient.open(url, consensus=consensus, store_settings=settings) as client,
+            PersistClient.open(url, consensus=consensus, settings=settings) as client,
         ):
             results["stores"][name] = {
                 "small": small(client, samples),

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
-from slatepy.config import Settings
+from slatepy.config import SettingsLike
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import clone as sync_clone
@@ -171,7 +171,7 @@ class Db(_AsyncReads):
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
-        settings: Settings | None = None,
+        settings: SettingsLike = None,
         create_if_missing: bool = True,
         clock: Callable[[], float] | None = None,
         merge_operator: MergeOperator | None = None,
@@ -254,7 +254,7 @@ class DbReader(_AsyncReads):
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
-        settings: Settings | None = None,
+        settings: SettingsLike = None,
         read_only: bool = False,
         checkpoint: str | None = None,
         clock: Callable[[], float] | None = None,
@@ -411,7 +411,7 @@ class WalReader:
         self.sync = reader
 
     @classmethod
-    async def open(cls, url: str | ObjectStore, *, settings: Settings | None = None) -> WalReader:
+    async def open(cls, url: str | ObjectStore, *, settings: SettingsLike = None) -> WalReader:
         """:class:`slatepy.engine.wal_reader.WalReader` constructed on a worker thread."""
         return cls(await asyncio.to_thread(SyncWalReader, url, settings=settings))
 
@@ -457,7 +457,7 @@ async def clone(
     dst: str | ObjectStore,
     *,
     checkpoint: str | None = None,
-    settings: Settings | None = None,
+    settings: SettingsLike = None,
 ) -> Checkpoint:
     """:func:`slatepy.clone` on a worker thread: a new database at ``dst`` holding the
     source's data (its durable state now, or ``checkpoint``), sharing its SSTs; returns the

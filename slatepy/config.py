@@ -3,7 +3,8 @@
 ``Settings`` is a frozen ``msgspec.Struct``: every option has a documented default and is
 validated once, when the settings are built, so a bad value fails before anything is written.
 Settings come from keyword arguments, a dict, a TOML file or ``SLATEPY_*`` environment
-variables (``SLATEPY_FLUSH_INTERVAL=0.05``).
+variables (``SLATEPY_FLUSH_INTERVAL=0.05``); :func:`resolve_settings` layers them in the one
+precedence every entry point uses (docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         s3_secret_access_key: Secret key; ``AWS_SECRET_ACCESS_KEY`` when unset.
         s3_session_token: Session token; ``AWS_SESSION_TOKEN`` when unset.
         s3_allow_http: Allow plain-HTTP endpoints; inferred from the endpoint when unset.
+        instance_credentials: Let an ``s3://`` or ``gs://`` store without configured
+            credentials take them from the cloud's instance metadata server (an EC2 or GCE
+            IAM role). Off by default, so that a machine without credentials gets an error
+            naming what to set instead of a request to a metadata server that is not there;
+            ``AWS_CONTAINER_CREDENTIALS_*`` and ``AWS_WEB_IDENTITY_TOKEN_FILE`` (ECS, EKS)
+            and Google's credential variables and files count as configured without it.
         cas: How creates are made exclusive: ``"conditional"`` uses the store's conditional
             writes (S3 ``If-None-Match``, GCS, Azure, MinIO, local files); ``"dynamodb"``
             uses the two-phase write through a DynamoDB table, for S3-compatible stores
@@ -166,6 +173,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     s3_secret_access_key: str | None = None
     s3_session_token: str | None = None
     s3_allow_http: bool | None = None
+    instance_credentials: bool = False
     cas: Literal["conditional", "dynamodb"] = "conditional"
     dynamodb_table: str | None = None
     dynamodb_endpoint: str | None = None
@@ -322,9 +330,95 @@ _LEVELS = {"none": (0, 0), "zstd": (-7, 22), "lz4": (0, 12)}
 """Accepted ``compression_level`` range per codec (``slatepy.format.compression`` has the
 same; settings sit above the format layer and do not import it)."""
 
-NOT_SETTINGS = ("SLATEPY_TEST_", "SLATEPY_PERSIST_VALIDATE")
-"""``SLATEPY_*`` variables that are not settings (the test suite's own, and persist's
-state-validation switch)."""
+NOT_SETTINGS = ("SLATEPY_TEST_", "SLATEPY_PERSIST_", "SLATEPY_CONFIG")
+"""``SLATEPY_*`` variables that are not settings (the test suite's own, persist's switches,
+and ``SLATEPY_CONFIG``, the TOML file :func:`resolve_settings` reads)."""
+
+CONFIG_VARIABLE = "SLATEPY_CONFIG"
+"""Names a TOML settings file read when no ``settings=`` path is given."""
+
+SettingsLike = Settings | Mapping[str, Any] | str | os.PathLike[str] | None
+"""What every ``settings=`` takes: a ``Settings``, a dict of option names, or a TOML path."""
+
+
+def resolve_settings(
+    settings: SettingsLike = None, *, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """The settings an entry point (``Db.open``, ``DbReader.open``, ``WalReader.open``,
+    ``PersistClient.open``, the Spark sources, the CLI) runs with, by one precedence:
+
+    1. explicit values: a dict's entries, or the fields of a ``Settings`` that differ from
+       their defaults (a field left at its default is taken as unset);
+    2. ``SLATEPY_<OPTION>`` environment variables;
+    3. a TOML file: ``settings`` itself when it is a path, else ``$SLATEPY_CONFIG``;
+    4. defaults (and, for an option still unset, the provider's variables such as
+       ``AWS_REGION``, which the store reads when it is opened).
+
+    Resolving twice gives the same settings, so layers below an entry point may call it.
+
+    Raises:
+        InvalidArgument: an unknown option (in the dict, the file or a variable), a bad
+            value, or a settings file that cannot be read.
+    """
+    env = os.environ if environ is None else environ
+    explicit: dict[str, Any]
+    path: str | os.PathLike[str] | None = env.get(CONFIG_VARIABLE) or None
+    if settings is None:
+        explicit = {}
+    elif isinstance(settings, Settings):
+        explicit = _non_defaults(settings)
+    elif isinstance(settings, (str, os.PathLike)):
+        explicit, path = {}, settings
+    elif isinstance(settings, Mapping):
+        explicit = dict(settings)
+    else:
+        raise InvalidArgument(
+            "settings must be a Settings, a dict or a TOML file path, "
+            f"not {type(settings).__name__}"
+        )
+    # Layers are merged raw and validated once, together: a bound between two options
+    # (compactor_lease >= 3 * compaction_interval) holds of the result, not of each layer.
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data.update(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgument(f"cannot read the settings file {str(path)!r}: {exc}") from exc
+        for name in data:
+            if name not in Settings.__struct_fields__:
+                raise InvalidArgument(
+                    f"unknown setting {name!r} in {str(path)!r}"
+                    f"{_did_you_mean(name, Settings.__struct_fields__)}"
+                )
+    data.update(_environment_values(env))
+    data.update(explicit)
+    return Settings.from_dict(data)
+
+
+def _environment_values(env: Mapping[str, str]) -> dict[str, str]:
+    """The ``SLATEPY_<OPTION>`` variables as ``{option: text}`` (as ``Settings.from_env``
+    reads them, without validating them alone)."""
+    options = {f"SLATEPY_{name.upper()}": name for name in Settings.__struct_fields__}
+    values: dict[str, str] = {}
+    for variable, value in env.items():
+        if not variable.startswith("SLATEPY_") or variable.startswith(NOT_SETTINGS):
+            continue
+        if variable not in options:
+            raise InvalidArgument(
+                f"environment variable {variable} names no setting"
+                f"{_did_you_mean(variable, options)}"
+            )
+        values[options[variable]] = value
+    return values
+
+
+def _non_defaults(settings: Settings) -> dict[str, Any]:
+    return {
+        field.name: getattr(settings, field.name)
+        for field in msgspec.structs.fields(settings)
+        if getattr(settings, field.name) != field.default
+    }
 
 
 def _did_you_mean(name: str, known: Iterable[str]) -> str:

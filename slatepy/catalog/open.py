@@ -51,8 +51,8 @@ def open_storage(
         client = PersistClient.open(
             url,
             consensus=consensus,
-            settings=persist_settings,
-            store_settings=store_settings,
+            settings=store_settings,
+            persist_settings=persist_settings,
             create=create,
         )
     except SlatepyError as exc:  # persist's message may quote the URLs, passwords and all

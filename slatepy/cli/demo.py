@@ -1,4 +1,4 @@
-"""``slatepy demo``: a realistic run on a local-directory store, with what it cost.
+"""``slatepy demo``: a realistic run on a local-directory store (or ``--url``), with its cost.
 
 The workload is an order-event log: an ingest of orders in awaited batches, single durable
 updates (the latency a service sees), concurrent writers sharing WAL PUTs, deletes, a range
@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from slatepy.config import Settings
+from slatepy.config import resolve_settings
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.db import Db
 from slatepy.engine.reader import DbReader
@@ -26,11 +26,14 @@ def order_value(i: int, status: str) -> bytes:
     return b'{"id":%d,"status":"%s","amount_cents":%d}' % (i, status.encode(), (i * 7919) % 100_000)
 
 
-def run_demo(directory: Path, *, orders: int = 20_000, out: object = print) -> dict[str, float]:
-    """Run the demo against ``file://{directory}``; return the figures it printed."""
+def run_demo(
+    directory: Path, *, orders: int = 20_000, out: object = print, url: str | None = None
+) -> dict[str, float]:
+    """Run the demo against ``file://{directory}`` (or ``url`` when given: any store, such as
+    MinIO in the compose loop); return the figures it printed."""
     say = out if callable(out) else print
-    url = f"file://{directory.resolve()}"
-    settings = Settings.from_env()
+    url = url or f"file://{directory.resolve()}"
+    settings = resolve_settings()
     figures: dict[str, float] = {}
     # What every acknowledged write says the database holds; the reopen is checked against it.
     expected: dict[bytes, bytes | None] = {}

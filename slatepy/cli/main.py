@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from slatepy.config import Settings
+from slatepy.config import Settings, resolve_settings
 from slatepy.errors import SlatepyError
 from slatepy.store.url import open_store
 
@@ -24,12 +24,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slatepy",
         description="slatepy: an LSM key-value store on object storage. Store settings come "
-        "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT) and AWS_*.",
+        "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT), then the TOML file "
+        "$SLATEPY_CONFIG, then AWS_* and the like (docs/configuration.md).",
     )
     parser.add_argument("--version", action="version", version=f"slatepy {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a realistic workload on a local-directory store")
-    demo.add_argument("--dir", type=Path, default=Path("slatepy-demo-data"))
+    demo = sub.add_parser(
+        "demo", help="run a realistic workload on a local directory (or any store with --url)"
+    )
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("slatepy-demo-data"),
+        help="local directory of the database (default: ./slatepy-demo-data)",
+    )
+    where.add_argument(
+        "--url",
+        help="run on this database URL instead, e.g. s3://slatepy/mydb against MinIO "
+        "(settings from SLATEPY_* as for every command)",
+    )
     demo.add_argument(
         "--orders", type=_positive_int, default=20_000, help="orders to ingest (at least 1)"
     )
@@ -190,9 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from slatepy.cli.demo import run_demo
 
-            run_demo(args.dir, orders=args.orders)
+            run_demo(args.dir, orders=args.orders, url=args.url)
             return 0
-        settings = Settings.from_env()
+        settings = resolve_settings()
         if args.command == "persist":
             return _persist(args, settings)
         if args.command == "catalog":

@@ -265,8 +265,8 @@ def open_client(
     return PersistClient.open(
         url,
         consensus=consensus,
-        settings=psettings,
-        store_settings=settings,
+        settings=settings,
+        persist_settings=psettings,
         clock=clock,
         create=False,
     )

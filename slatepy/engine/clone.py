@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from slatepy.config import Settings
+from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.errors import (
     AlreadyExists,
@@ -61,7 +61,7 @@ def clone(
     dst: str | ObjectStore,
     *,
     checkpoint: str | None = None,
-    settings: Settings | None = None,
+    settings: SettingsLike = None,
 ) -> checkpoints.Checkpoint:
     """Make a new database at ``dst`` whose data is the source's, sharing its SSTs.
 
@@ -81,7 +81,7 @@ def clone(
         InvalidArgument: ``src`` is a ``memory://`` store, or ``src`` and ``dst`` are the
             same location.
     """
-    settings = settings or Settings()
+    settings = resolve_settings(settings)
     source = open_stack(with_external(src, settings), settings)
     target = dst if isinstance(dst, ObjectStore) else open_store(dst, settings, create=True)
     if urlsplit(source.url).scheme == "memory":

@@ -16,7 +16,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
 
-from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings
+from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE, Settings, SettingsLike, resolve_settings
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine import forking
 from slatepy.engine.batch import (
@@ -184,7 +184,7 @@ class Db(Closing, ReadSurface, WriteSurface):
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
-        settings: Settings | None = None,
+        settings: SettingsLike = None,
         create_if_missing: bool = True,
         clock: Clock | None = None,
         merge_operator: MergeOperator | None = None,
@@ -202,7 +202,8 @@ class Db(Closing, ReadSurface, WriteSurface):
                 ``s3://bucket/prefix``, ``gs://…``, ``az://…``, or an ``ObjectStore``
                 instance (pass the same instance to readers to share a ``memory://`` store),
                 or a local directory as a ``pathlib.Path``.
-            settings: Tunables; defaults to ``Settings()``.
+            settings: A ``Settings``, a dict of options or a TOML file path, layered over
+                ``SLATEPY_*`` variables and ``$SLATEPY_CONFIG`` (docs/configuration.md).
             clock: Wall-clock seconds since the epoch that TTLs are counted on (RFC 0019);
                 ``time.time`` by default (tests inject one). Not a setting: a callable has
                 no TOML or environment form.
@@ -223,7 +224,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             FencedError: a newer writer opened the database while this one was starting.
         """
         started = time.monotonic()
-        settings = settings or Settings()
+        settings = resolve_settings(settings)
         url = as_url(url)
         target = url
         if not isinstance(url, ObjectStore):

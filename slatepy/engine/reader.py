@@ -44,7 +44,7 @@ from typing import TypeVar
 
 import msgspec
 
-from slatepy.config import Settings
+from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.batch import check_key
 from slatepy.engine.closing import Closing
@@ -156,7 +156,7 @@ class DbReader(Closing, ReadSurface):
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
-        settings: Settings | None = None,
+        settings: SettingsLike = None,
         read_only: bool = False,
         checkpoint: str | None = None,
         clock: Clock | None = None,
@@ -166,7 +166,8 @@ class DbReader(Closing, ReadSurface):
 
         Args:
             url: The database's location, or a store instance.
-            settings: Tunables; defaults to ``Settings()``.
+            settings: A ``Settings``, a dict of options or a TOML file path, layered over
+                ``SLATEPY_*`` variables and ``$SLATEPY_CONFIG`` (docs/configuration.md).
             read_only: Write nothing to the store: no snapshot is registered, so the reader
                 works with read-only access, but what it reads is protected from the garbage
                 collector only by ``gc_min_age`` (see the module docstring). Without it the
@@ -183,7 +184,7 @@ class DbReader(Closing, ReadSurface):
             NotFound: no database (or no bucket) at ``url``; no such live checkpoint.
             InvalidArgument: the URL or settings are unusable.
         """
-        settings = settings or Settings()
+        settings = resolve_settings(settings)
         from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
 
         store = open_stack(with_external(as_url(url), settings), settings)

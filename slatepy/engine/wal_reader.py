@@ -42,7 +42,7 @@ from typing import Literal
 
 import msgspec
 
-from slatepy.config import Settings
+from slatepy.config import SettingsLike, resolve_settings
 from slatepy.engine.batch import WriteBatch
 from slatepy.engine.closing import Closing
 from slatepy.engine.startup import decode_wal_sst
@@ -208,14 +208,15 @@ class WalReader(Closing):
 
     Args:
         url: The database's location, or a store instance.
-        settings: Store options and ``reader_poll_interval`` (the default poll interval).
+        settings: Store options and ``reader_poll_interval`` (the default poll interval): a
+            ``Settings``, a dict or a TOML path, resolved as ``Db.open`` does.
 
     Raises:
         NotFound: no database at ``url``.
     """
 
-    def __init__(self, url: str | ObjectStore, *, settings: Settings | None = None) -> None:
-        self._settings = settings or Settings()
+    def __init__(self, url: str | ObjectStore, *, settings: SettingsLike = None) -> None:
+        self._settings = resolve_settings(settings)
         inner = url if isinstance(url, ObjectStore) else open_store(url, self._settings)
         # No disk cache: a feed reads each WAL SST once.
         self.store = MetricsStore(

@@ -8,11 +8,11 @@ iterator. Properties that need no I/O (``upper``, ``since``, ``opaque``) stay pl
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
-from slatepy.config import Settings
+from slatepy.config import Settings, SettingsLike
 from slatepy.persist import client as sync_client
 from slatepy.persist import critical, read, write
 from slatepy.persist.codec import Update
@@ -34,7 +34,8 @@ class PersistClient:
         url: str | ObjectStore,
         *,
         consensus: str | Consensus | None = None,
-        settings: PersistSettings | None = None,
+        settings: SettingsLike | PersistSettings = None,
+        persist_settings: PersistSettings | Mapping[str, Any] | None = None,
         store_settings: Settings | None = None,
     ) -> PersistClient:
         """:meth:`slatepy.persist.PersistClient.open` on a worker thread."""
@@ -44,6 +45,7 @@ class PersistClient:
                 url,
                 consensus=consensus,
                 settings=settings,
+                persist_settings=persist_settings,
                 store_settings=store_settings,
             )
         )

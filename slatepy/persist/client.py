@@ -8,18 +8,20 @@ blobs on that store and, unless ``consensus=`` says otherwise, the consensus log
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
-from slatepy.config import Settings
-from slatepy.errors import ClosedError
+from slatepy.config import Settings, SettingsLike, resolve_settings
+from slatepy.errors import ClosedError, InvalidArgument
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.critical import SinceHandle
 from slatepy.persist.errors import UsageError
@@ -121,6 +123,46 @@ class Heartbeats:
                     log.warning("persist heartbeat failed", exc_info=True)
 
 
+def _split_settings(
+    settings: SettingsLike | PersistSettings,
+    persist_settings: PersistSettings | Mapping[str, Any] | None,
+    store_settings: Settings | None,
+) -> tuple[PersistSettings, Settings]:
+    """``PersistClient.open``'s settings arguments as (persist tunables, store settings)."""
+    if store_settings is not None:
+        if settings is not None and not isinstance(settings, PersistSettings):
+            raise InvalidArgument("pass settings= or store_settings= (deprecated), not both")
+        warnings.warn(
+            "PersistClient.open(store_settings=) is deprecated: pass settings=",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    persist: dict[str, Any] = {}
+    if isinstance(settings, PersistSettings):
+        if persist_settings is not None:
+            raise InvalidArgument("a PersistSettings goes in settings= or persist_settings=")
+        persist_settings, settings = settings, store_settings
+    elif isinstance(settings, Mapping):
+        names = {field.name for field in dataclasses.fields(PersistSettings)}
+        persist = {k: v for k, v in settings.items() if k in names}
+        # A name of both (write_stall_timeout) sets both: it means the same in each.
+        settings = {k: v for k, v in settings.items() if k not in names or k in _BOTH}
+    elif settings is None:
+        settings = store_settings
+    if isinstance(persist_settings, Mapping):
+        persist = {**persist, **persist_settings}
+        persist_settings = None
+    if persist:
+        if persist_settings is not None:
+            raise InvalidArgument("persist tunables given both in settings= and persist_settings=")
+        persist_settings = PersistSettings.from_dict(persist)
+    return persist_settings or PersistSettings(), resolve_settings(settings)
+
+
+_BOTH = frozenset({"write_stall_timeout"})
+"""Names that are both a store setting and a persist tunable."""
+
+
 def _debug(purpose: str) -> str:
     """What a handle records about itself in the state: ``host:pid purpose``."""
     return f"{socket.gethostname()}:{os.getpid()} {purpose}".strip()
@@ -159,7 +201,8 @@ class PersistClient:
         url: str | ObjectStore,
         *,
         consensus: str | Consensus | None = None,
-        settings: PersistSettings | None = None,
+        settings: SettingsLike | PersistSettings = None,
+        persist_settings: PersistSettings | Mapping[str, Any] | None = None,
         store_settings: Settings | None = None,
         clock: Callable[[], float] = time.time,
         create: bool = True,
@@ -170,8 +213,12 @@ class PersistClient:
             url: ``memory://`` (private to this client), ``file:///abs/path``, ``s3://...``.
             consensus: None (a log on the blob store), a ``postgresql://`` URL, or a
                 ``Consensus`` instance (used as is; the caller closes it).
-            settings: Persist tunables (leases, part sizes...).
-            store_settings: The object-store stack's settings (retries, timeouts, cache).
+            settings: The store's settings as everywhere (a ``Settings``, a dict or a TOML
+                path, resolved over ``SLATEPY_*`` as ``Db.open`` does); a dict may also
+                hold persist tunables, and a ``PersistSettings`` is taken as
+                ``persist_settings``.
+            persist_settings: Persist tunables (leases, part sizes...), or a dict of them.
+            store_settings: Deprecated alias of a ``Settings`` passed as ``settings``.
             clock: Wall clock in seconds (state walltimes, leases, batch ages; tests).
             create: Create a location that does not exist yet (a ``file://`` directory), as
                 ``Db.open`` does; False raises ``NotFound`` instead (inspection tools).
@@ -180,8 +227,8 @@ class PersistClient:
             InvalidArgument / UnsupportedStore: the URL or consensus is unusable.
             NotFound: ``create`` is False and nothing is at ``url``.
         """
-        settings = settings or PersistSettings()
-        store_settings = store_settings or Settings()
+        persist, store_settings = _split_settings(settings, persist_settings, store_settings)
+        settings = persist
         target = open_store(url, store_settings, create=create) if isinstance(url, str) else url
         blob = open_stack(target, store_settings)
         log = open_consensus(

@@ -70,7 +70,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from slatepy.config import Settings
+from slatepy.config import Settings, resolve_settings
 from slatepy.engine.db import Db
 from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
 from slatepy.engine.pinned import (
@@ -95,11 +95,12 @@ BATCH_ROWS = 8192
 
 READ_OPTIONS = frozenset(
     {"url", "path", "key", "value", "start", "end", "prefix", "maxpartitions", "snapshotttl"}
+    | {"settings"}
 )
 """Every option a read accepts, lowercased (Spark stores them so; ``path`` is ``load``'s)."""
 
 WRITE_OPTIONS = frozenset(
-    {"url", "path", "key", "value", "targetsstbytes", "createifmissing", "bufferbytes"}
+    {"url", "path", "key", "value", "targetsstbytes", "createifmissing", "bufferbytes", "settings"}
 )
 """Every option a bulk load accepts, lowercased (``path`` is ``save``'s)."""
 
@@ -170,7 +171,7 @@ class KvDataSource(DataSource):
         """The layout the last bulk load recorded (``slatepy.spark.table``), else the raw
         ``key binary, value binary``."""
         options = options_of(self.options, READ_OPTIONS)
-        layout = recorded_layout(url_of(options))
+        layout = recorded_layout(url_of(options), resolve_settings(options.get("settings")))
         if layout is not None:
             return layout.ddl()
         if "key" in options or "value" in options:
@@ -207,8 +208,11 @@ class KvReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         opts = options_of(options, READ_OPTIONS)
         self.url = url_of(opts)
+        # Resolved on the driver (option "settings": a TOML path; then SLATEPY_*) and
+        # shipped to the executors with this object.
+        self.settings = resolve_settings(opts.get("settings"))
         columns = columns_of_schema(schema)
-        layout = recorded_layout(self.url)
+        layout = recorded_layout(self.url, self.settings)
         self.stored = None if layout is None else layout.describe()
         value = opts.get("value")
         if layout is not None and "key" not in opts and value is None:
@@ -237,7 +241,7 @@ class KvReader(DataSourceReader):
         return start, end
 
     def partitions(self) -> list[KvPartition]:
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_pinned_store(self.url, settings)  # a clone: reads its shared SSTs too
         try:
             pinned, manifest = pin_snapshot(store, settings, ttl=self.ttl)
@@ -256,7 +260,7 @@ class KvReader(DataSourceReader):
             raise TypeError(f"not a slatepy partition: {partition!r}")
         if partition.end is not None and partition.end <= partition.start:
             return
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_pinned_store(self.url, settings)
         schema = self.codec.arrow_schema()
         try:
@@ -285,9 +289,9 @@ class KvReader(DataSourceReader):
             raise InvalidArgument(f"{exc}; {stored}") from exc
 
 
-def recorded_layout(url: str) -> TableLayout | None:
+def recorded_layout(url: str, settings: Settings) -> TableLayout | None:
     """The layout recorded at ``url`` (None: none, or no database)."""
-    store = open_stack(url, Settings.from_env())
+    store = open_stack(url, settings)
     try:
         return read_layout(store)
     finally:
@@ -326,6 +330,9 @@ class KvWriter(DataSourceArrowWriter):
             )
         opts = options_of(options, WRITE_OPTIONS)
         self.url = url_of(opts)
+        # Resolved on the driver (option "settings": a TOML path; then SLATEPY_*) and
+        # shipped to the executors with this object.
+        self.settings = resolve_settings(opts.get("settings"))
         columns = columns_of_schema(schema)
         self.codec = RowCodec.of(columns, key_option(opts), opts.get("value"))
         self.layout = TableLayout(tuple(columns), tuple(key_option(opts)), opts.get("value"))
@@ -338,7 +345,7 @@ class KvWriter(DataSourceArrowWriter):
             raise InvalidArgument(f"option 'createIfMissing': true or false, not {create!r}")
         # On the driver, before any task runs: the database exists (created as Db.open
         # does, unless createIfMissing is false) and the layout agrees with the recorded one.
-        settings = Settings.from_env()
+        settings = self.settings
         try:
             missing = ManifestStore(open_stack(self.url, settings)).load() is None
         except NotFound:
@@ -350,12 +357,12 @@ class KvWriter(DataSourceArrowWriter):
             )
         if missing:
             Db.open(self.url, settings=msgspec.structs.replace(settings, compactor="off")).close()
-        recorded = recorded_layout(self.url)
+        recorded = recorded_layout(self.url, settings)
         if recorded is not None:
             recorded.check(columns, self.layout.key, self.layout.value)
 
     def write(self, iterator: Iterator[Any]) -> KvCommitMessage:
-        settings = Settings.from_env()
+        settings = self.settings
         with SortedSpill(self.buffer_bytes) as rows:
             for batch in iterator:
                 rows.add(*self.codec.from_batch(batch))
@@ -370,7 +377,7 @@ class KvWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         handles = [h for m in messages if isinstance(m, KvCommitMessage) for h in m.handles]
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_stack(self.url, settings)
         try:
             if handles:  # (an empty DataFrame: nothing to publish)
@@ -395,7 +402,7 @@ class KvWriter(DataSourceArrowWriter):
             return
         if not handles:
             return
-        settings = Settings.from_env()
+        settings = self.settings
         store = open_stack(self.url, settings)
         try:
             loaded = ManifestStore(store).load()  # belt and braces: none can be referenced

@@ -155,6 +155,15 @@ def _s3(
         config["endpoint"] = endpoint
     key_id = settings.s3_access_key_id or env.get("AWS_ACCESS_KEY_ID")
     secret = settings.s3_secret_access_key or env.get("AWS_SECRET_ACCESS_KEY")
+    if not (key_id and secret) and not _aws_chain_configured(settings):
+        raise InvalidArgument(
+            f"s3://{bucket}{'/' + prefix if prefix else ''} needs credentials and none are "
+            "configured: set "
+            "s3_access_key_id and s3_secret_access_key (SLATEPY_S3_ACCESS_KEY_ID, "
+            "SLATEPY_S3_SECRET_ACCESS_KEY) or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+            "with an IAM role on EC2 set instance_credentials (SLATEPY_INSTANCE_CREDENTIALS="
+            "true); for a public bucket AWS_SKIP_SIGNATURE=true (docs/configuration.md)"
+        )
     if key_id and secret:
         config["access_key_id"] = key_id
         config["secret_access_key"] = secret
@@ -240,9 +249,22 @@ def _gcs(
     """A ``GCSStore``; ``gcs_endpoint`` (then ``GOOGLE_BASE_URL``) points it at an emulator.
 
     Credentials are obstore's: ``GOOGLE_SERVICE_ACCOUNT*``, ``GOOGLE_APPLICATION_CREDENTIALS``
-    or ``GOOGLE_BEARER_TOKEN``, else the instance metadata server.
+    or ``GOOGLE_BEARER_TOKEN``, gcloud's application-default file, else (only with
+    ``instance_credentials``) the instance metadata server.
+
+    Raises:
+        InvalidArgument: no credentials are configured.
     """
     endpoint = settings.gcs_endpoint or os.environ.get("GOOGLE_BASE_URL")
+    if not _gcs_configured(settings):
+        raise InvalidArgument(
+            f"gs://{bucket}{'/' + prefix if prefix else ''} needs credentials and none are "
+            "configured: set "
+            "GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT / _PATH / _KEY) to a "
+            "service-account key, or run `gcloud auth application-default login`; on GCE "
+            "with a service account set instance_credentials (SLATEPY_INSTANCE_CREDENTIALS="
+            "true) (docs/configuration.md)"
+        )
     config: GCSConfig = {}
     if endpoint:
         config["base_url"] = endpoint
@@ -254,6 +276,46 @@ def _gcs(
         client_options={**client, "allow_http": allow_http},
         retry_config=retry,
     )
+
+
+_AWS_CHAIN_VARIABLES = (
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
+"""Variables that say where the AWS credential chain finds a role (ECS, EKS): their
+presence is configuration, unlike the bare EC2 metadata server the chain ends with."""
+
+_GCS_CREDENTIAL_VARIABLES = (
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "GOOGLE_SERVICE_ACCOUNT",
+    "GOOGLE_SERVICE_ACCOUNT_PATH",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_BEARER_TOKEN",
+)
+
+
+def _aws_chain_configured(settings: Settings) -> bool:
+    """Whether S3 credentials other than static keys are configured: an explicit opt-in to
+    the instance metadata server, a container or web-identity role, or unsigned requests."""
+    env = os.environ
+    return (
+        settings.instance_credentials
+        or any(env.get(name) for name in _AWS_CHAIN_VARIABLES)
+        or env.get("AWS_SKIP_SIGNATURE", "").strip().lower() in _TRUE
+    )
+
+
+def _gcs_configured(settings: Settings) -> bool:
+    """Whether GCS credentials are configured (variables, gcloud's application-default file,
+    an emulator endpoint, or the opt-in to the metadata server)."""
+    env = os.environ
+    if settings.instance_credentials or settings.gcs_endpoint or env.get("GOOGLE_BASE_URL"):
+        return True
+    if any(env.get(name) for name in _GCS_CREDENTIAL_VARIABLES):
+        return True
+    home = env.get("CLOUDSDK_CONFIG") or os.path.join(os.path.expanduser("~"), ".config", "gcloud")
+    return os.path.isfile(os.path.join(home, "application_default_credentials.json"))
 
 
 def _strip(url: str) -> str:

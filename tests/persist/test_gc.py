@@ -75,7 +75,7 @@ def open_client(
 ) -> PersistClient:
     url, store_settings = location
     return manual(
-        PersistClient.open(url, settings=settings, store_settings=store_settings, clock=clock)
+        PersistClient.open(url, settings=store_settings, persist_settings=settings, clock=clock)
     )
 
 

@@ -224,8 +224,8 @@ class ShardModel(RuleBasedStateMachine):
         client = PersistClient.open(
             stack,
             consensus=faulty_log,
-            settings=MODEL_SETTINGS,
-            store_settings=STORE_SETTINGS,
+            settings=STORE_SETTINGS,
+            persist_settings=MODEL_SETTINGS,
             clock=self.clock,
         )
         manual(client)  # merges and GC run only when a rule says so

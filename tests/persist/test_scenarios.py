@@ -564,7 +564,7 @@ def test_the_whole_api_on_every_backend(backend: Backend) -> None:
         inline_part_max_bytes=256, batch_lease=10.0, consensus_min_age=1.0, allow_short_leases=True
     )
     target = backend.target() if backend.name == "memory" else backend.store()
-    with PersistClient.open(target, settings=settings, store_settings=backend.settings) as client:
+    with PersistClient.open(target, settings=backend.settings, persist_settings=settings) as client:
         write = client.open_writer(SHARD)
         read = client.open_leased_reader(SHARD)
         listen = read.listen(0)

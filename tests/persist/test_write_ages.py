@@ -130,13 +130,13 @@ def test_gc_during_a_write_in_flight_never_leaves_a_state_naming_a_deleted_part(
         manual(
             PersistClient.open(
                 InterceptStore(raw, pause.before_put, after_put=pause.after_put),
-                settings=settings,
-                store_settings=store_settings,
+                settings=store_settings,
+                persist_settings=settings,
                 clock=clock,
             )
         ) as client,
         manual(
-            PersistClient.open(raw, settings=settings, store_settings=store_settings, clock=clock)
+            PersistClient.open(raw, settings=store_settings, persist_settings=settings, clock=clock)
         ) as collector,
     ):
         write = client.open_writer(SHARD)

@@ -100,7 +100,7 @@ def read_everything(
 
 
 def test_auto_caches_remote_stores_only(tmp_path: Path) -> None:
-    auto = Settings(disk_cache_dir=str(tmp_path / "cache"))
+    auto = Settings(disk_cache_dir=str(tmp_path / "cache"), instance_credentials=True)
     assert type(open_stack("memory://", auto)) is MetricsStore
     assert type(open_stack(f"file://{tmp_path}", auto)) is MetricsStore
     assert isinstance(open_stack("s3://bucket/prefix", auto), DiskCachedStore)
