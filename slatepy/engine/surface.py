@@ -60,6 +60,13 @@ def as_url(url: str | os.PathLike[str] | ObjectStore) -> str | ObjectStore:
     return url
 
 
+def _keeping(view: View, rows: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """``rows``, keeping ``view`` referenced while they are read: a writer's collector
+    spares the SSTs of the views still referenced (RFC 0029)."""
+    yield from rows
+    del view
+
+
 class ReadSurface:
     """Reads shared by every handle; hosts implement ``_view_for`` and ``_version``.
 
@@ -129,15 +136,18 @@ class ReadSurface:
             return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         view = self._view_for(start, end)
-        return scan_merged(
-            view.tables,
-            view.entries,
-            view.manifest,
-            start,
-            end,
-            ranges=view.ranges,
-            clock=frozen_clock(view.clock),
-            merging=view.merging,
+        return _keeping(
+            view,
+            scan_merged(
+                view.tables,
+                view.entries,
+                view.manifest,
+                start,
+                end,
+                ranges=view.ranges,
+                clock=frozen_clock(view.clock),
+                merging=view.merging,
+            ),
         )
 
     def _scan_ordered(
