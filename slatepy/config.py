@@ -131,6 +131,11 @@ class Settings(
             a superseded manifest must stay superseded, before GC deletes it. Must exceed the
             longest compaction (a compactor abandons work older than half of it) and the
             writer's view refresh.
+        gc_when_alone: On ``file://``, a writer whose store is the only one open on the
+            database (an ``flock``; RFC 0029) collects superseded objects at once and GCs
+            every second. Set False when the directory is shared with other machines by a
+            filesystem whose ``flock`` does not reach them (some FUSE or SMB mounts; Linux
+            NFS is fine).
         file_sync: ``"fsync"`` (default) makes a ``file://`` write durable before it is
             acknowledged: the file and its directory are fsynced before a WAL SST, a manifest
             or a compacted SST counts as written. ``"off"`` skips that (faster; a power loss
@@ -201,6 +206,7 @@ class Settings(
     gc_interval: float = 60.0
     gc_max_interval: float = 600.0
     gc_min_age: float = 3600.0
+    gc_when_alone: bool = True
     file_sync: Literal["fsync", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
     block_cache_bytes: int = 64 * 1024 * 1024

@@ -249,7 +249,10 @@ class Db(Closing, ReadSurface, WriteSurface):
             manifests,
             clock or time.time,
             merge_operator,
-            attachment=attachment_of(target),
+            # Only a store this call opened: one the caller passed may be shared in-process.
+            attachment=None
+            if isinstance(url, ObjectStore) or not settings.gc_when_alone
+            else attachment_of(target),
         )
         db._opened = True
         log.info(

@@ -259,7 +259,9 @@ class GarbageCollector:
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
-            report = self._release_sources(report, active, now)
+            if in_use is None or needed_shared(dict(enumerate(in_use))) <= needed_shared(active):
+                # (A view of this process may still read a shared SST: release next pass.)
+                report = self._release_sources(report, active, now)
             log.info(
                 "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s); %s",
                 self.store.url,

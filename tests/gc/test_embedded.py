@@ -100,3 +100,16 @@ def test_what_a_read_only_reader_or_a_live_view_reads_is_never_collected(
         assert dict(db.items()) == {b"k%04d" % i: b"r7" for i in range(50)}
         files, _ = _files(tmp_path)
         assert files <= report.live_objects + 4, (files, report.summary())
+
+
+def test_a_store_the_caller_passes_or_gc_when_alone_off_keeps_the_grace(tmp_path: Path) -> None:
+    store = open_store(tmp_path.as_uri(), create=True)  # may be shared with readers in-process
+    with Db.open(store, settings=SMALL) as db, db._sole_use() as in_use:
+        assert in_use is None
+    off = Settings(compactor="off", gc_when_alone=False)
+    with Db.open(tmp_path, settings=off) as db, db._sole_use() as in_use:
+        assert in_use is None
+    del store, db
+    gc.collect()  # the stores above (and their shared locks) go
+    with Db.open(tmp_path, settings=SMALL) as db, db._sole_use() as in_use:
+        assert in_use is not None  # alone: the writer's current view is in use
