@@ -30,13 +30,23 @@ _ATTACHED: weakref.WeakKeyDictionary[object, Attachment] = weakref.WeakKeyDictio
 class Attachment:
     """This store's shared lock on the database root's users file."""
 
-    def __init__(self, root: str) -> None:
-        """Open (creating if allowed) the users file and take a shared lock; ``fd`` is -1
-        when that is impossible, and :meth:`alone` then always answers False."""
+    def __init__(self, root: str, *, create: bool) -> None:
+        """Open the users file and take a shared lock; ``fd`` is -1 when that is
+        impossible, and :meth:`alone` then always answers False.
+
+        Only the store that may create the database (``create``: a writer's) creates the
+        file; others write nothing (a reader on a read-only mount, a command pointed at
+        another program's data). A writer that creates the file for a database that
+        already existed cannot know which readers opened before it: it never counts as
+        alone (the next writer does).
+        """
         self._mutex = threading.Lock()
         self.fd = -1
         path = os.path.join(root, USERS_FILE)
-        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        existed = os.path.exists(path)
+        new_database = not os.path.isdir(os.path.join(root, "manifest"))
+        self.trusted = existed or new_database
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY) if create else (os.O_RDONLY,):
             with contextlib.suppress(OSError):
                 self.fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
                 break
@@ -55,7 +65,7 @@ class Attachment:
         """True while no other store of the database is open: the lock is exclusive for
         the block (other stores' opens wait for it), shared again after."""
         with self._mutex:
-            if self.fd < 0:
+            if self.fd < 0 or not self.trusted:
                 yield False
                 return
             try:
@@ -69,9 +79,10 @@ class Attachment:
                 fcntl.flock(self.fd, fcntl.LOCK_SH)
 
 
-def attach(store: object, root: str) -> None:
-    """Give ``store`` (a ``file://`` store just opened) its shared lock."""
-    _ATTACHED[store] = Attachment(root)
+def attach(store: object, root: str, *, create: bool) -> None:
+    """Give ``store`` (a ``file://`` store just opened; ``create``: it may create the
+    database) its shared lock."""
+    _ATTACHED[store] = Attachment(root, create=create)
 
 
 def attachment_of(store: object) -> Attachment | None:

@@ -117,7 +117,7 @@ def _open(url: str, settings: Settings, *, create: bool) -> ObjectStore:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
         local = LocalReads(path, f"file://{path}")
         store = ObstoreStore(raw, f"file://{path}", file_sync=sync, local_reads=local)
-        attach(store, path)  # before anything is read: RFC 0029
+        attach(store, path, create=create)  # before anything is read: RFC 0029
         return store
     bucket, prefix = parts.hostname or "", parts.path.strip("/") or None
     if scheme in ("gs", "az", "s3") and not bucket:
