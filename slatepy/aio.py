@@ -3,9 +3,11 @@ awaitable.
 
 Each call runs the synchronous implementation in a worker thread (``asyncio.to_thread``), so
 an event loop is never blocked by object-store I/O; group commit still applies because the
-waiting happens in those threads. Scans return lists (one thread hop for the whole result);
-:meth:`Db.scan_batches` is an async iterator that fetches one batch per hop, for results too
-large to hold at once.
+waiting happens in those threads. A scan is both awaitable (``await db.scan()``: one list,
+one thread hop) and an async iterator (``async for key, value in db.scan()``: one batch of
+rows per hop, for results too large to hold at once); :meth:`Db.scan_batches` yields the
+batches themselves. ``open`` is awaitable and an async context manager: ``db = await
+Db.open(url)`` or ``async with Db.open(url) as db:``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar
 
 from slatepy.config import SettingsLike
 from slatepy.engine.batch import WriteBatch
@@ -38,6 +41,73 @@ from slatepy.table.merge_operator import MergeOperator
 _END = object()
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+H = TypeVar("H", bound=_Closable)
+
+
+class Opening(Generic[H]):
+    """What ``open`` returns: ``await`` it for the handle, or ``async with`` it to have the
+    handle closed when the block ends (as ``aiosqlite.connect``)."""
+
+    def __init__(self, opening: Coroutine[Any, Any, H]) -> None:
+        """Wrap the coroutine that opens the handle (run once, by await or ``async with``)."""
+        self._opening = opening
+        self._handle: H | None = None
+
+    def __await__(self) -> Generator[Any, None, H]:
+        """``await Db.open(url)``: the open handle."""
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> H:
+        """``async with Db.open(url) as db``: open, and hand out the handle."""
+        self._handle = await self._opening
+        return self._handle
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the handle (quietly if the block raised, as the handle's own ``with``)."""
+        assert self._handle is not None
+        aexit = getattr(self._handle, "__aexit__", None)
+        if aexit is not None:
+            await aexit(exc_type, exc, tb)
+        else:
+            await self._handle.close()
+
+
+class Rows:
+    """A scan: ``await`` it for one list, or ``async for`` it for rows fetched a batch per
+    worker-thread hop (the event loop never waits on the store)."""
+
+    def __init__(self, rows: Callable[[], Iterator[tuple[bytes, bytes]]], batch_size: int) -> None:
+        """``rows`` makes the sync scan (on a worker thread: taking the view may do I/O)."""
+        self._rows = rows
+        self._batch_size = batch_size
+
+    def __await__(self) -> Generator[Any, None, list[tuple[bytes, bytes]]]:
+        """``await db.scan()``: every row, as one list (one worker-thread hop)."""
+        return asyncio.to_thread(lambda: list(self._rows())).__await__()
+
+    async def __aiter__(self) -> AsyncIterator[tuple[bytes, bytes]]:
+        """``async for key, value in db.scan()``: a batch of rows per worker-thread hop."""
+        rows: Iterator[tuple[bytes, bytes]] = await asyncio.to_thread(self._rows)
+        size = self._batch_size
+        try:
+            while batch := await asyncio.to_thread(lambda: list(itertools.islice(rows, size))):
+                for row in batch:
+                    yield row
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
 
 
 def _in_thread(
@@ -83,26 +153,43 @@ class _AsyncReads:
         """Whether ``key`` has a live value (``in`` cannot be awaited)."""
         return await asyncio.to_thread(self.sync.__contains__, key)
 
-    async def scan(
+    def scan(
         self,
         start: bytes = b"",
         end: bytes | None = None,
         *,
         reverse: bool = False,
         limit: int | None = None,
-    ) -> list[tuple[bytes, bytes]]:
+    ) -> Rows:
         """``(key, value)`` with ``start <= key < end`` in key order (descending with
-        ``reverse``, at most ``limit``), as one list from one consistent view."""
-        return await asyncio.to_thread(
-            lambda: list(self.sync.scan(start, end, reverse=reverse, limit=limit))
+        ``reverse``, at most ``limit``) from one consistent view: ``await`` it for one list,
+        or ``async for`` over it."""
+        return Rows(
+            lambda: self.sync.scan(start, end, reverse=reverse, limit=limit), DEFAULT_BATCH_SIZE
         )
 
-    async def scan_prefix(
+    def scan_prefix(
         self, prefix: bytes, *, reverse: bool = False, limit: int | None = None
-    ) -> list[tuple[bytes, bytes]]:
-        """The ``(key, value)`` pairs whose key starts with ``prefix``, as one list."""
-        return await asyncio.to_thread(
-            lambda: list(self.sync.scan_prefix(prefix, reverse=reverse, limit=limit))
+    ) -> Rows:
+        """The ``(key, value)`` pairs whose key starts with ``prefix``: ``await`` it for one
+        list, or ``async for`` over it."""
+        return Rows(
+            lambda: self.sync.scan_prefix(prefix, reverse=reverse, limit=limit),
+            DEFAULT_BATCH_SIZE,
+        )
+
+    def items(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        prefix: bytes | None = None,
+    ) -> Rows:
+        """:meth:`slatepy.engine.surface.ReadSurface.items`: ``await`` or ``async for``."""
+        return Rows(
+            lambda: self.sync.items(start, end, reverse=reverse, prefix=prefix),
+            DEFAULT_BATCH_SIZE,
         )
 
     async def scan_batches(
@@ -167,7 +254,7 @@ class Db(_AsyncReads):
         self.sync = db
 
     @classmethod
-    async def open(
+    def open(
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
@@ -175,18 +262,23 @@ class Db(_AsyncReads):
         create_if_missing: bool = True,
         clock: Callable[[], float] | None = None,
         merge_operator: MergeOperator | None = None,
-    ) -> Db:
-        """:meth:`slatepy.engine.db.Db.open` on a worker thread."""
-        return cls(
-            await asyncio.to_thread(
-                SyncDb.open,
-                url,
-                settings=settings,
-                create_if_missing=create_if_missing,
-                clock=clock,
-                merge_operator=merge_operator,
+    ) -> Opening[Db]:
+        """:meth:`slatepy.engine.db.Db.open` on a worker thread: ``await`` it, or ``async
+        with`` it (closed when the block ends)."""
+
+        async def opening() -> Db:
+            return cls(
+                await asyncio.to_thread(
+                    SyncDb.open,
+                    url,
+                    settings=settings,
+                    create_if_missing=create_if_missing,
+                    clock=clock,
+                    merge_operator=merge_operator,
+                )
             )
-        )
+
+        return Opening(opening())
 
     @property
     def url(self) -> str:
@@ -250,7 +342,7 @@ class DbReader(_AsyncReads):
         self.sync = reader
 
     @classmethod
-    async def open(
+    def open(
         cls,
         url: str | os.PathLike[str] | ObjectStore,
         *,
@@ -259,20 +351,24 @@ class DbReader(_AsyncReads):
         checkpoint: str | None = None,
         clock: Callable[[], float] | None = None,
         merge_operator: MergeOperator | None = None,
-    ) -> DbReader:
+    ) -> Opening[DbReader]:
         """:meth:`slatepy.engine.reader.DbReader.open` on a worker thread (``checkpoint``:
-        read that checkpoint, a fixed view)."""
-        return cls(
-            await asyncio.to_thread(
-                SyncDbReader.open,
-                url,
-                settings=settings,
-                read_only=read_only,
-                checkpoint=checkpoint,
-                clock=clock,
-                merge_operator=merge_operator,
+        read that checkpoint, a fixed view): ``await`` it, or ``async with`` it."""
+
+        async def opening() -> DbReader:
+            return cls(
+                await asyncio.to_thread(
+                    SyncDbReader.open,
+                    url,
+                    settings=settings,
+                    read_only=read_only,
+                    checkpoint=checkpoint,
+                    clock=clock,
+                    merge_operator=merge_operator,
+                )
             )
-        )
+
+        return Opening(opening())
 
     @property
     def metrics(self) -> StoreMetrics:
@@ -363,17 +459,18 @@ class Transaction:
         """Buffer the deletion of ``key`` (no I/O: not awaitable)."""
         self.sync.delete(key)
 
-    async def scan(
+    def scan(
         self,
         start: bytes = b"",
         end: bytes | None = None,
         *,
         reverse: bool = False,
         limit: int | None = None,
-    ) -> list[tuple[bytes, bytes]]:
-        """The transaction's view of ``[start, end)`` as one list; see the sync ``scan``."""
-        return await asyncio.to_thread(
-            lambda: list(self.sync.scan(start, end, reverse=reverse, limit=limit))
+    ) -> Rows:
+        """The transaction's view of ``[start, end)`` (see the sync ``scan``): ``await`` it
+        for one list, or ``async for`` over it."""
+        return Rows(
+            lambda: self.sync.scan(start, end, reverse=reverse, limit=limit), DEFAULT_BATCH_SIZE
         )
 
     commit = _in_thread(SyncTransaction.commit)
@@ -411,9 +508,16 @@ class WalReader:
         self.sync = reader
 
     @classmethod
-    async def open(cls, url: str | ObjectStore, *, settings: SettingsLike = None) -> WalReader:
-        """:class:`slatepy.engine.wal_reader.WalReader` constructed on a worker thread."""
-        return cls(await asyncio.to_thread(SyncWalReader, url, settings=settings))
+    def open(
+        cls, url: str | os.PathLike[str] | ObjectStore, *, settings: SettingsLike = None
+    ) -> Opening[WalReader]:
+        """:meth:`slatepy.engine.wal_reader.WalReader.open` on a worker thread: ``await``
+        it, or ``async with`` it."""
+
+        async def opening() -> WalReader:
+            return cls(await asyncio.to_thread(SyncWalReader.open, url, settings=settings))
+
+        return Opening(opening())
 
     async def iter(
         self,
@@ -470,6 +574,8 @@ __all__ = [
     "Db",
     "DbReader",
     "KeyValue",
+    "Opening",
+    "Rows",
     "Snapshot",
     "Transaction",
     "WalReader",

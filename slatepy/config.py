@@ -20,7 +20,7 @@ from typing import Any, Literal, Self
 
 import msgspec
 
-from slatepy.errors import InvalidArgument
+from slatepy.errors import InvalidArgument, InvalidType
 
 MAX_KEY_SIZE = 65_535
 """Largest key in bytes (the on-disk key length is a u16)."""
@@ -29,7 +29,28 @@ MAX_VALUE_SIZE = 16 * 1024 * 1024
 """Largest value in bytes; larger values belong in their own objects."""
 
 
-class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _SettingsMeta(type(msgspec.Struct)):  # type: ignore[misc]
+    """Makes ``Settings(flush_intreval=1)`` say "did you mean 'flush_interval'?"."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        fields: tuple[str, ...] = cls.__struct_fields__
+        for name in kwargs:
+            if name not in fields:
+                raise InvalidType(f"unknown setting {name!r}{_did_you_mean(name, fields)}")
+        return super().__call__(*args, **kwargs)
+
+
+SECRETS = frozenset({"s3_secret_access_key", "s3_session_token", "azure_access_key"})
+"""Settings a ``repr`` (a log line, a traceback, a notebook) shows only as set or not."""
+
+
+class Settings(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    metaclass=_SettingsMeta,
+):
     """Tunables of a database and of its object store connection.
 
     Attributes:
@@ -117,6 +138,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             a superseded manifest must stay superseded, before GC deletes it. Must exceed the
             longest compaction (a compactor abandons work older than half of it) and the
             writer's view refresh.
+        gc_when_alone: On ``file://``, a writer whose store is the only one open on the
+            database (an ``flock``; RFC 0029) collects superseded objects at once and GCs
+            every second. Set False when the directory is shared with other machines by a
+            filesystem whose ``flock`` does not reach them (some FUSE or SMB mounts; Linux
+            NFS is fine).
         file_sync: ``"fsync"`` (default) makes a ``file://`` write durable before it is
             acknowledged: the file and its directory are fsynced before a WAL SST, a manifest
             or a compacted SST counts as written. ``"off"`` skips that (faster; a power loss
@@ -188,6 +214,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gc_interval: float = 60.0
     gc_max_interval: float = 600.0
     gc_min_age: float = 3600.0
+    gc_when_alone: bool = True
     file_sync: Literal["fsync", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
     block_cache_bytes: int = 64 * 1024 * 1024
@@ -277,6 +304,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         for ok, message in checks:
             if not ok:
                 raise InvalidArgument(message)
+
+    def __repr__(self) -> str:
+        """Every option, secrets masked as ``'***'`` (and None when unset)."""
+        shown = (
+            f"{name}={'***' if name in SECRETS and value is not None else value!r}"
+            for name, value in ((n, getattr(self, n)) for n in self.__struct_fields__)
+        )
+        return f"Settings({', '.join(shown)})"
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        """What ``rich`` prints: the same masking as ``repr``."""
+        return [
+            (name, "***" if name in SECRETS and value is not None else value)
+            for name, value in ((n, getattr(self, n)) for n in self.__struct_fields__)
+        ]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:

@@ -17,6 +17,12 @@ class InvalidArgument(SlatepyError, ValueError):
     """The caller passed something slatepy cannot accept; nothing was written."""
 
 
+class InvalidType(InvalidArgument, TypeError):
+    """A key, value, bound or setting of the wrong Python type (a ``str`` key where bytes
+    are needed, an unknown keyword): a ``TypeError`` as plyvel, lmdb and the builtins raise
+    it, and still an :class:`InvalidArgument` for code that catches the family."""
+
+
 class ClosedError(SlatepyError):
     """The database (or reader) was closed; open it again to continue."""
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import cast, overload
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
-from slatepy.errors import InvalidArgument
+from slatepy.errors import InvalidArgument, InvalidType
 from slatepy.format.kinds import Expiring, Operands
 
 Op = tuple[bytes, bytes | None]
@@ -15,14 +15,15 @@ Op = tuple[bytes, bytes | None]
 
 
 def check_key(key: object) -> bytes:
-    """Return ``key`` as bytes or raise ``InvalidArgument``."""
+    """Return ``key`` as bytes or raise ``InvalidArgument`` (``InvalidType``, also a
+    ``TypeError``, for a key that is not bytes-like)."""
     # Every write and read passes here: plain, valid bytes are returned after one class
     # check (the union isinstance and the copy below cost ~5x more); the rest, errors
     # included, take the full path.
     if type(key) is bytes and 0 < len(key) <= MAX_KEY_SIZE:
         return key
     if not isinstance(key, bytes | bytearray | memoryview):
-        raise InvalidArgument(f"keys must be bytes, got {type(key).__name__}")
+        raise InvalidType(f"keys must be bytes, got {type(key).__name__}")
     key = bytes(key)
     if not key:
         raise InvalidArgument("keys must not be empty")
@@ -36,7 +37,7 @@ def check_value(value: object) -> bytes:
     if type(value) is bytes and len(value) <= MAX_VALUE_SIZE:
         return value  # plain bytes: see check_key
     if not isinstance(value, bytes | bytearray | memoryview):
-        raise InvalidArgument(f"values must be bytes, got {type(value).__name__}")
+        raise InvalidType(f"values must be bytes, got {type(value).__name__}")
     value = bytes(value)
     if len(value) > MAX_VALUE_SIZE:
         raise InvalidArgument(f"value of {len(value)} bytes exceeds the limit of {MAX_VALUE_SIZE}")
@@ -46,7 +47,7 @@ def check_value(value: object) -> bytes:
 def check_ttl(ttl: object) -> float:
     """Return ``ttl`` (seconds, a positive finite number) or raise ``InvalidArgument``."""
     if isinstance(ttl, bool) or not isinstance(ttl, int | float):
-        raise InvalidArgument(f"ttl must be a number of seconds, got {type(ttl).__name__}")
+        raise InvalidType(f"ttl must be a number of seconds, got {type(ttl).__name__}")
     if not math.isfinite(ttl) or ttl <= 0:
         raise InvalidArgument(
             f"ttl must be a positive number of seconds, got {ttl!r} "
@@ -75,7 +76,7 @@ def check_delete_range(start: object, end: object) -> tuple[bytes, bytes]:
 def check_range(start: object, end: object) -> None:
     """Raise ``InvalidArgument`` unless ``start``/``end`` are scan bounds (end may be None)."""
     if not isinstance(start, bytes) or not (end is None or isinstance(end, bytes)):
-        raise InvalidArgument("scan bounds must be bytes (end may be None)")
+        raise InvalidType("scan bounds must be bytes (end may be None)")
     if end is not None and end < start:
         raise InvalidArgument(f"scan start {start!r} is after end {end!r}")
 

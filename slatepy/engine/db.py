@@ -31,6 +31,7 @@ from slatepy.engine.batch import (
 from slatepy.engine.checkpoint import Checkpoint
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
+from slatepy.engine.embedded import LiveViews, TrackedView, alone, embedded_gc
 from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
 from slatepy.engine.locks import acquire
@@ -62,6 +63,7 @@ from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
+from slatepy.store.attach import Attachment, attachment_of
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore
 from slatepy.store.metrics import MetricsStore, StoreMetrics
@@ -112,12 +114,16 @@ class Db(Closing, ReadSurface, WriteSurface):
         manifests: ManifestStore,
         clock: Clock = time.time,
         merge_operator: MergeOperator | None = None,
+        *,
+        attachment: Attachment | None = None,
     ) -> None:
         self._store = store
+        self._attachment = attachment
         self._settings = settings
         self._clock = clock
         self._merging = Merging(merge_operator, clock)
         self._lock = threading.Lock()
+        self._views = LiveViews()  # what this process reads, for its collector (RFC 0029)
         self._closed = False
         self._refused = False  # closed, or the writer failed: reads check why (_check_readable)
         self._forked_from = 0  # the parent's pid, in a child of os.fork()
@@ -166,11 +172,11 @@ class Db(Closing, ReadSurface, WriteSurface):
                 # Compaction reads what it is about to replace: not worth the disk cache.
                 Compactor(
                     store.uncached() if isinstance(store, DiskCachedStore) else store,
-                    settings=settings,
+                    settings=embedded_gc(settings, attachment),
                     expiry_clock=clock,
                     merge_operator=merge_operator,
                 ),
-                gc=GarbageCollector(store, settings=settings),
+                gc=GarbageCollector(store, settings=settings, sole_use=_weak_sole_use(self)),
                 on_publish=_weak_callback(self._adopt_published),
             )
         _OPEN.add(self)
@@ -238,7 +244,17 @@ class Db(Closing, ReadSurface, WriteSurface):
                 "open with create_if_missing=True to create one",
                 path="manifest/",
             )
-        db = cls(store, settings, manifests, clock or time.time, merge_operator)
+        db = cls(
+            store,
+            settings,
+            manifests,
+            clock or time.time,
+            merge_operator,
+            # Only a store this call opened: one the caller passed may be shared in-process.
+            attachment=None
+            if isinstance(url, ObjectStore) or not settings.gc_when_alone
+            else attachment_of(target),
+        )
         db._opened = True
         log.info(
             "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
@@ -582,7 +598,16 @@ class Db(Closing, ReadSurface, WriteSurface):
             self._check_readable()
             entries = self._memtable.range(start, end)
             view, ranges = self._view, self._memtable.ranges
-        return View(self._tables, view, entries, start, end, ranges, self._clock, self._merging)
+            return self._views.track(
+                TrackedView(
+                    self._tables, view, entries, start, end, ranges, self._clock, self._merging
+                )
+            )
+
+    def _sole_use(self) -> contextlib.AbstractContextManager[list[Manifest] | None]:
+        """For the collector: while this process alone has the database open, the
+        manifests it reads (RFC 0029)."""
+        return alone(self._attachment, self._lock, lambda: [self._view, *self._views.manifests()])
 
     def _version(self, key: bytes) -> Version | None:
         key = check_key(key)
@@ -970,6 +995,19 @@ def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], N
         target = ref()
         if target is not None:
             target(manifest)
+
+    return call
+
+
+def _weak_sole_use(
+    db: Db,
+) -> Callable[[], contextlib.AbstractContextManager[list[Manifest] | None]]:
+    """``db._sole_use`` without keeping ``db`` alive (the collector outlives no writer)."""
+    ref = weakref.ref(db)
+
+    def call() -> contextlib.AbstractContextManager[list[Manifest] | None]:
+        live = ref()
+        return contextlib.nullcontext() if live is None else live._sole_use()
 
     return call
 

@@ -28,6 +28,7 @@ from slatepy.engine.iterator import (
 )
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.view import get_compacted, newer_version, scan_merged
+from slatepy.errors import InvalidType
 from slatepy.manifest.record import Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.table.reader import TableReader
@@ -59,8 +60,31 @@ def as_url(url: str | os.PathLike[str] | ObjectStore) -> str | ObjectStore:
     return url
 
 
+def _keeping(view: View, rows: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    """``rows``, keeping ``view`` referenced while they are read: a writer's collector
+    spares the SSTs of the views still referenced (RFC 0029)."""
+    yield from rows
+    del view
+
+
 class ReadSurface:
-    """Reads shared by every handle; hosts implement ``_view_for`` and ``_version``."""
+    """Reads shared by every handle; hosts implement ``_view_for`` and ``_version``.
+
+    The mapping protocol follows ``dict`` (and rocksdict, lmdb, dbm): ``db[key]`` raises
+    ``KeyError`` for an absent key, ``key in db``, ``iter(db)`` and :meth:`keys` yield keys,
+    :meth:`values`, :meth:`items`, so ``dict(db)`` copies a database. :meth:`iter` is the
+    seekable cursor and yields ``(key, value)`` pairs, as ``items()`` does.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # Db(url) would otherwise fail naming the constructor's internal arguments.
+        if args and isinstance(args[0], str | os.PathLike) and hasattr(cls, "open"):
+            name = cls.__name__
+            raise InvalidType(
+                f"{name}({args[0]!r}) does not open a database; use {name}.open({args[0]!r})"
+                " (the constructor is internal)"
+            )
+        return super().__new__(cls)
 
     def _view_for(self, start: bytes, end: bytes | None) -> View:
         """A consistent view of ``[start, end)`` (memtable entries frozen now)."""
@@ -88,7 +112,8 @@ class ReadSurface:
     ) -> DbIterator:
         """An iterator of ``(key, value)`` with ``start <= key < end`` (and starting with
         ``prefix`` if given), ascending or with ``reverse`` descending, over the view taken
-        now; :meth:`DbIterator.seek` repositions it on that same view.
+        now; :meth:`DbIterator.seek` repositions it on that same view. It yields pairs, like
+        :meth:`items` (and rocksdict's ``iter``); ``iter(db)`` yields keys, as a dict does.
 
         Raises:
             InvalidArgument: bounds that are not bytes, or ``start`` after ``end``.
@@ -111,15 +136,18 @@ class ReadSurface:
             return self._scan_ordered(start, end, reverse, limit)
         check_range(start, end)
         view = self._view_for(start, end)
-        return scan_merged(
-            view.tables,
-            view.entries,
-            view.manifest,
-            start,
-            end,
-            ranges=view.ranges,
-            clock=frozen_clock(view.clock),
-            merging=view.merging,
+        return _keeping(
+            view,
+            scan_merged(
+                view.tables,
+                view.entries,
+                view.manifest,
+                start,
+                end,
+                ranges=view.ranges,
+                clock=frozen_clock(view.clock),
+                merging=view.merging,
+            ),
         )
 
     def _scan_ordered(
@@ -162,6 +190,56 @@ class ReadSurface:
         view = self._view_for(lo, hi)
         return rows_or_batches(view, lo, hi, reverse=reverse, batch_size=batch_size, fmt=format)
 
+    def keys(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        prefix: bytes | None = None,
+    ) -> Iterator[bytes]:
+        """The live keys with ``start <= key < end`` (and ``prefix``), in key order or
+        ``reverse``, from one view taken now (``list(db.keys())``, ``dict(db)``)."""
+        return (key for keys, _ in self._columns(start, end, reverse, prefix) for key in keys)
+
+    def values(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        prefix: bytes | None = None,
+    ) -> Iterator[bytes]:
+        """The values of :meth:`keys`' keys, in the same order, from one view."""
+        return (v for _, values in self._columns(start, end, reverse, prefix) for v in values)
+
+    def items(
+        self,
+        start: bytes | None = None,
+        end: bytes | None = None,
+        *,
+        reverse: bool = False,
+        prefix: bytes | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` of :meth:`keys`' keys, in the same order, from one view
+        (``dict(db.items())`` copies one consistent view; ``dict(db)`` reads each key again
+        after listing them, as ``dict`` does with any mapping)."""
+        return (
+            pair
+            for keys, values in self._columns(start, end, reverse, prefix)
+            for pair in zip(keys, values, strict=True)
+        )
+
+    def _columns(
+        self, start: bytes | None, end: bytes | None, reverse: bool, prefix: bytes | None
+    ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        lo, hi = key_bounds(start, end, prefix)
+        view = self._view_for(lo, hi)
+        batches: Iterator[tuple[list[bytes], list[bytes]]] = rows_or_batches(
+            view, lo, hi, reverse=reverse, batch_size=DEFAULT_BATCH_SIZE, fmt="columns"
+        )
+        return batches
+
     def get_key_value(self, key: bytes) -> KeyValue | None:
         """``KeyValue(key, value, seq)`` for a live key (``seq``: the write that set it), or
         None when the key is absent or deleted."""
@@ -183,8 +261,7 @@ class ReadSurface:
     def __iter__(self) -> Iterator[bytes]:
         """The live keys in order, from one view (as iterating a dict or ``rocksdict``;
         without this, ``__getitem__`` would make Python try integer indexes)."""
-        for keys, _ in self.scan_batches(format="columns"):
-            yield from keys
+        return self.keys()
 
 
 class WriteBatchContext(WriteBatch):
@@ -226,8 +303,15 @@ class WriteSurface:
         self.put(key, value)
 
     def __delitem__(self, key: bytes) -> None:
-        """Delete ``key`` (no KeyError for an absent key: a delete is a blind write)."""
+        """Delete ``key``; ``KeyError`` if it has no live value, as the mapping protocol
+        (``dict``, ``dbm``, ``shelve``) promises. That costs a read first; :meth:`delete` is
+        the blind write, silent for an absent key."""
+        if key not in self:
+            raise KeyError(key)
         self.delete(key)
+
+    def __contains__(self, key: object) -> bool:
+        raise NotImplementedError
 
     def write_batch(self, *, await_durable: bool = True) -> WriteBatchContext:
         """A batch written atomically when its ``with`` block ends without an exception."""

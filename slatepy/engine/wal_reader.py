@@ -35,10 +35,12 @@ What the feed holds (RFC 0018, "Change data capture"):
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Generator, Iterator
 from operator import attrgetter
-from typing import Literal
+from pathlib import Path
+from typing import Literal, Self
 
 import msgspec
 
@@ -229,6 +231,19 @@ class WalReader(Closing):
         self._closed = threading.Event()
         if self._manifests.latest_id() is None:
             raise NotFound(f"no slatepy database at {self.store.url}", path="manifest/")
+
+    @classmethod
+    def open(
+        cls, url: str | os.PathLike[str] | ObjectStore, *, settings: SettingsLike = None
+    ) -> Self:
+        """Open a feed of the database at ``url`` (a path-like names a local directory), as
+        ``Db.open`` and ``DbReader.open`` do; the preferred form of ``WalReader(url)``.
+
+        Raises:
+            NotFound: no database at ``url``.
+        """
+        location = Path(url).resolve().as_uri() if isinstance(url, os.PathLike) else url
+        return cls(location, settings=settings)
 
     def close(self) -> None:
         """Stop every following iterator (at its next poll); idempotent."""

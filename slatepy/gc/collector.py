@@ -6,11 +6,13 @@ that is still whole; the next pass finishes the job. Deleting a missing object s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from slatepy.config import Settings
@@ -22,13 +24,15 @@ from slatepy.gc.rules import (
     Listing,
     active_manifest_ids,
     checkpoint_wal_limits,
+    compacted_id,
+    referenced_ssts,
     select_garbage,
     spare_published,
 )
 from slatepy.gc.shared import OpenSource, Released, needed_shared, prune_shared, to_release
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
-from slatepy.store.base import ObjectStore
+from slatepy.store.base import ObjectMeta, ObjectStore
 from slatepy.store.retry import with_retries
 from slatepy.store.url import open_store
 from slatepy.table.layout import COMPACTED_DIR, WAL_DIR
@@ -41,6 +45,8 @@ superseded within ``gc_min_age`` (hundreds, with readers renewing snapshots), an
 change, so a long-lived collector reads each once."""
 
 Clock = Callable[[], dt.datetime]
+SoleUse = Callable[[], AbstractContextManager[Sequence[Manifest] | None]]
+"""See ``GarbageCollector``'s ``sole_use`` (RFC 0029)."""
 
 
 def utc_now() -> dt.datetime:
@@ -137,6 +143,10 @@ class GarbageCollector:
         clock: Returns the current UTC time (tests move it forward).
         open_source: How a clone's collector opens its source by URL to release its
             checkpoint there (default: ``open_store`` with these settings, with retries).
+        sole_use: For a writer's in-process collector (RFC 0029): a context that yields,
+            while no other process can use the database, the manifests its own process
+            still reads (its views), else None. Then a pass keeps no grace period for
+            superseded manifests and deletes the compacted SSTs they alone named.
     """
 
     def __init__(
@@ -147,8 +157,10 @@ class GarbageCollector:
         min_age: float | None = None,
         clock: Clock = utc_now,
         open_source: OpenSource | None = None,
+        sole_use: SoleUse | None = None,
     ) -> None:
         settings = settings or Settings()
+        self._sole_use = sole_use
         self.store = with_retries(
             store, settings.request_attempts, give_up_after=settings.store_timeout
         )
@@ -175,6 +187,13 @@ class GarbageCollector:
         # object listed after the manifest was read is either referenced by it or younger
         # than ``now`` says.
         self.store.recover()
+        sole = self._sole_use() if self._sole_use and not dry_run else contextlib.nullcontext()
+        with sole as in_use:
+            return self._collect(dry_run, started, in_use)
+
+    def _collect(
+        self, dry_run: bool, started: float, in_use: Sequence[Manifest] | None
+    ) -> GcReport:
         now = self._clock()
         current = self._manifests.load()
         if current is None:
@@ -189,8 +208,10 @@ class GarbageCollector:
             for meta in listing.manifests
             if (manifest_id := self._manifests.objects.parse(meta.path)) is not None
         ]
+        # Alone (RFC 0029), no other process holds a manifest: no grace for superseded ones.
+        grace = self.min_age if in_use is None else 0.0
         active_ids = active_manifest_ids(
-            current.id, current.manifest, numbered, now=now, min_age=self.min_age
+            current.id, current.manifest, numbered, now=now, min_age=grace
         )
         active = {i: self._read_active(i, current.id) for i in sorted(active_ids)}
         limits = checkpoint_wal_limits(
@@ -199,6 +220,13 @@ class GarbageCollector:
         deletions = select_garbage(
             listing, current.id, active, now=now, min_age=self.min_age, wal_limits=limits
         )
+        if in_use is not None:
+            chosen = {d.path for d in deletions}
+            deletions += [
+                d
+                for d in self._superseded_ssts(listing, numbered, current.id, active, in_use)
+                if d.path not in chosen
+            ]
         fence: int | None = None
         if not dry_run and any(d.kind == "compacted" for d in deletions):
             fence, deletions = self._fence(current.id, deletions)
@@ -231,7 +259,9 @@ class GarbageCollector:
         if not dry_run:
             for deletion in deletions:
                 self.store.delete(deletion.path)
-            report = self._release_sources(report, active, now)
+            if in_use is None or needed_shared(dict(enumerate(in_use))) <= needed_shared(active):
+                # (A view of this process may still read a shared SST: release next pass.)
+                report = self._release_sources(report, active, now)
             log.info(
                 "gc pass on %s: %s in %.2f s (current manifest %d, %d active%s); %s",
                 self.store.url,
@@ -294,6 +324,32 @@ class GarbageCollector:
                 log.info("gc: manifest %d vanished; keeping compacted SSTs", manifest_id)
                 return fenced.id, [d for d in deletions if d.kind != "compacted"]
         return fenced.id, spare_published(deletions, newer)
+
+    def _superseded_ssts(
+        self,
+        listing: Listing,
+        numbered: Sequence[tuple[int, ObjectMeta]],
+        current_id: int,
+        active: Mapping[int, Manifest],
+        in_use: Sequence[Manifest],
+    ) -> list[Deletion]:
+        """Compacted SSTs that inactive manifests (deleted by this pass) name and nothing
+        active or in use does: published, then compacted away, so no compaction or ingest
+        is still writing them, and their age does not matter (RFC 0029). SSTs never named
+        by a manifest keep the ``min_age`` rule (they may be outputs not yet published)."""
+        named: set[str] = set()
+        for manifest_id, _ in numbered:
+            if manifest_id < current_id and manifest_id not in active:
+                with contextlib.suppress(NotFound, CorruptionError):
+                    named |= referenced_ssts([self._manifests.read(manifest_id)])
+        keep = referenced_ssts([*active.values(), *in_use])
+        return [
+            Deletion(
+                meta.path, meta.size, "compacted SST only superseded manifests used", "compacted"
+            )
+            for meta in listing.compacted
+            if (sst := compacted_id(meta.path)) is not None and sst in named and sst not in keep
+        ]
 
     def _read_active(self, manifest_id: int, current_id: int) -> Manifest:
         try:

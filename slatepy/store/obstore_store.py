@@ -20,6 +20,7 @@ from slatepy.errors import (
     StoreUnavailable,
     UnsupportedStore,
 )
+from slatepy.store.attach import USERS_FILE
 from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, ObjectWriter, PutData, PutMode
 from slatepy.store.fsync import FileSync
 from slatepy.store.local_read import LocalReads
@@ -209,7 +210,9 @@ class ObstoreStore(ObjectStore):
                 return obstore.list(self._raw, prefix).collect()
             return obstore.list(self._raw, prefix, offset=offset).collect()
 
-        return sorted((_meta(m) for m in self._call(prefix, False, run)), key=lambda m: m.path)
+        listed = (_meta(m) for m in self._call(prefix, False, run))
+        # A file:// database's users lock (RFC 0029) is no object of the database.
+        return sorted((m for m in listed if m.path != USERS_FILE), key=lambda m: m.path)
 
     def copy(self, source: str, destination: str) -> None:
         self._call(source, True, lambda: obstore.copy(self._raw, source, destination))

@@ -20,6 +20,7 @@ from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound, UnsupportedStore
+from slatepy.store.attach import attach
 from slatepy.store.base import ObjectStore
 from slatepy.store.fsync import FileSync
 from slatepy.store.local_read import LocalReads
@@ -115,7 +116,9 @@ def _open(url: str, settings: Settings, *, create: bool) -> ObjectStore:
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc
         local = LocalReads(path, f"file://{path}")
-        return ObstoreStore(raw, f"file://{path}", file_sync=sync, local_reads=local)
+        store = ObstoreStore(raw, f"file://{path}", file_sync=sync, local_reads=local)
+        attach(store, path, create=create)  # before anything is read: RFC 0029
+        return store
     bucket, prefix = parts.hostname or "", parts.path.strip("/") or None
     if scheme in ("gs", "az", "s3") and not bucket:
         raise InvalidArgument(f"{scheme}:// URLs need a bucket or container name: {url!r}")
