@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
@@ -85,6 +86,8 @@ def main(config: dict[str, object]) -> None:
         # A failed pass (most meet an injected fault) is retried after 1 s, not 30 s.
         client._maintenance.retry_after = 1.0
         write = _retried(lambda: client.open_writer("race"))
+        started = time.monotonic()
+        lost = 0
         for n in range(ops):
             for _ in range(TRIES):
                 upper = _retried(write.fetch_recent_upper)
@@ -92,6 +95,7 @@ def main(config: dict[str, object]) -> None:
                 try:
                     write.compare_and_append(updates(pid, n, upper), upper, upper + 1)
                 except (UpperMismatch, StateConflictError):
+                    lost += 1
                     continue  # another writer took this upper (or kept winning): nothing landed
                 except UsageError as exc:
                     if "too old" not in str(exc):
@@ -106,11 +110,23 @@ def main(config: dict[str, object]) -> None:
                 break
             else:
                 raise SystemExit(f"writer {pid}: operation {n} found no free upper in {TRIES}")
+        appended = time.monotonic()
         client.wait_maintenance(10.0)
+        drained = time.monotonic()
         consensus.close()
     faults = dict(faulty.counts) | {f"consensus {k}": v for k, v in consensus.counts.items()}
     with open(str(config["out"]), "w") as f:
-        json.dump({"acked": acked, "uncertain": uncertain, "faults": faults, "gc": gc}, f)
+        json.dump(
+            {
+                "acked": acked,
+                "uncertain": uncertain,
+                "faults": faults,
+                "gc": gc,
+                "lost": lost,
+                "seconds": [appended - started, drained - appended],
+            },
+            f,
+        )
 
 
 def _retried(call: Callable[[], T]) -> T:
