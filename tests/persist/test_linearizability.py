@@ -114,8 +114,8 @@ def test_racing_processes_under_faults_and_gc_form_one_chain(
     print(
         f"{location}: {PROCESSES} processes x {OPS} operations in {elapsed:.1f} s: {acked} "
         f"acknowledged, {uncertain} uncertain, {faults} faults injected, final upper "
-        f"{upper}; GC during the run: {gc['passes']} passes deleted {gc['parts']} parts and "
-        f"{gc['rollups']} rollups, {gc['truncations']} truncated consensus; "
+        f"{upper}; GC during the run deleted {gc['parts']} parts and {gc['rollups']} "
+        f"rollups ({gc['passes']} passes completed, {gc['truncations']} truncating); "
         f"{sum(r['lost'] for r in reports)} lost races; seconds appending / draining "
         f"maintenance per child: {[[round(x, 1) for x in r['seconds']] for r in reports]}"
     )
