@@ -155,7 +155,7 @@ class ShardMachine:
         # Measures time passing (``time.monotonic`` beside the real wall clock; a test's
         # clock measures its own time).
         self.elapsed = elapsed or (time.monotonic if clock is time.time else clock)
-        self._anchor: tuple[int, float] | None = None
+        self._anchor: tuple[int, float, bool] | None = None
         self._versions = Versions(
             shard_id,
             consensus,
@@ -255,7 +255,14 @@ class ShardMachine:
         """Anchor :meth:`state_now_ms` at the first state with history this process holds
         (read, caught up or committed by it)."""
         if self._anchor is None and self._versions.state.seqno:
-            self._anchor = (self._versions.state.walltime_ms, self.elapsed())
+            self._anchor = self._anchor_at(self._versions.state.walltime_ms)
+
+    def _anchor_at(self, walltime_ms: int) -> tuple[int, float, bool]:
+        """The anchor at a state of walltime ``walltime_ms`` read now: that walltime, the
+        elapsed clock, and whether this process's clock may lead the walltime (by up to
+        ``max_clock_skew``): only when it was within the skew of that walltime then."""
+        trusted = self.now_ms() <= walltime_ms + self.settings.max_clock_skew_ms
+        return walltime_ms, self.elapsed(), trusted
 
     def state_now_ms(self, state: State) -> int:
         """The clock a transition on ``state`` runs with: the state's next walltime is
@@ -273,11 +280,17 @@ class ShardMachine:
         now = self.now_ms()
         if not state.seqno:
             return now
-        elapsed = self.elapsed()
         if self._anchor is None:
-            self._anchor = (state.walltime_ms, elapsed)
-        walltime, since = self._anchor
-        lo = walltime + int((elapsed - since) * 1000)
+            self._anchor = self._anchor_at(state.walltime_ms)
+        walltime, since, trusted = self._anchor
+        lo = walltime + int((self.elapsed() - since) * 1000)
+        if not trusted:
+            # Our clock was more than the skew ahead of the first walltime we read: we
+            # are a fast host, or the shard sat idle. Either way only time we saw pass
+            # counts. Granting the skew here let a fast host push the walltime one more
+            # skew ahead with every fresh client (each anchored at the walltime its last
+            # one pushed), taking live leases over (a CLI run or Spark task per client).
+            return lo
         return max(lo, min(now, lo + self.settings.max_clock_skew_ms))
 
     def run(

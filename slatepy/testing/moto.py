@@ -6,10 +6,13 @@ conditional-put status codes, error bodies) are exercised, not mocked.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 TEST_REGION = "us-east-1"
 TEST_KEY_ID = "testing"
@@ -41,6 +44,7 @@ def moto_server(*, separate_process: bool = False) -> Iterator[S3Endpoint]:
         return
     from moto.server import ThreadedMotoServer
 
+    _atomic_conditional_puts()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -49,6 +53,31 @@ def moto_server(*, separate_process: bool = False) -> Iterator[S3Endpoint]:
         yield S3Endpoint(f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+_PUT_LOCK = threading.Lock()
+
+
+def _atomic_conditional_puts() -> None:
+    """Make moto's PUT (its ``If-None-Match`` / ``If-Match`` check, then the store) one step.
+
+    moto checks the condition, does other work, then stores, with no lock: two creates of
+    one key racing in the threaded server could both succeed, which S3 never allows (found
+    by ``tests/persist/test_linearizability.py``: two commits at one consensus seqno).
+    Idempotent; the server of ``separate_process=True`` is not patched."""
+    from moto.s3.responses import S3Response
+
+    put = S3Response.put_object
+    if getattr(put, "_slatepy_atomic", False):
+        return
+
+    @functools.wraps(put)
+    def atomic_put(self: S3Response) -> Any:
+        with _PUT_LOCK:
+            return put(self)
+
+    atomic_put._slatepy_atomic = True  # type: ignore[attr-defined]
+    S3Response.put_object = atomic_put  # type: ignore[method-assign]
 
 
 def create_bucket(endpoint: S3Endpoint, bucket: str) -> None:

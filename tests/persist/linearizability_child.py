@@ -8,20 +8,23 @@ the reply lost) at ``rate``; every fifth operation is a batch large enough to be
 Its client compacts and collects garbage in the background with ``batch_lease`` 2 s, so
 parts, rollups and consensus entries are deleted while the others race (RFC 0015 §13.4).
 Writes to ``out``, as JSON, which operations were acknowledged (with the upper they were
-appended at), which ended uncertain, the faults injected and what its GC passes deleted.
+appended at), which ended uncertain, the faults injected and what its GC deleted (every
+deletion, also of passes an injected fault stopped later), its lost races and its seconds.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from slatepy.config import Settings
 from slatepy.errors import StoreUnavailable
 from slatepy.persist import PersistClient, UpperMismatch, maintenance
+from slatepy.persist import gc as gc_module
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import StateConflictError, UsageError
 from slatepy.persist.gc import GcReport, collect
@@ -64,12 +67,18 @@ def main(config: dict[str, object]) -> None:
         report = collect(machine, claimant=claimant)
         if report.status == "done":
             gc["passes"] += 1
-            gc["parts"] += len(report.parts)
-            gc["rollups"] += len(report.rollups)
             gc["truncations"] += report.truncated_to is not None
         return report
 
+    def counted_delete(machine: ShardMachine, keys: Iterable[str]) -> None:
+        # Each deletion a pass made, also by passes that failed later (most meet a fault).
+        for key in keys:
+            delete(machine, [key])
+            gc["parts" if key.startswith("part/") else "rollups"] += 1
+
     maintenance.collect = counted_collect  # type: ignore[assignment]  # counts, runs it as is
+    delete = gc_module._delete
+    gc_module._delete = counted_delete
     # Faults below the retrying stack (as a flaky network would cause them), and on the
     # consensus calls themselves.
     faulty = FaultyStore(
@@ -85,6 +94,8 @@ def main(config: dict[str, object]) -> None:
         # A failed pass (most meet an injected fault) is retried after 1 s, not 30 s.
         client._maintenance.retry_after = 1.0
         write = _retried(lambda: client.open_writer("race"))
+        started = time.monotonic()
+        lost = 0
         for n in range(ops):
             for _ in range(TRIES):
                 upper = _retried(write.fetch_recent_upper)
@@ -92,6 +103,7 @@ def main(config: dict[str, object]) -> None:
                 try:
                     write.compare_and_append(updates(pid, n, upper), upper, upper + 1)
                 except (UpperMismatch, StateConflictError):
+                    lost += 1
                     continue  # another writer took this upper (or kept winning): nothing landed
                 except UsageError as exc:
                     if "too old" not in str(exc):
@@ -106,11 +118,23 @@ def main(config: dict[str, object]) -> None:
                 break
             else:
                 raise SystemExit(f"writer {pid}: operation {n} found no free upper in {TRIES}")
+        appended = time.monotonic()
         client.wait_maintenance(10.0)
+        drained = time.monotonic()
         consensus.close()
     faults = dict(faulty.counts) | {f"consensus {k}": v for k, v in consensus.counts.items()}
     with open(str(config["out"]), "w") as f:
-        json.dump({"acked": acked, "uncertain": uncertain, "faults": faults, "gc": gc}, f)
+        json.dump(
+            {
+                "acked": acked,
+                "uncertain": uncertain,
+                "faults": faults,
+                "gc": gc,
+                "lost": lost,
+                "seconds": [appended - started, drained - appended],
+            },
+            f,
+        )
 
 
 def _retried(call: Callable[[], T]) -> T:

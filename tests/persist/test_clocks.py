@@ -5,7 +5,9 @@ ahead expired every lease and idempotency key at once, and then froze expiry for
 (everyone else's commits moved the walltime by 1 ms). Now a commit moves it at most
 ``max_clock_skew`` beyond what its committer has seen pass since it first read the state,
 and at least by that: a host ahead cannot push it further however often it commits, and a
-walltime ahead of every clock still advances as time passes.
+walltime ahead of every clock still advances as time passes. A process whose clock was more
+than ``max_clock_skew`` ahead of the walltime it first read counts only time it saw pass, so
+a fast host's fresh clients cannot each add the skew again.
 """
 
 from __future__ import annotations
@@ -89,3 +91,24 @@ def test_expiry_goes_on_after_a_fast_host_with_a_slow_host_committing(tmp_path: 
         assert dead.writer_id not in state.writers
         assert {c.claimant for c in state.merges.values()} <= {slow.writer_id}
         assert behind.machine(SHARD).run(claim_gc, ClaimGc("gslow")) > 0
+
+
+def test_a_fast_host_reopening_its_client_does_not_ratchet_the_walltime(tmp_path: Path) -> None:
+    """Each fresh client anchors the skew bound at the walltime it first reads: when that
+    walltime was already pushed ``max_clock_skew`` ahead by the same fast host's previous
+    client, it could push another ``max_clock_skew``: a host a day ahead whose clients come
+    and go (CLI runs, Spark tasks) took honest leases over in ``lease / skew`` reopenings."""
+    url = f"file://{tmp_path}"
+    base = Clock()
+    with manual(PersistClient.open(url, settings=SKEWED, clock=base)) as honest:
+        write = honest.open_writer(SHARD)
+        write.compare_and_append([upd(b"a", 0)], 0, 1)
+        reader = honest.open_leased_reader(SHARD)
+        reopenings = int(SKEWED.reader_lease // SKEWED.max_clock_skew) + 2
+        for t in range(1, 1 + reopenings):
+            with manual(PersistClient.open(url, settings=SKEWED, clock=skewed(base, DAY))) as c:
+                c.open_writer(SHARD).compare_and_append([upd(b"f%d" % t, t)], t, t + 1)
+        walltime = state_of(honest).walltime_ms
+        assert walltime <= (base() + SKEWED.max_clock_skew + 1) * 1000, walltime - base() * 1000
+        write.compare_and_append([], 1 + reopenings, 2 + reopenings)  # a commit judges expiry
+        assert reader.reader_id in state_of(honest).leased_readers

@@ -111,13 +111,15 @@ def test_racing_processes_under_faults_and_gc_form_one_chain(
     gc = sum((Counter(r["gc"]) for r in reports), Counter[str]())
     assert acked + uncertain == PROCESSES * OPS and acked >= PROCESSES * OPS // 2
     assert faults > 0
-    assert gc["parts"] > 0, f"GC deleted no part during the run: {dict(gc)}"
     print(
         f"{location}: {PROCESSES} processes x {OPS} operations in {elapsed:.1f} s: {acked} "
         f"acknowledged, {uncertain} uncertain, {faults} faults injected, final upper "
-        f"{upper}; GC during the run: {gc['passes']} passes deleted {gc['parts']} parts and "
-        f"{gc['rollups']} rollups, {gc['truncations']} truncated consensus"
+        f"{upper}; GC during the run deleted {gc['parts']} parts and {gc['rollups']} "
+        f"rollups ({gc['passes']} passes completed, {gc['truncations']} truncating); "
+        f"{sum(r['lost'] for r in reports)} lost races; seconds appending / draining "
+        f"maintenance per child: {[[round(x, 1) for x in r['seconds']] for r in reports]}"
     )
+    assert gc["parts"] > 0, f"GC deleted no part during the run: {dict(gc)}"
 
 
 def _location(location: str, tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:

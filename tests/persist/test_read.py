@@ -210,6 +210,27 @@ def test_a_listen_dropped_without_close_stops_holding_the_since(client: PersistC
     assert state_of(client).since == 8
 
 
+def test_a_listen_only_its_iterator_references_keeps_holding_the_since(
+    client: PersistClient,
+) -> None:
+    """Review of the weakly held listens (issue 27): ``for event in read.listen(t)`` keeps
+    no name for the listen; while its iterator lives, the since stays held."""
+    write = client.open_writer(SHARD)
+    read = client.open_leased_reader(SHARD)
+    write.compare_and_append([upd(b"a", 3)], 0, 5)
+    events = iter(read.listen(2))
+    assert next(events) == Updates([upd(b"a", 3)])
+    gc.collect()
+    assert read.downgrade_since(8) == 4  # held at frontier - 1 = 4
+    read.heartbeat()
+    assert state_of(client).since == 4
+    assert next(events) == Progress(5)
+    del events
+    gc.collect()
+    read.heartbeat()
+    assert state_of(client).since == 8
+
+
 def test_expire_releases_the_since(client: PersistClient) -> None:
     a, b = client.open_leased_reader(SHARD), client.open_leased_reader(SHARD)
     a.downgrade_since(3)
