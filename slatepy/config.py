@@ -121,6 +121,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         meta_cache_bytes: Memory for SST index and filter partitions; the top-level index of
             every SST in the current view is kept in memory besides (a few KB per SST).
         scan_read_ahead_bytes: Largest ranged GET a scan issues while reading ahead.
+        scan_requests_in_flight: Ranged GETs a scan keeps in flight ahead of the block it
+            is decoding (each at most ``scan_read_ahead_bytes``, so a scan holds up to one
+            more chunk than this in memory): through a slow store, a scan's bandwidth is
+            about this many requests' worth per round trip.
         disk_cache: Local disk cache of SST data from the object store: ``"auto"`` (on for
             ``s3://``, ``gs://``, ``az://``; off for ``memory://`` and ``file://``), ``"on"``,
             ``"off"``.
@@ -185,6 +189,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     block_cache_bytes: int = 64 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024
     scan_read_ahead_bytes: int = 4 * 1024 * 1024
+    scan_requests_in_flight: int = 4
     disk_cache: Literal["auto", "on", "off"] = "auto"
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 4 * 1024 * 1024 * 1024
@@ -244,6 +249,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             (
                 64 * 1024 <= self.scan_read_ahead_bytes <= 256 * 1024 * 1024,
                 "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
+            ),
+            (
+                1 <= self.scan_requests_in_flight <= 64,
+                "scan_requests_in_flight must be in [1, 64]",
             ),
             (self.disk_cache_bytes >= 16 << 20, "disk_cache_bytes must be >= 16 MiB"),
             (

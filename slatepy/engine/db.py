@@ -129,6 +129,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             block_cache_bytes=settings.block_cache_bytes,
             meta_cache_bytes=settings.meta_cache_bytes,
             scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+            scan_requests_in_flight=settings.scan_requests_in_flight,
         )
         self._view = start.manifest
         self._view_time = time.monotonic()
