@@ -86,6 +86,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             do: each idle pass doubles the interval up to it (a pass that finds nothing costs
             two requests); capped at half of ``compactor_lease`` so a standby never mistakes
             an idle holder for a gone one.
+        close_compaction_wait: Seconds ``Db.close()`` lets the in-process compactor finish
+            pending compaction (what the close flushed, into L0; L0 into a sorted run once
+            at the trigger) before it stops it; a compaction still running after that is
+            abandoned (its outputs go to GC). The next open then reads compacted SSTs
+            instead of replaying the WAL into memory. 0: abandon at once.
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
             work untouched before a superseded (standby) compactor takes the epoch back: how
             the writer's in-process compactor resumes after ``slatepy compact`` ended
@@ -178,6 +183,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     compaction_interval: float = 1.0
     compaction_max_interval: float = 15.0
     compactor_lease: float = 30.0
+    close_compaction_wait: float = 10.0
     reader_poll_interval: float = 0.1
     reader_max_poll_interval: float = 5.0
     reader_snapshot_ttl: float = 60.0
@@ -250,6 +256,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
                 64 * 1024 <= self.scan_read_ahead_bytes <= 256 * 1024 * 1024,
                 "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
             ),
+            (self.close_compaction_wait >= 0, "close_compaction_wait must be >= 0"),
             (
                 1 <= self.scan_requests_in_flight <= 64,
                 "scan_requests_in_flight must be in [1, 64]",

@@ -859,7 +859,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 ) from exc
         finally:
             if self._compactor is not None:
-                self._compactor.close()
+                self._compactor.close(drain=self._settings.close_compaction_wait)
             self._wal.close()
             self._store.drain()
             # A closed database keeps no data in memory, even while its object is referenced
