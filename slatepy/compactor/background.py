@@ -92,6 +92,9 @@ class BackgroundCompactor:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            # Only a pass that began after close() asked to drain can say it is drained: one
+            # already running may have missed the WAL the close has just flushed.
+            draining = self._draining
             worked = False
             try:
                 if self.fenced and self.compactor.standby_check():
@@ -122,7 +125,7 @@ class BackgroundCompactor:
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
                 worked = True  # retry at the base interval, not after an idle back-off
             # A standby keeps to the base interval: it must see the holder's lease lapse.
-            if not worked:
+            if draining and not worked:
                 self._drained.set()  # caught up: what close() waits for (``drain``)
             self.backoff.polled(changed=worked or self.fenced)
             self._idle_passes = self._idle_passes + 1 if self.backoff.idle else 0
