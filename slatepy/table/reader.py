@@ -60,7 +60,9 @@ block takes about twice its encoded size in the cache."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
-"""Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
+"""Chunks a long scan has in flight while it consumes one, unless ``scan_requests_in_flight``
+says otherwise (``Settings.scan_requests_in_flight`` does, 4 by default; see
+``TableReader._stream_columns``)."""
 GROUP_ROWS = 2048
 """Rows a scan joins consecutive blocks into before handing them on (see :func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
@@ -142,7 +144,7 @@ class TableReader:
 
     Memory: the pinned top levels (a few KB per SST, see :meth:`retain`), the meta cache of
     index partitions (``meta_cache_bytes``), the block cache (``block_cache_bytes``), and up
-    to two read-ahead chunks per running scan.
+    to ``scan_requests_in_flight`` + 1 read-ahead chunks per running scan.
 
     Args:
         store: Where the SSTs are.
