@@ -58,6 +58,7 @@ from urllib.parse import urlsplit
 
 from bench.engines import ENGINES, median_ms, p99_ms
 from bench.proxy import LatencyProxy
+from bench.reopen_read import run_reopen
 from slatepy import Settings
 from slatepy.store import ObjectStore, open_store
 from slatepy.testing.moto import S3Endpoint, create_bucket, moto_server
@@ -372,7 +373,9 @@ def markdown(run: dict[str, Any]) -> str:
     lines = [
         f"Run `{run['command']}` on {run['machine']}, {run['date']}."
         + (
-            f" Each time is the median of {repeats} runs (engines interleaved)."
+            f" Each time is the median of {repeats} runs (engines interleaved), [the lowest"
+            " and highest]; each ratio the ratio of medians, then (per run) the ratio of"
+            " each run's rates, in run order."
             if repeats > 1
             else ""
         ),
@@ -386,6 +389,10 @@ def markdown(run: dict[str, Any]) -> str:
             rate = f"{mine['rate']:,.0f} {mine['unit']}"
             if "p50_ms" in mine:
                 rate += f" (p50 {mine['p50_ms']:.2f} ms, p99 {mine['p99_ms']:.2f} ms)"
+            if "state" in mine:
+                rate += f" ({mine['state']})"
+            if len(mine.get("rates", ())) > 1:
+                rate += f" [{min(mine['rates']):,.0f}-{max(mine['rates']):,.0f}]"
             if "mb_per_s" in mine:
                 share = mine["mb_per_s"] / data["floor"].get("get_mb_per_s", float("nan"))
                 rate += f" ({mine['mb_per_s']:,.1f} MB/s, {share:.0%} of one large GET)"
@@ -402,6 +409,17 @@ def markdown(run: dict[str, Any]) -> str:
                     else f"{other['rate']:,.0f} {other['unit']}"
                     + (f" (p50 {other['p50_ms']:.2f} ms)" if "p50_ms" in other else "")
                 )
+                mine_rates, their_rates = mine.get("rates", []), (other or {}).get("rates", [])
+                if ratio != "-" and len(mine_rates) > 1 and len(mine_rates) == len(their_rates):
+                    ratio += (
+                        " ("
+                        + ", ".join(
+                            f"{a / b:.2f}" for a, b in zip(mine_rates, their_rates, strict=True)
+                        )
+                        + ")"
+                    )
+                if other and len(other.get("rates", ())) > 1:
+                    their += f" [{min(other['rates']):,.0f}-{max(other['rates']):,.0f}]"
                 cells += f" {their} | {ratio} |"
             counted = mine.get("reader_requests_per_1000") or mine["requests_per_1000"]
             reqs = ", ".join(f"{k} {v:g}" for k, v in sorted(counted.items()))
@@ -588,6 +606,12 @@ def main() -> None:
         help="with --latency-ms: writes whose reader lag is measured (0: skip)",
     )
     parser.add_argument(
+        "--workload",
+        choices=["all", "reopen"],
+        default="all",
+        help="reopen: only write, close, reopen, then random gets and a full scan (issue 33)",
+    )
+    parser.add_argument(
         "--disk-cache",
         choices=["auto", "on", "off"],
         default="auto",
@@ -612,6 +636,7 @@ def main() -> None:
                 *([f"--lag-writes {args.lag_writes}"] if args.lag_writes != 20 else []),
                 *([f"--disk-cache {args.disk_cache}"] if args.disk_cache != "auto" else []),
                 *([f"--repeat {args.repeat}"] if args.repeat != 1 else []),
+                *([f"--workload {args.workload}"] if args.workload != "all" else []),
             ]
         ),
         "machine": f"{platform.machine()}, {platform.python_version()}, {platform.platform()}",
@@ -634,7 +659,18 @@ def main() -> None:
                     url, settings = fresh(engine_name)
                     print(f"{store_name} / {engine_name} ({repeat + 1}) ...", flush=True)
                     runs[engine_name].append(
-                        run_engine(
+                        run_reopen(
+                            engine_name,
+                            url,
+                            settings,
+                            args.keys,
+                            key=key,
+                            requests=requests,
+                            per_1000=per_1000,
+                            proxy=fresh.proxy,
+                        )
+                        if args.workload == "reopen"
+                        else run_engine(
                             engine_name,
                             url,
                             settings,

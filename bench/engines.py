@@ -82,6 +82,12 @@ class SlatepyEngine:
     def scan_all(self) -> int:
         return sum(1 for _ in self.db.scan())
 
+    def reopen(self) -> None:
+        """Close the writer and open a new one on the same store, as a restarted service
+        does (issue 33: reads must not depend on where compaction was when it closed)."""
+        self.db.close()
+        self.db = Db.open(self.store, settings=self.settings)
+
     def mixed(self, keys: Sequence[bytes], value: bytes, ops: int, threads: int) -> None:
         def work(seed: int) -> None:
             rng = random.Random(seed)
@@ -254,6 +260,12 @@ class SlatedbEngine:
 
         result: int = self._run(go())
         return result
+
+    def reopen(self) -> None:
+        from slatedb.uniffi import DbBuilder
+
+        self._run(self.db.shutdown())
+        self.db = self._run(DbBuilder(self._path, self._store).build())
 
     def to_ssts(self) -> None:
         from slatedb.uniffi import FlushOptions, FlushType
@@ -449,6 +461,12 @@ class RocksdictEngine:
 
     def scan_all(self) -> int:
         return sum(1 for _ in self.db.items())
+
+    def reopen(self) -> None:
+        from rocksdict import Rdict
+
+        self.db.close()
+        self.db = Rdict(self.path)
 
     def mixed(self, keys: Sequence[bytes], value: bytes, ops: int, threads: int) -> None:
         def work(seed: int) -> None:

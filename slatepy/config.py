@@ -114,6 +114,11 @@ class Settings(
             do: each idle pass doubles the interval up to it (a pass that finds nothing costs
             two requests); capped at half of ``compactor_lease`` so a standby never mistakes
             an idle holder for a gone one.
+        close_compaction_wait: Seconds ``Db.close()`` lets the in-process compactor finish
+            pending compaction (what the close flushed, into L0; L0 into a sorted run once
+            at the trigger) before it stops it; a compaction still running after that is
+            abandoned (its outputs go to GC). The next open then reads compacted SSTs
+            instead of replaying the WAL into memory. 0: abandon at once.
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
             work untouched before a superseded (standby) compactor takes the epoch back: how
             the writer's in-process compactor resumes after ``slatepy compact`` ended
@@ -154,6 +159,10 @@ class Settings(
         meta_cache_bytes: Memory for SST index and filter partitions; the top-level index of
             every SST in the current view is kept in memory besides (a few KB per SST).
         scan_read_ahead_bytes: Largest ranged GET a scan issues while reading ahead.
+        scan_requests_in_flight: Ranged GETs a scan keeps in flight ahead of the block it
+            is decoding (each at most ``scan_read_ahead_bytes``, so a scan holds up to one
+            more chunk than this in memory): through a slow store, a scan's bandwidth is
+            about this many requests' worth per round trip.
         disk_cache: Local disk cache of SST data from the object store: ``"auto"`` (on for
             ``s3://``, ``gs://``, ``az://``; off for ``memory://`` and ``file://``), ``"on"``,
             ``"off"``.
@@ -208,6 +217,7 @@ class Settings(
     compaction_interval: float = 1.0
     compaction_max_interval: float = 15.0
     compactor_lease: float = 30.0
+    close_compaction_wait: float = 10.0
     reader_poll_interval: float = 0.1
     reader_max_poll_interval: float = 5.0
     reader_snapshot_ttl: float = 60.0
@@ -220,6 +230,7 @@ class Settings(
     block_cache_bytes: int = 64 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024
     scan_read_ahead_bytes: int = 4 * 1024 * 1024
+    scan_requests_in_flight: int = 4
     disk_cache: Literal["auto", "on", "off"] = "auto"
     disk_cache_dir: str | None = None
     disk_cache_bytes: int = 4 * 1024 * 1024 * 1024
@@ -279,6 +290,11 @@ class Settings(
             (
                 64 * 1024 <= self.scan_read_ahead_bytes <= 256 * 1024 * 1024,
                 "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
+            ),
+            (self.close_compaction_wait >= 0, "close_compaction_wait must be >= 0"),
+            (
+                1 <= self.scan_requests_in_flight <= 64,
+                "scan_requests_in_flight must be in [1, 64]",
             ),
             (self.disk_cache_bytes >= 16 << 20, "disk_cache_bytes must be >= 16 MiB"),
             (

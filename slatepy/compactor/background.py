@@ -72,6 +72,8 @@ class BackgroundCompactor:
         self._idle_passes = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._draining = False
+        self._drained = threading.Event()
         self._woken_at = 0.0
         self.fenced = False
         self.superseded = 0
@@ -85,10 +87,14 @@ class BackgroundCompactor:
         gc_backoff = IdleBackoff(settings.gc_interval, settings.gc_max_interval)
         next_gc = time.monotonic() + gc_backoff.current
         while True:
-            self._wake.wait(min(self.backoff.current, max(0.0, next_gc - time.monotonic())))
+            if not self._draining:
+                self._wake.wait(min(self.backoff.current, max(0.0, next_gc - time.monotonic())))
             self._wake.clear()
             if self._stop.is_set():
                 return
+            # Only a pass that began after close() asked to drain can say it is drained: one
+            # already running may have missed the WAL the close has just flushed.
+            draining = self._draining
             worked = False
             try:
                 if self.fenced and self.compactor.standby_check():
@@ -99,6 +105,7 @@ class BackgroundCompactor:
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
             except FencedError as exc:
+                self._drained.set()  # nothing more for this compactor to finish
                 if not self.fenced:
                     self.fenced = True
                     self.superseded += 1
@@ -114,9 +121,12 @@ class BackgroundCompactor:
             except SlatepyError as exc:
                 if self._stop.is_set():
                     return  # cancelled by close()
+                self._drained.set()  # closing: a failing store is not retried
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
                 worked = True  # retry at the base interval, not after an idle back-off
             # A standby keeps to the base interval: it must see the holder's lease lapse.
+            if draining and not worked:
+                self._drained.set()  # caught up: what close() waits for (``drain``)
             self.backoff.polled(changed=worked or self.fenced)
             self._idle_passes = self._idle_passes + 1 if self.backoff.idle else 0
             self.passes += 1
@@ -158,10 +168,22 @@ class BackgroundCompactor:
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Stop the loop; a compaction in progress is abandoned (its outputs go to GC), so
-        this returns in moments however much was written before. Then release the lease
-        (best effort), so a standby or ``slatepy compact`` takes over without waiting."""
+    def close(self, *, drain: float = 0.0) -> None:
+        """Stop the loop; a compaction in progress is abandoned (its outputs go to GC). Then
+        release the lease (best effort), so a standby or ``slatepy compact`` takes over
+        without waiting.
+
+        With ``drain`` seconds (``Settings.close_compaction_wait``), passes first run back
+        to back until one finds nothing to do (what the writer flushed last is compacted,
+        and the L0 SSTs it makes too once they reach the trigger), for at most that long:
+        the next open then reads SSTs, not a WAL to replay and overlapping L0 SSTs left by
+        an abandoned compaction. Without it (or past it), close returns in moments however
+        much was written before."""
+        if drain > 0 and not self.fenced and self._thread.is_alive():
+            self._drained.clear()
+            self._draining = True
+            self._wake.set()
+            self._drained.wait(drain)
         self._stop.set()
         self._wake.set()
         self.compactor.cancel()

@@ -23,8 +23,7 @@ import time
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, compress, islice
-from operator import eq, itemgetter, lt, ne, neg, not_
+from operator import itemgetter
 from typing import NamedTuple, cast
 
 from slatepy.compactor.ingested import over_ingestions
@@ -38,7 +37,7 @@ from slatepy.store.base import ObjectStore
 from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
-from slatepy.table.merge import merge_folding, stamped
+from slatepy.table.merge import merge_folding, newest_columns, stamped
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Piece, TableReader
 from slatepy.table.visibility import Clock, RangeIndex, compacted_entries, folding
@@ -436,45 +435,8 @@ def _batches(
 
 
 def _merge_plain(window: Window) -> tuple[list[bytes], list[int], list[bytes | None]]:
-    """The newest version of each key of a window, in C (each source's keys are unique).
-
-    The entries are concatenated in source order and their indexes sorted by key: a stable
-    sort (of runs already sorted), so each key's entries stay in source order. The first of
-    each key is then the one to keep when, within every key, seqs do not increase in
-    source order (inputs come newest first: so it is unless versions were written out of
-    order, or ties); else the window is sorted again by (key, newest seq first, source
-    order) and the first entry of each key kept, as ``merge_folding`` keeps it.
-    """
-    keys = list(chain.from_iterable(w[0] for w in window))
-    seqs = list(chain.from_iterable(w[1] for w in window))
-    values = list(chain.from_iterable(w[2] for w in window))
-    index = sorted(range(len(keys)), key=keys.__getitem__)
-    merged = list(map(keys.__getitem__, index))
-    merged_seqs = list(map(seqs.__getitem__, index))
-    repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
-    if any(repeats):
-        if any(
-            map(lt, compress(merged_seqs, repeats), compress(islice(merged_seqs, 1, None), repeats))
-        ):
-            return _merge_sorting_seqs(keys, seqs, values)
-        first = [True, *map(not_, repeats)]
-        index = list(compress(index, first))
-        merged = list(compress(merged, first))
-        merged_seqs = list(compress(merged_seqs, first))
-    return merged, merged_seqs, list(map(values.__getitem__, index))
-
-
-def _merge_sorting_seqs(
-    keys: list[bytes], seqs: list[int], values: list[bytes | None]
-) -> tuple[list[bytes], list[int], list[bytes | None]]:
-    """:func:`_merge_plain` by a sort of (key, -seq, concatenation index): the index breaks
-    ties on seq by source order and, being unique, keeps the sort from comparing further."""
-    order = sorted(zip(keys, map(neg, seqs), range(len(keys)), strict=True))
-    merged = list(map(itemgetter(0), order))
-    first = list(map(ne, merged, chain((None,), merged)))
-    index = list(map(itemgetter(2), compress(order, first)))
-    merged = list(compress(merged, first))
-    return merged, list(map(seqs.__getitem__, index)), list(map(values.__getitem__, index))
+    """The newest version of each key of a window, in C (:func:`newest_columns`)."""
+    return newest_columns([(k, s, v) for k, s, v, _ in window])
 
 
 class _Writer:

@@ -24,6 +24,7 @@ from typing import cast
 
 from slatepy.format.block import Entry, PlainValues
 from slatepy.format.kinds import Operands
+from slatepy.table.merge import newest_columns
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import Columns
 from slatepy.table.visibility import EMPTY, Clock, RangeIndex, live_entries
@@ -59,19 +60,26 @@ def resolve_window(
     ``parts`` are ``(source index, columns)``, each in scan order, together holding every
     version of their keys the view has.
     """
+    plain = all(p[1][2].__class__ is PlainValues for p in parts)
+    if fold is None or plain or not any(Operands in set(map(type, p[1][2])) for p in parts):
+        # No merge operands to fold (the common case): the columnar merge compaction uses,
+        # no tuple per row. Reversed parts are descending runs, which the sort takes as
+        # cheaply as ascending ones.
+        new_keys, new_seqs, new_values = newest_columns(p[1] for p in parts)
+        if reverse:
+            new_keys.reverse()
+            new_seqs.reverse()
+            new_values.reverse()
+        return new_keys, new_seqs, PlainValues(new_values) if plain else new_values
     rows: list[tuple[bytes, int, int, bytes | None]] = []
     for order, (keys, seqs, values) in parts:
         rows.extend(zip(keys, seqs, repeat(-order), values, strict=False))
     rows.sort()  # by key, then oldest first: the last row of each key wins
     winners = list(dict(zip(map(_FIRST, rows), rows, strict=True)).values())
-    if fold is not None and Operands in set(map(type, (r[3] for r in winners))):
-        winners = _folded(rows, winners, fold)
+    winners = _folded(rows, winners, fold)
     if reverse:
         winners.reverse()
-    keys = [r[0] for r in winners]
-    seqs = [r[1] for r in winners]
-    values = [r[3] for r in winners]
-    return keys, seqs, values
+    return [r[0] for r in winners], [r[1] for r in winners], [r[3] for r in winners]
 
 
 def _folded(
@@ -206,9 +214,13 @@ class _Head:
         if cut == pos:
             return None
         self.pos = cut
+        values = self.values
         if pos == 0 and cut == len(keys):
-            return keys, self.seqs, self.values
-        return keys[pos:cut], self.seqs[pos:cut], self.values[pos:cut]
+            return keys, self.seqs, values
+        part = values[pos:cut]
+        if values.__class__ is PlainValues:
+            part = PlainValues(part)  # still known plain: a list copy in C, no test per row
+        return keys[pos:cut], self.seqs[pos:cut], part
 
 
 def _descending_cut(keys: list[bytes], bound: bytes, lo: int) -> int:

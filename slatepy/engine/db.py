@@ -135,6 +135,7 @@ class Db(Closing, ReadSurface, WriteSurface):
             block_cache_bytes=settings.block_cache_bytes,
             meta_cache_bytes=settings.meta_cache_bytes,
             scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+            scan_requests_in_flight=settings.scan_requests_in_flight,
         )
         self._view = start.manifest
         self._view_time = time.monotonic()
@@ -884,7 +885,7 @@ class Db(Closing, ReadSurface, WriteSurface):
                 ) from exc
         finally:
             if self._compactor is not None:
-                self._compactor.close()
+                self._compactor.close(drain=self._settings.close_compaction_wait)
             self._wal.close()
             self._store.drain()
             # A closed database keeps no data in memory, even while its object is referenced

@@ -158,6 +158,7 @@ def scan_pinned(
         block_cache_bytes=settings.block_cache_bytes,
         meta_cache_bytes=settings.meta_cache_bytes,
         scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+        scan_requests_in_flight=settings.scan_requests_in_flight,
     )
     try:
         yield from scan_merged(

@@ -116,6 +116,7 @@ class DbReader(Closing, ReadSurface):
             block_cache_bytes=settings.block_cache_bytes,
             meta_cache_bytes=settings.meta_cache_bytes,
             scan_read_ahead_bytes=settings.scan_read_ahead_bytes,
+            scan_requests_in_flight=settings.scan_requests_in_flight,
         )
         self._lock = threading.Lock()  # view, memtable and WAL position change together
         self._poll_lock = threading.Lock()

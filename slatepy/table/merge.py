@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, compress, islice
+from operator import eq, itemgetter, lt, ne, neg, not_
+from typing import TypeVar
 
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
@@ -29,6 +32,7 @@ DIFF_SIZE = 8
 _ZERO = bytes(DIFF_SIZE)
 _DIFF_MIN = -(1 << 63)
 _DIFF_MAX = (1 << 63) - 1
+V = TypeVar("V")
 
 
 def _ordered(sources: Iterable[Iterator[Entry]]) -> Iterator[tuple[bytes, int, int, bytes | None]]:
@@ -167,3 +171,53 @@ def merge_sum(sources: Iterable[Iterator[Entry]]) -> Iterator[Entry]:
     """Merge key-sorted streams of persist updates, consolidating each key's diffs
     (:func:`sum_diffs`): one entry per key, none for a key whose diffs sum to zero."""
     return merge(sources, sum_diffs)
+
+
+def newest_columns(
+    parts: Iterable[tuple[Sequence[bytes], Sequence[int], Sequence[V]]],
+) -> tuple[list[bytes], list[int], list[V]]:
+    """The newest version of each key of ``parts`` (columns ``(keys, seqs, values)``, in
+    source order, each ascending with unique keys; together every version of their keys),
+    in ascending key order: the highest seq, an earlier part winning a tie. Tombstones and
+    entry kinds are versions like any other (the caller folds or filters them).
+
+    Done in C, with no tuple per row: the columns are concatenated in source order and their
+    indexes sorted by key, a stable sort (of runs already sorted), so each key's entries stay
+    in source order. The first of each key is then the one to keep when, within every key,
+    seqs do not increase in source order (sources come newest first: so it is unless
+    versions were written out of order, or ties); else the rows are sorted again by (key,
+    newest seq first, source order) and the first of each key kept, as ``merge_folding``
+    keeps it. Compaction's columnar path and every ordered read of the engine (windows of
+    overlapping L0 SSTs, sorted runs and the memtable) share it.
+    """
+    parts = list(parts)
+    keys = list(chain.from_iterable(p[0] for p in parts))
+    seqs = list(chain.from_iterable(p[1] for p in parts))
+    values = list(chain.from_iterable(p[2] for p in parts))
+    index = sorted(range(len(keys)), key=keys.__getitem__)
+    merged = list(map(keys.__getitem__, index))
+    merged_seqs = list(map(seqs.__getitem__, index))
+    repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
+    if any(repeats):
+        if any(
+            map(lt, compress(merged_seqs, repeats), compress(islice(merged_seqs, 1, None), repeats))
+        ):
+            return _newest_sorting_seqs(keys, seqs, values)
+        first = [True, *map(not_, repeats)]
+        index = list(compress(index, first))
+        merged = list(compress(merged, first))
+        merged_seqs = list(compress(merged_seqs, first))
+    return merged, merged_seqs, list(map(values.__getitem__, index))
+
+
+def _newest_sorting_seqs(
+    keys: list[bytes], seqs: list[int], values: list[V]
+) -> tuple[list[bytes], list[int], list[V]]:
+    """:func:`newest_columns` by a sort of (key, -seq, concatenation index): the index breaks
+    ties on seq by source order and, being unique, keeps the sort from comparing further."""
+    order = sorted(zip(keys, map(neg, seqs), range(len(keys)), strict=True))
+    merged = list(map(itemgetter(0), order))
+    first = list(map(ne, merged, chain((None,), merged)))
+    index = list(map(itemgetter(2), compress(order, first)))
+    merged = list(compress(merged, first))
+    return merged, list(map(seqs.__getitem__, index)), list(map(values.__getitem__, index))

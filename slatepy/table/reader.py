@@ -60,7 +60,9 @@ block takes about twice its encoded size in the cache."""
 SCAN_READ_AHEAD_MIN = 64 * 1024
 SCAN_READ_AHEAD_MAX = 4 * 1024 * 1024
 READ_AHEAD_DEPTH = 2
-"""Chunks a long scan has in flight while it consumes one (see ``TableReader._stream``)."""
+"""Chunks a long scan has in flight while it consumes one, unless ``scan_requests_in_flight``
+says otherwise (``Settings.scan_requests_in_flight`` does, 4 by default; see
+``TableReader._stream_columns``)."""
 GROUP_ROWS = 2048
 """Rows a scan joins consecutive blocks into before handing them on (see :func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
@@ -142,7 +144,7 @@ class TableReader:
 
     Memory: the pinned top levels (a few KB per SST, see :meth:`retain`), the meta cache of
     index partitions (``meta_cache_bytes``), the block cache (``block_cache_bytes``), and up
-    to two read-ahead chunks per running scan.
+    to ``scan_requests_in_flight`` + 1 read-ahead chunks per running scan.
 
     Args:
         store: Where the SSTs are.
@@ -151,6 +153,8 @@ class TableReader:
         block_cache_bytes: Bytes of decoded data blocks (``Settings.block_cache_bytes``).
         meta_cache_bytes: Bytes of decoded index partitions (``Settings.meta_cache_bytes``).
         scan_read_ahead_bytes: Largest GET a scan issues (``Settings.scan_read_ahead_bytes``).
+        scan_requests_in_flight: Chunks a scan fetches ahead, each one GET in flight at a
+            time (``Settings.scan_requests_in_flight``).
         meta_prefetch: Bytes read at the end of an SST to open it.
     """
 
@@ -162,6 +166,7 @@ class TableReader:
         block_cache_bytes: int | None = None,
         meta_cache_bytes: int | None = None,
         scan_read_ahead_bytes: int = SCAN_READ_AHEAD_MAX,
+        scan_requests_in_flight: int = READ_AHEAD_DEPTH,
         meta_prefetch: int = META_PREFETCH,
     ) -> None:
         self.store = store
@@ -177,6 +182,7 @@ class TableReader:
         self._followed: object = None
         self._live: frozenset[str] = frozenset()
         self.scan_read_ahead_bytes = max(SCAN_READ_AHEAD_MIN, scan_read_ahead_bytes)
+        self.scan_requests_in_flight = max(1, scan_requests_in_flight)
         self._prefetch = max(FOOTER_SIZE, meta_prefetch)
         self._counts = _Counters()
 
@@ -682,10 +688,11 @@ class TableReader:
         :data:`Piece` (the cached block's own lists when it is whole: read only).
 
         With ``background``, once a chunk needed the store (so
-        warm and short scans never start a thread), the next ``READ_AHEAD_DEPTH`` chunks
-        are planned here and fetched by threads while this one is consumed: at most
-        ``READ_AHEAD_DEPTH + 1`` chunks in memory, and that many GETs in flight, so a scan
-        is not bound by one request's latency plus its transfer."""
+        warm and short scans never start a thread), the next ``scan_requests_in_flight``
+        chunks are planned here and fetched by as many threads while this one is consumed:
+        at most ``scan_requests_in_flight + 1`` chunks in memory, and that many GETs in
+        flight, so a scan is not bound by one request's latency plus its transfer."""
+        depth = self.scan_requests_in_flight
         budget = first_bytes
         limit = limit or self.scan_read_ahead_bytes
         chunk: _Chunk | None = loader.load(loader.first_block(start), budget)
@@ -696,7 +703,7 @@ class TableReader:
         try:
             while chunk is not None:
                 if background and chunk.fetched:
-                    while not planned_all and len(ahead) < READ_AHEAD_DEPTH:
+                    while not planned_all and len(ahead) < depth:
                         budget = min(budget * 4, limit)
                         planned = loader.plan(following, budget)
                         if planned is None:
@@ -706,7 +713,7 @@ class TableReader:
                         planned_all = planned.done
                         if pool is None:
                             pool = ThreadPoolExecutor(
-                                READ_AHEAD_DEPTH, thread_name_prefix="slatepy-read-ahead"
+                                depth, thread_name_prefix="slatepy-read-ahead"
                             )
                             self._count("read_ahead_threads")
                         ahead.append(pool.submit(loader.fetch, planned))
