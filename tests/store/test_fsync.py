@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 
 from slatepy import Db
 from slatepy.config import Settings
-from slatepy.errors import NotDurable, StoreUnavailable
+from slatepy.errors import NotDurable, NotFound, StoreUnavailable
 from slatepy.store import open_store
 from slatepy.store.cas import create_if_absent
 
@@ -34,8 +37,10 @@ class FsyncLog:
         self._paths: list[str] = []
 
     def record(self, path: str) -> None:
+        # A create fsyncs its temporary ``<object>#<digits>`` before linking it into place:
+        # the same inode, recorded under the object's name.
         with self._lock:
-            self._paths.append(path)
+            self._paths.append(re.sub(r"#\d+$", "", path))
 
     def snapshot(self) -> list[str]:
         with self._lock:
@@ -176,19 +181,39 @@ def test_a_failed_fsync_is_never_acknowledged(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     store = open_store(f"file://{tmp_path}/db", _settings(), create=True)
+    store.put("wal/0.sst", b"old", mode="create")  # wal/ exists and is durable
+    real_fsync = os.fsync
+    failing: set[str] = {"file", "directory"}
 
     def failing_fsync(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        if kind in failing:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+    # A create fsyncs its bytes before any name points at them: a failed data fsync leaves
+    # nothing visible, so it is an ordinary (retriable) failure, and never an acknowledgement.
+    with pytest.raises(StoreUnavailable) as refused:
+        create_if_absent(store, "wal/1.sst", b"data", attempts=3)
+    assert not isinstance(refused.value, NotDurable)
+    with pytest.raises(NotFound):
+        store.get("wal/1.sst")
+    assert [p.name for p in (tmp_path / "db" / "wal").iterdir()] == ["0.sst"]
+
+    # Once linked, a failed directory fsync means visible but maybe not durable: NotDurable,
+    # and a retried create must not read its own bytes back as success.
+    failing.discard("file")
     with pytest.raises(NotDurable, match="could not be made durable") as info:
-        store.put("wal/1.sst", b"data", mode="create")
-    assert info.value.definite is False  # the object is there, but maybe not on disk
-    # A retried create would find its own bytes and report success: it must not retry.
+        store.put("wal/2.sst", b"data", mode="create")
+    assert info.value.definite is False
     with pytest.raises(NotDurable):
-        create_if_absent(store, "wal/2.sst", b"data", attempts=3)
+        create_if_absent(store, "wal/3.sst", b"data", attempts=3)
+    failing.add("file")
+    with pytest.raises(NotDurable):  # overwrites still go through obstore, then fsync
+        store.put("wal/0.sst", b"new")
     with pytest.raises(StoreUnavailable, match="fsync of its directory failed"):
-        store.delete("wal/1.sst")
+        store.delete("wal/0.sst")
 
 
 _CHILD = textwrap.dedent(
@@ -244,3 +269,85 @@ def test_strace_counts_real_fsyncs_for_20_durable_puts(tmp_path: Path) -> None:
     # Each durable put writes one WAL SST: at least the SST and the wal/ directory are synced.
     assert _strace_fsyncs(tmp_path, "fsync") >= 2 * 20
     assert _strace_fsyncs(tmp_path, "off") == 0
+
+
+def test_a_create_is_fsynced_before_its_name_exists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """RFC 0007's window closed: the bytes of a created object are durable before any name
+    points at them, so a crash cannot leave a short object under its final name."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(), create=True)
+    real_fsync = os.fsync
+    seen: list[tuple[str, bool]] = []
+
+    def checking_fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            final = re.sub(r"#\d+$", "", os.readlink(f"/proc/self/fd/{fd}"))
+            seen.append((final, os.path.exists(final)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", checking_fsync)
+    with Db.open(f"file://{root}", settings=_settings()) as db:
+        db.put(b"key", b"value")
+    store.put("a/b/obj", b"1", mode="create")
+    assert seen and all(not existed for _, existed in seen), seen
+    assert str(root / "a" / "b" / "obj") in {path for path, _ in seen}
+    assert store.get("a/b/obj") == b"1"
+    assert sorted(p.name for p in (root / "a" / "b").iterdir()) == ["obj"]  # no temporaries
+
+
+def test_a_create_returns_the_etag_obstore_reports(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/db", _settings(), create=True)
+    etag = store.put("wal/1.sst", b"x" * 1000, mode="create")
+    assert etag is not None and etag == store.head("wal/1.sst").e_tag
+    assert [m.path for m in store.list("wal/")] == ["wal/1.sst"]
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_concurrent_creates_share_a_directory_fsync_that_began_after_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Group commit of directory entries: creates waiting behind a running directory fsync
+    are covered by one later fsync, and none returns before a directory fsync that started
+    after its own link."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(), create=True)
+    store.put("wal/0.sst", b"0", mode="create")
+    real_fsync = os.fsync
+    gate = threading.Event()
+    entered = threading.Event()
+    directory_syncs: list[set[str]] = []  # the wal/ entries present when each fsync began
+
+    def gated_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(root / "wal"):
+            directory_syncs.append({p.name for p in (root / "wal").iterdir()})
+            if len(directory_syncs) == 1:
+                entered.set()
+                assert gate.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", gated_fsync)
+    returned: dict[str, int] = {}
+
+    def create(name: str) -> None:
+        store.put(f"wal/{name}", b"data", mode="create")
+        returned[name] = len(directory_syncs)
+
+    first = threading.Thread(target=create, args=("1.sst",))
+    first.start()
+    assert entered.wait(30)
+    others = [threading.Thread(target=create, args=(f"{i}.sst",)) for i in (2, 3, 4)]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(list((root / "wal").glob("[234].sst"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    for thread in (first, *others):
+        thread.join(30)
+    assert sorted(returned) == ["1.sst", "2.sst", "3.sst", "4.sst"]
+    # One fsync for the first create, one shared by the three that linked while it ran.
+    assert len(directory_syncs) == 2
+    assert {"2.sst", "3.sst", "4.sst"} <= directory_syncs[1]
+    assert all(returned[name] == 2 for name in ("2.sst", "3.sst", "4.sst"))
