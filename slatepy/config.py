@@ -42,8 +42,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             manifest; a new writer fences with that many consecutive SSTs).
         max_unflushed_bytes: Memory of written-but-not-yet-compacted data (the writer's
             memtable, Python's per-entry overhead included; RFC 0011) at which writes block
-            until compaction catches up. 512 MiB by default (SlateDB's is 1 GiB): about
-            1.6 million entries of 16-byte keys and 100-byte values.
+            until compaction catches up. 64 MiB by default, an embedded default that keeps
+            a writer's peak RSS under 256 MB whatever it writes (RFC 0006, issue 33
+            addendum): about 200,000 entries of 16-byte keys and 100-byte values. Raise it
+            (SlateDB's is 1 GiB) to keep more recent writes in memory and ride out longer
+            compaction lags, at that memory's price.
         memtable_retain_bytes: Memory of compacted writes the writer keeps in its memtable
             so that reads of recent data stay in memory, as a RocksDB or SlateDB memtable
             serves them until it is flushed; the oldest go first. None (the default) is half
@@ -152,7 +155,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
     max_parallel_writes: int = 1
-    max_unflushed_bytes: int = 512 * 1024 * 1024
+    max_unflushed_bytes: int = 64 * 1024 * 1024
     memtable_retain_bytes: int | None = None
     write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8

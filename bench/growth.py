@@ -1,0 +1,212 @@
+"""Growth without surprises (issue 33, item 4): the same workload at two sizes, one process each.
+
+    python -m bench.growth                        # 100k and 2M keys, default settings
+    python -m bench.growth --sizes 100000 2000000 --order sequential
+    python -m bench.growth --set max_unflushed_bytes=536870912   # the old default
+    python -m bench.growth --rocksdict            # RocksDB's own ratio on the same keys
+
+Per size, in a fresh process (so peak RSS is that size's alone): write the keys (16-byte
+keys, 100-byte values) in unawaited batches of 1,000 with default settings (the in-process
+compactor on), close, compact until idle (and collect garbage), reopen, then 20,000 random
+gets of written keys and a full scan. Reports peak RSS (``ru_maxrss``) of the write phase
+and of the whole process, the write rate, gets/s and scanned rows/s, and the ratios of the
+largest size to the smallest. Targets: gets and scan keep >= 0.5x of their rate, peak RSS
+<= 2x and under 256 MB at default settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from slatepy import Db, Settings, WriteBatch
+from slatepy.compactor import Compactor
+from slatepy.gc import GarbageCollector
+from slatepy.store import open_store
+
+GETS = 20_000
+VALUE = b"v" * 100
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def keys_in(order: str, count: int, seed: int = 33) -> list[int]:
+    numbers = list(range(count))
+    if order == "random":
+        random.Random(seed).shuffle(numbers)
+    return numbers
+
+
+def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) -> dict[str, Any]:
+    settings = Settings.from_dict(overrides)
+    url = f"file://{root}/db"
+    started = rss_mb()
+    start = time.perf_counter()
+    with Db.open(url, settings=settings) as db:
+        numbers = keys_in(order, count)
+        for first in range(0, count, 1000):
+            batch = WriteBatch()
+            for i in numbers[first : first + 1000]:
+                batch.put(b"key%013d" % i, VALUE)
+            db.write(batch, await_durable=False)
+        db.flush()
+    write_s = time.perf_counter() - start
+    write_peak = peak_mb()
+    store = open_store(url, settings)
+    start = time.perf_counter()
+    Compactor(store, settings=settings).run_until_idle()
+    GarbageCollector(store, settings=settings, min_age=0).collect()
+    compact_s = time.perf_counter() - start
+    rng = random.Random(7)
+    probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
+    with Db.open(url, settings=Settings.from_dict({**overrides, "compactor": "off"})) as db:
+        start = time.perf_counter()
+        found = sum(db.get(key) is not None for key in probes)
+        get_s = time.perf_counter() - start
+        start = time.perf_counter()
+        rows = sum(1 for _ in db.scan())
+        scan_s = time.perf_counter() - start
+    assert found == GETS and rows == count, (found, rows)
+    return {
+        "keys": count,
+        "rss_start_mb": started,
+        "write_peak_mb": write_peak,
+        "peak_mb": peak_mb(),
+        "write_rows_s": count / write_s,
+        "compact_s": compact_s,
+        "gets_s": GETS / get_s,
+        "scan_rows_s": rows / scan_s,
+    }
+
+
+def rocksdict_child(count: int, order: str, root: str) -> dict[str, Any]:
+    from rocksdict import Rdict
+    from rocksdict import WriteBatch as RocksBatch
+
+    start = time.perf_counter()
+    db = Rdict(f"{root}/rocks")
+    numbers = keys_in(order, count)
+    for first in range(0, count, 1000):
+        batch = RocksBatch()
+        for i in numbers[first : first + 1000]:
+            batch.put(b"key%013d" % i, VALUE)
+        db.write(batch)
+    db.close()
+    write_s = time.perf_counter() - start
+    write_peak = peak_mb()
+    db = Rdict(f"{root}/rocks")
+    db.compact_range(None, None)
+    rng = random.Random(7)
+    probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
+    start = time.perf_counter()
+    found = sum(db.get(key) is not None for key in probes)
+    get_s = time.perf_counter() - start
+    start = time.perf_counter()
+    rows = sum(1 for _ in db.items())
+    scan_s = time.perf_counter() - start
+    db.close()
+    assert found == GETS and rows == count, (found, rows)
+    return {
+        "keys": count,
+        "write_peak_mb": write_peak,
+        "peak_mb": peak_mb(),
+        "write_rows_s": count / write_s,
+        "gets_s": GETS / get_s,
+        "scan_rows_s": rows / scan_s,
+    }
+
+
+def run_child(args: argparse.Namespace, engine: str, count: int) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.growth",
+        "--child",
+        str(count),
+        "--engine",
+        engine,
+        "--order",
+        args.order,
+        *[item for pair in args.set for item in ("--set", pair)],
+    ]
+    out = subprocess.run(command, check=True, capture_output=True, text=True)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        try:
+            overrides[name] = json.loads(text)
+        except json.JSONDecodeError:
+            overrides[name] = text
+    return overrides
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 2_000_000])
+    parser.add_argument("--order", choices=["random", "sequential"], default="random")
+    parser.add_argument("--set", action="append", default=[], help="a setting, name=json")
+    parser.add_argument("--rocksdict", action="store_true", help="also run rocksdict")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--engine", default="slatepy", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        root = tempfile.mkdtemp(prefix="growth-")
+        try:
+            if args.engine == "rocksdict":
+                result = rocksdict_child(args.child, args.order, root)
+            else:
+                result = slatepy_child(args.child, args.order, parse_overrides(args.set), root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(json.dumps(result))
+        return
+    engines = ["slatepy", "rocksdict"] if args.rocksdict else ["slatepy"]
+    print(f"order={args.order} settings={args.set or 'default'} load={os.getloadavg()[0]:.1f}")
+    print("| engine | keys | write rows/s | write peak MB | peak MB | gets/s | scan rows/s |")
+    print("|---|---|---|---|---|---|---|")
+    results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
+    for count in args.sizes:
+        for engine in engines:  # interleaved, so load changes hit both alike
+            r = run_child(args, engine, count)
+            results[engine].append(r)
+            print(
+                f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} "
+                f"| {r['peak_mb']:.0f} | {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
+                flush=True,
+            )
+    for engine, rows in results.items():
+        small, large = rows[0], rows[-1]
+        print(
+            f"{engine} {large['keys']:,} / {small['keys']:,}: peak RSS "
+            f"{large['peak_mb'] / small['peak_mb']:.2f}x, gets "
+            f"{large['gets_s'] / small['gets_s']:.2f}x, scan "
+            f"{large['scan_rows_s'] / small['scan_rows_s']:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
