@@ -8,8 +8,9 @@
 Per size, in a fresh process (so peak RSS is that size's alone): write the keys (16-byte
 keys, 100-byte values) in unawaited batches of 1,000 with default settings (the in-process
 compactor on), close, compact until idle (and collect garbage), reopen, then 20,000 random
-gets of written keys and a full scan. Reports peak RSS (``ru_maxrss``) of the write phase
-and of the whole process, the write rate, gets/s and scanned rows/s, and the ratios of the
+gets of written keys and a full scan. Reports peak RSS (``VmHWM``, reset between phases) of the
+write phase, the compaction and the reads, and of the whole process (``ru_maxrss``), the
+write rate, gets/s and scanned rows/s, and the ratios of the
 largest size to the smallest. Targets: gets and scan keep >= 0.5x of their rate, peak RSS
 <= 2x and under 256 MB at default settings.
 """
@@ -17,7 +18,9 @@ largest size to the smallest. Targets: gets and scan keep >= 0.5x of their rate,
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import random
 import resource
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from slatepy import Db, Settings, WriteBatch
@@ -34,6 +38,7 @@ from slatepy.gc import GarbageCollector
 from slatepy.store import open_store
 
 GETS = 20_000
+STRIDE = 1_000_003
 VALUE = b"v" * 100
 
 
@@ -49,33 +54,54 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def keys_in(order: str, count: int, seed: int = 33) -> list[int]:
-    numbers = list(range(count))
-    if order == "random":
-        random.Random(seed).shuffle(numbers)
-    return numbers
+def keys_in(order: str, count: int) -> Iterator[int]:
+    """``0 .. count - 1`` in order, or permuted (``i * STRIDE mod count``, a bijection since
+    the stride is a prime not dividing ``count``): no list of the keys in memory, whose
+    2M ints (72 MB) would be the benchmark's memory, not the engine's."""
+    if order == "sequential":
+        return iter(range(count))
+    assert math.gcd(STRIDE, count) == 1, count
+    return (i * STRIDE % count for i in range(count))
+
+
+def reset_peak() -> None:
+    """Start a new high-water mark of RSS (Linux: ``clear_refs`` 5 resets ``VmHWM``)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def hwm_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) -> dict[str, Any]:
     settings = Settings.from_dict(overrides)
     url = f"file://{root}/db"
     started = rss_mb()
+    reset_peak()
     start = time.perf_counter()
     with Db.open(url, settings=settings) as db:
         numbers = keys_in(order, count)
-        for first in range(0, count, 1000):
+        for _ in range(0, count, 1000):
             batch = WriteBatch()
-            for i in numbers[first : first + 1000]:
+            for i in itertools.islice(numbers, 1000):
                 batch.put(b"key%013d" % i, VALUE)
             db.write(batch, await_durable=False)
         db.flush()
     write_s = time.perf_counter() - start
-    write_peak = peak_mb()
+    write_peak = hwm_mb()
+    reset_peak()
     store = open_store(url, settings)
     start = time.perf_counter()
     Compactor(store, settings=settings).run_until_idle()
     GarbageCollector(store, settings=settings, min_age=0).collect()
     compact_s = time.perf_counter() - start
+    compact_peak = hwm_mb()
+    reset_peak()
     rng = random.Random(7)
     probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
     with Db.open(url, settings=Settings.from_dict({**overrides, "compactor": "off"})) as db:
@@ -90,6 +116,8 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
         "keys": count,
         "rss_start_mb": started,
         "write_peak_mb": write_peak,
+        "compact_peak_mb": compact_peak,
+        "read_peak_mb": hwm_mb(),
         "peak_mb": peak_mb(),
         "write_rows_s": count / write_s,
         "compact_s": compact_s,
@@ -105,14 +133,15 @@ def rocksdict_child(count: int, order: str, root: str) -> dict[str, Any]:
     start = time.perf_counter()
     db = Rdict(f"{root}/rocks")
     numbers = keys_in(order, count)
-    for first in range(0, count, 1000):
+    for _ in range(0, count, 1000):
         batch = RocksBatch()
-        for i in numbers[first : first + 1000]:
+        for i in itertools.islice(numbers, 1000):
             batch.put(b"key%013d" % i, VALUE)
         db.write(batch)
     db.close()
     write_s = time.perf_counter() - start
     write_peak = peak_mb()
+    reset_peak()
     db = Rdict(f"{root}/rocks")
     db.compact_range(None, None)
     rng = random.Random(7)
@@ -128,6 +157,8 @@ def rocksdict_child(count: int, order: str, root: str) -> dict[str, Any]:
     return {
         "keys": count,
         "write_peak_mb": write_peak,
+        "compact_peak_mb": 0.0,
+        "read_peak_mb": hwm_mb(),
         "peak_mb": peak_mb(),
         "write_rows_s": count / write_s,
         "gets_s": GETS / get_s,
@@ -186,16 +217,20 @@ def main() -> None:
         return
     engines = ["slatepy", "rocksdict"] if args.rocksdict else ["slatepy"]
     print(f"order={args.order} settings={args.set or 'default'} load={os.getloadavg()[0]:.1f}")
-    print("| engine | keys | write rows/s | write peak MB | peak MB | gets/s | scan rows/s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| engine | keys | write rows/s | peak MB: write / compact / read / process "
+        "| gets/s | scan rows/s |"
+    )
+    print("|---|---|---|---|---|---|")
     results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     for count in args.sizes:
         for engine in engines:  # interleaved, so load changes hit both alike
             r = run_child(args, engine, count)
             results[engine].append(r)
             print(
-                f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} "
-                f"| {r['peak_mb']:.0f} | {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
+                f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} / "
+                f"{r['compact_peak_mb']:.0f} / {r['read_peak_mb']:.0f} / {r['peak_mb']:.0f} "
+                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
                 flush=True,
             )
     for engine, rows in results.items():

@@ -1,7 +1,7 @@
 """A 10 TB database on paper (issue 33, item 5): the real metadata of 100,000 SSTs.
 
     python -m bench.metadata                       # 100,000 SSTs on file://
-    python -m bench.metadata --ssts 10000 --backend memory
+    python -m bench.metadata --ssts 10000
 
 The manifest is synthetic (4 overlapping L0 SSTs and size-tiered sorted runs, ratio 4,
 that partition a key space of 10^11 keys; 100 MB and ~860,000 entries per SST on paper),
@@ -23,8 +23,11 @@ per cold get, and peak RSS. Targets: open <= 2 s, update <= 100 ms, memory <= 25
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -70,7 +73,7 @@ def synthetic_sst(first: int, last: int) -> bytes:
 SST_BYTES = len(synthetic_sst(0, KEY_SPACE - 1))
 
 
-def run_sizes(total: int, ratio: int = 4) -> list[int]:
+def run_sizes(total: int, ratio: int = 8) -> list[int]:
     """SST counts of size-tiered runs (oldest, largest first) adding up to ``total``."""
     sizes: list[int] = []
     left = total
@@ -92,20 +95,33 @@ def handle(sst_id: str, first: int, last: int) -> SstHandle:
     )
 
 
+def sst_id(run: int, index: int) -> str:
+    """32 hex digits like a real id (``uuid4().hex``), naming the run (0: L0) and index."""
+    return f"{run:02x}{index:030x}"
+
+
+def key_range(counts: list[int], name: str) -> tuple[int, int]:
+    """The key range of the synthetic SST ``name`` in a layout of run ``counts``."""
+    run, index = int(name[:2], 16), int(name[2:], 16)
+    if run == 0:
+        return 0, KEY_SPACE - 1
+    width = KEY_SPACE // counts[run - 1]
+    return index * width, (index + 1) * width - 1
+
+
 def synthetic_layout(ssts: int) -> tuple[tuple[SstHandle, ...], tuple[SortedRun, ...]]:
-    """``L0_SSTS`` L0 SSTs over the whole key space and runs holding the rest."""
-    l0 = tuple(handle(f"l0-{i}", 0, KEY_SPACE - 1) for i in range(L0_SSTS))
-    runs = []
-    for run_id, count in enumerate(run_sizes(ssts - L0_SSTS), start=1):
-        width = KEY_SPACE // count
-        runs.append(
-            SortedRun(
-                run_id,
-                tuple(
-                    handle(f"r{run_id}-{i}", i * width, (i + 1) * width - 1) for i in range(count)
-                ),
-            )
+    """``L0_SSTS`` L0 SSTs over the whole key space and size-tiered runs (ratio 8, above
+    the planner's 4, so a compaction merges L0 with the small runs, as in a steady state)
+    holding the rest, each partitioning the key space."""
+    counts = run_sizes(ssts - L0_SSTS)
+    l0 = tuple(handle(sst_id(0, i), 0, KEY_SPACE - 1) for i in range(L0_SSTS))
+    runs = [
+        SortedRun(
+            run,
+            tuple(handle(sst_id(run, i), *key_range(counts, sst_id(run, i))) for i in range(count)),
         )
+        for run, count in enumerate(counts, start=1)
+    ]
     return l0, tuple(reversed(runs))  # newest (smallest) first
 
 
@@ -113,23 +129,21 @@ class SyntheticSsts(WrappingStore):
     """Serves ``compacted/<id>.sst`` of the synthetic handles (built on first read, kept);
     counts every read request; everything else goes to ``inner``."""
 
-    def __init__(self, inner: ObjectStore, handles: dict[str, SstHandle]) -> None:
+    def __init__(self, inner: ObjectStore, counts: list[int]) -> None:
         super().__init__(inner)
-        self._handles = handles
+        self._counts = counts
         self._built: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
 
     def _sst(self, path: str) -> bytes | None:
-        name = path.removeprefix("compacted/").removesuffix(".sst")
-        found = self._handles.get(name) if path.startswith("compacted/") else None
-        if found is None:
+        if not path.startswith("compacted/"):
             return None
+        name = path.removeprefix("compacted/").removesuffix(".sst")
         with self._lock:
             data = self._built.get(name)
             if data is None:
-                first, last = int(found.first_key[3:]), int(found.last_key[3:])
-                data = self._built[name] = synthetic_sst(first, last)
+                data = self._built[name] = synthetic_sst(*key_range(self._counts, name))
                 assert len(data) == SST_BYTES
             return data
 
@@ -193,27 +207,64 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def open_child(url: str, who: str, ssts: int) -> dict[str, object]:
+    """In a fresh process: open the writer or a reader over the synthetic store, then two
+    gets; the process's peak RSS is the engine's alone (no bench-side copies)."""
+    settings = Settings(compactor="off")
+    store = SyntheticSsts(open_store(url, settings), run_sizes(ssts - L0_SSTS))
+    start = time.perf_counter()
+    db: Db | DbReader = (
+        Db.open(store, settings=settings)
+        if who == "writer"
+        else DbReader.open(store, settings=settings)
+    )
+    open_s = time.perf_counter() - start
+    opened = store.take()
+    runs = run_sizes(ssts - L0_SSTS)
+    low, _ = key_range(runs, sst_id(1, runs[0] // 2))
+    probe = key(low)  # in the oldest run only: every newer source is passed on the way
+    start = time.perf_counter()
+    value = db.get(probe)
+    get_s = time.perf_counter() - start
+    cold = store.take()
+    absent = db.get(key(low + 1))
+    warm = store.take()
+    db.close()
+    assert value == b"v" * 100 and absent is None
+    return {
+        "open_s": open_s,
+        "open_requests": opened,
+        "get_s": get_s,
+        "cold_get_requests": cold,
+        "next_get_requests": warm,
+        "peak_mb": peak_mb(),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ssts", type=int, default=100_000)
     parser.add_argument("--backend", choices=["file", "memory"], default="file")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--child", choices=["writer", "reader"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(open_child(args.url, args.child, args.ssts)))
+        return
+    if args.backend == "memory":
+        raise SystemExit("the open measures run in child processes: use --backend file")
     settings = Settings(compactor="off")
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"file://{tmp}/db" if args.backend == "file" else "memory://"
+        url = f"file://{tmp}/db"
         base = open_store(url, settings, create=True)
         Db.open(base, settings=settings).close()
         l0, runs = synthetic_layout(args.ssts)
-        handles = {h.id: h for h in (*l0, *(h for r in runs for h in r.ssts))}
+        count = len(l0) + sum(len(r.ssts) for r in runs)
         rows: list[tuple[str, str]] = [
-            (
-                "SSTs (on paper)",
-                f"{len(handles):,} ({len(handles) * PAPER_SST_BYTES / 1e12:.1f} TB)",
-            ),
+            ("SSTs (on paper)", f"{count:,} ({count * PAPER_SST_BYTES / 1e12:.1f} TB)"),
             ("layout", f"L0 {len(l0)}, runs {[len(r.ssts) for r in runs]}"),
         ]
-
         manifests = ManifestStore(base)
         current = manifests.load()
         assert current is not None
@@ -221,86 +272,86 @@ def main() -> None:
         encoded, encode_s = timed(manifest.encode, args.repeat)
         _, decode_s = timed(lambda: Manifest.decode(encoded), args.repeat)
         rows += [
-            (
-                "manifest size",
-                f"{len(encoded) / 2**20:.1f} MiB ({len(encoded) / len(handles):.0f} B/SST)",
-            ),
+            ("manifest size", f"{len(encoded) / 2**20:.1f} MiB ({len(encoded) / count:.0f} B/SST)"),
             ("manifest encode / decode", f"{encode_s * 1e3:.0f} ms / {decode_s * 1e3:.0f} ms"),
         ]
         manifests.update(lambda m, _: msgspec.structs.replace(m, l0=l0, sorted_runs=runs))
+        del manifest, current
+        encoded = b""  # the bench's copies are not the engine's memory
 
-        def snapshot_update() -> None:  # the smallest real change: a reader's snapshot renewal
-            fresh = ManifestStore(base)  # no cached manifest: read, decode, encode, create
-            fresh.update(
-                lambda m, _: msgspec.structs.replace(m, last_compacted_seq=m.last_compacted_seq + 1)
-            )
+        def bump(m: Manifest, _: int) -> Manifest:  # the smallest real change
+            return msgspec.structs.replace(m, last_compacted_seq=m.last_compacted_seq + 1)
 
-        _, update_s = timed(snapshot_update, args.repeat)
+        # Cold: a fresh ManifestStore lists, reads and decodes first (a reader's renewal or
+        # another process's update); warm: the latest is cached (the writer's own updates).
+        _, cold_s = timed(lambda: ManifestStore(base).update(bump), args.repeat)
         latest = ManifestStore(base)
-        _, cached_update_s = timed(
-            lambda: latest.update(
-                lambda m, _: msgspec.structs.replace(m, last_compacted_seq=m.last_compacted_seq + 1)
-            ),
-            args.repeat,
-        )
+        latest.load()
+        _, warm_s = timed(lambda: latest.update(bump), args.repeat)
         rows.append(
-            (
-                "manifest update (cold / warm)",
-                f"{update_s * 1e3:.0f} ms / {cached_update_s * 1e3:.0f} ms",
-            )
+            ("manifest update (cold / warm)", f"{cold_s * 1e3:.0f} ms / {warm_s * 1e3:.0f} ms")
         )
 
         policy = CompactionPolicy()
         loaded = latest.load()
         assert loaded is not None
-
-        def plan_and_publish() -> Manifest:
-            done = plan(loaded.manifest, None, policy)
-            assert isinstance(done, L0ToRun)
-            merged = [
-                h for r in loaded.manifest.sorted_runs if r.id in done.run_ids for h in r.ssts
-            ]
-            outputs = tuple(
-                handle(f"out-{i}", 0, KEY_SPACE - 1) for i in range(max(1, len(merged)))
+        done, plan_s = timed(lambda: plan(loaded.manifest, None, policy), args.repeat)
+        assert isinstance(done, L0ToRun)
+        merged = len(done.l0_ids) + sum(
+            len(r.ssts) for r in loaded.manifest.sorted_runs if r.id in done.run_ids
+        )
+        outputs = tuple(handle(uuid_like(i), 0, KEY_SPACE - 1) for i in range(merged))
+        _, publish_s = timed(
+            lambda: apply_result(loaded.manifest, done, outputs, loaded.manifest.compactor_epoch),
+            args.repeat,
+        )
+        rows.append(
+            (
+                "planner per compaction (plan / publish transition)",
+                f"{plan_s * 1e3:.1f} ms / {publish_s * 1e3:.1f} ms "
+                f"(merges {merged} SSTs: L0 and runs {list(done.run_ids)})",
             )
-            return apply_result(loaded.manifest, done, outputs, loaded.manifest.compactor_epoch)
-
-        _, plan_s = timed(plan_and_publish, args.repeat)
-        rows.append(("planner + publish transition per compaction", f"{plan_s * 1e3:.1f} ms"))
-
-        store = SyntheticSsts(base, handles)
-        store.take()
-        db, writer_open_s = timed(lambda: Db.open(store, settings=settings))
-        writer_requests = store.take()
-        db.close()
-        store.take()
-        reader, reader_open_s = timed(lambda: DbReader.open(store, settings=settings))
-        reader_requests = store.take()
-        oldest = runs[-1].ssts[len(runs[-1].ssts) // 2]
-        probe = oldest.first_key  # present only in the oldest run: every newer source is passed
-        value = reader.get(probe)
-        get_requests = store.take()
-        absent = reader.get(key(int(probe[3:]) + 1))
-        absent_requests = store.take()
-        reader.close()
-        assert value == b"v" * 100 and absent is None
-        rows += [
-            ("writer open", f"{writer_open_s:.2f} s, requests {writer_requests}"),
-            ("reader open", f"{reader_open_s:.2f} s, requests {reader_requests}"),
-            (
-                "cold get, key in the oldest run",
-                f"{sum(get_requests.values())} requests {get_requests}",
-            ),
-            (
-                "next get, absent key (tops pinned)",
-                f"{sum(absent_requests.values())} requests {absent_requests}",
-            ),
-            ("peak RSS", f"{peak_mb():.0f} MB"),
-        ]
-    print(f"| 10 TB on paper ({args.backend}://, {args.ssts:,} SSTs) | |")
+        )
+        rows.append(("peak RSS of this process (builds the manifest)", f"{peak_mb():.0f} MB"))
+        for who in ("writer", "reader"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.metadata",
+                    "--child",
+                    who,
+                    "--url",
+                    url,
+                    "--ssts",
+                    str(args.ssts),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            cold = r["cold_get_requests"]
+            rows += [
+                (f"{who} open", f"{r['open_s']:.2f} s, requests {r['open_requests']}"),
+                (
+                    f"{who} cold get (key in the oldest run)",
+                    f"{sum(cold.values())} requests {cold}, {r['get_s'] * 1e3:.0f} ms",
+                ),
+                (
+                    f"{who} next get (absent key, tops pinned)",
+                    f"{sum(r['next_get_requests'].values())} requests",
+                ),
+                (f"{who} process peak RSS", f"{r['peak_mb']:.0f} MB"),
+            ]
+    print(f"| 10 TB on paper (file://, {args.ssts:,} SSTs) | |")
     print("|---|---|")
     for name, text in rows:
         print(f"| {name} | {text} |")
+
+
+def uuid_like(index: int) -> str:
+    return f"ff{index:030x}"
 
 
 if __name__ == "__main__":
