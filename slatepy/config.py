@@ -116,7 +116,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         file_sync: ``"fsync"`` (default) makes a ``file://`` write durable before it is
             acknowledged: the file and its directory are fsynced before a WAL SST, a manifest
             or a compacted SST counts as written. ``"off"`` skips that (faster; a power loss
-            or kernel crash may then lose acknowledged writes). Other stores ignore it.
+            or kernel crash may then lose acknowledged writes). ``"fsync-file"`` makes a
+            create (every WAL SST) cost one fsync instead of two: the new file alone, after
+            it is linked into place, relying on a journaling filesystem (ext4 with its
+            default ``data=ordered``, XFS, btrfs) to make a new file's name durable with
+            it; not for ext2, ext4 without a journal, or network and FUSE filesystems (RFC
+            0006, issue 33 addendum). Other stores ignore it.
         reader_gap_timeout: Seconds a reader waits for a missing WAL SST below later ones
             before it reports the gap as corruption (when the gap is wider than any writer's
             in-flight window, so no live writer can still be filling it).
@@ -183,7 +188,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     gc_interval: float = 60.0
     gc_max_interval: float = 600.0
     gc_min_age: float = 3600.0
-    file_sync: Literal["fsync", "off"] = "fsync"
+    file_sync: Literal["fsync", "fsync-file", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
     block_cache_bytes: int = 64 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024

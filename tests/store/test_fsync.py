@@ -40,7 +40,7 @@ class FsyncLog:
         # A create fsyncs its temporary ``<object>#<digits>`` before linking it into place:
         # the same inode, recorded under the object's name.
         with self._lock:
-            self._paths.append(re.sub(r"#\d+$", "", path))
+            self._paths.append(re.sub(r"#\d+( \(deleted\))?$", "", path))
 
     def snapshot(self) -> list[str]:
         with self._lock:
@@ -351,3 +351,39 @@ def test_concurrent_creates_share_a_directory_fsync_that_began_after_them(
     assert len(directory_syncs) == 2
     assert {"2.sst", "3.sst", "4.sst"} <= directory_syncs[1]
     assert all(returned[name] == 2 for name in ("2.sst", "3.sst", "4.sst"))
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_fsync_file_mode_syncs_a_created_file_once_after_its_link(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``file_sync="fsync-file"``: one fsync per create, of the file under its final name
+    (its journal commit carries the name), none of an existing directory; new directories
+    are still made durable in their parents, and overwrites keep both fsyncs."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(file_sync="fsync-file"), create=True)
+    real_fsync = os.fsync
+    seen: list[tuple[str, bool]] = []
+
+    def checking_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        final = re.sub(r"#\d+( \(deleted\))?$", "", path)
+        seen.append((final, stat.S_ISDIR(os.fstat(fd).st_mode) or os.path.exists(final)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", checking_fsync)
+    store.put("wal/1.sst", b"1", mode="create")  # a new directory: its entry in the root
+    assert [p for p, _ in seen] == [str(root / "wal" / "1.sst"), str(root)]
+    assert all(linked for _, linked in seen)  # the file was fsynced under its name
+    seen.clear()
+    store.put("wal/2.sst", b"2", mode="create")
+    assert seen == [(str(root / "wal" / "2.sst"), True)]
+    seen.clear()
+    store.put("wal/2.sst", b"3")  # an overwrite: through obstore, file and directory
+    assert [p for p, _ in seen] == [str(root / "wal" / "2.sst"), str(root / "wal")]
+    assert store.get("wal/1.sst") == b"1" and store.get("wal/2.sst") == b"3"
+    with Db.open(f"file://{root}/db2", settings=_settings(file_sync="fsync-file")) as db:
+        seen.clear()
+        db.put(b"key", b"value")
+        assert len([p for p, _ in seen if "/wal/" in p]) == 1
+        assert str(root / "db2" / "wal") not in {p for p, _ in seen}
