@@ -390,3 +390,91 @@ def test_fsync_file_mode_syncs_a_created_file_once_after_its_link(
         db.put(b"key", b"value")
         assert len([p for p, _ in seen if "/wal/" in p]) == 1
         assert str(root / "db2" / "wal") not in {p for p, _ in seen}
+
+
+class PowerLossModel:
+    """What a power loss at a given moment would leave of a ``file://`` database, from the
+    fsyncs and links that had completed by then (files are immutable once named).
+
+    A file survives if its inode was fsynced and its name is durable: its link (or, for an
+    object obstore wrote, the moment before its first fsync) happened before the start of
+    an fsync of its directory, or, under ``fsync-file``, of the file itself, that ended
+    before the moment.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, file_only: bool) -> None:
+        self._file_only = file_only
+        self._clock = iter(range(1, 1 << 62))
+        self._lock = threading.Lock()
+        self.fsyncs: list[tuple[int, str, int, int]] = []  # inode, path, start, end
+        self.links: dict[str, int] = {}
+        real_fsync, real_link = os.fsync, os.link
+
+        def fsync(fd: int) -> None:
+            info = os.fstat(fd)
+            path = re.sub(r"#\d+( \(deleted\))?$", "", os.readlink(f"/proc/self/fd/{fd}"))
+            start = self.now()
+            real_fsync(fd)
+            self.fsyncs.append((info.st_ino, path, start, self.now()))
+
+        def link(src: str, dst: str, **kwargs: object) -> None:
+            real_link(src, dst, **kwargs)  # type: ignore[arg-type]
+            self.links[os.fspath(dst)] = self.now()
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "link", link)
+
+    def now(self) -> int:
+        with self._lock:
+            return next(self._clock)
+
+    def survivors(self, root: Path, moment: int) -> list[Path]:
+        done = [(ino, path, start) for ino, path, start, end in self.fsyncs if end < moment]
+        kept = []
+        for file in root.rglob("*"):
+            if not file.is_file() or "#" in file.name:
+                continue
+            ino = file.stat().st_ino
+            synced = [start for i, _, start in done if i == ino]
+            named = self.links.get(str(file), min(synced, default=moment) - 1)
+            covering = (
+                synced
+                if self._file_only
+                else [start for _, path, start in done if path == str(file.parent)]
+            )
+            if synced and any(start > named for start in covering):
+                kept.append(file)
+        return kept
+
+    def restore(self, root: Path, moment: int, target: Path) -> None:
+        for file in self.survivors(root, moment):
+            copy = target / file.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, copy)
+
+
+@pytest.mark.usefixtures("proc_fds")
+@pytest.mark.parametrize("mode", ["fsync", "fsync-file"])
+def test_acknowledged_batches_survive_a_power_loss_right_after_their_ack(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str
+) -> None:
+    from slatepy import WriteBatch
+
+    model = PowerLossModel(monkeypatch, file_only=mode == "fsync-file")
+    root = tmp_path / "db"
+    settings = _settings(file_sync=mode, flush_interval=60)
+    acks: list[int] = []
+    with Db.open(f"file://{root}", settings=settings) as db:
+        for b in range(4):
+            batch = WriteBatch()
+            for i in range(50):
+                batch.put(b"b%d-%03d" % (b, i), b"v%d" % b)
+            db.write(batch)  # awaited: acknowledged when this returns
+            acks.append(model.now())
+    for acked, moment in enumerate(acks, start=1):
+        copy = tmp_path / f"after-{acked}"
+        model.restore(root, moment, copy)
+        with Db.open(f"file://{copy}", settings=_settings(file_sync="off")) as db:
+            for b in range(acked):
+                assert db.get(b"b%d-000" % b) == b"v%d" % b, (mode, acked, b)
+                assert db.get(b"b%d-049" % b) == b"v%d" % b, (mode, acked, b)
