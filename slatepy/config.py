@@ -64,8 +64,11 @@ class Settings(
             manifest; a new writer fences with that many consecutive SSTs).
         max_unflushed_bytes: Memory of written-but-not-yet-compacted data (the writer's
             memtable, Python's per-entry overhead included; RFC 0011) at which writes block
-            until compaction catches up. 512 MiB by default (SlateDB's is 1 GiB): about
-            1.6 million entries of 16-byte keys and 100-byte values.
+            until compaction catches up. 64 MiB by default, an embedded default that keeps
+            a writer's peak RSS under 256 MB whatever it writes (RFC 0006, issue 33
+            addendum): about 200,000 entries of 16-byte keys and 100-byte values. Raise it
+            (SlateDB's is 1 GiB) to keep more recent writes in memory and ride out longer
+            compaction lags, at that memory's price.
         memtable_retain_bytes: Memory of compacted writes the writer keeps in its memtable
             so that reads of recent data stay in memory, as a RocksDB or SlateDB memtable
             serves them until it is flushed; the oldest go first. None (the default) is half
@@ -151,7 +154,12 @@ class Settings(
         file_sync: ``"fsync"`` (default) makes a ``file://`` write durable before it is
             acknowledged: the file and its directory are fsynced before a WAL SST, a manifest
             or a compacted SST counts as written. ``"off"`` skips that (faster; a power loss
-            or kernel crash may then lose acknowledged writes). Other stores ignore it.
+            or kernel crash may then lose acknowledged writes). ``"fsync-file"`` makes a
+            create (every WAL SST) cost one fsync instead of two: the new file alone, after
+            it is linked into place, relying on a journaling filesystem (ext4 with its
+            default ``data=ordered``, XFS, btrfs) to make a new file's name durable with
+            it; not for ext2, ext4 without a journal, or network and FUSE filesystems (RFC
+            0006, issue 33 addendum). Other stores ignore it.
         reader_gap_timeout: Seconds a reader waits for a missing WAL SST below later ones
             before it reports the gap as corruption (when the gap is wider than any writer's
             in-flight window, so no live writer can still be filling it).
@@ -194,7 +202,7 @@ class Settings(
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
     max_parallel_writes: int = 1
-    max_unflushed_bytes: int = 512 * 1024 * 1024
+    max_unflushed_bytes: int = 64 * 1024 * 1024
     memtable_retain_bytes: int | None = None
     write_stall_timeout: float = 60.0
     wal_write_attempts: int = 8
@@ -225,7 +233,7 @@ class Settings(
     gc_max_interval: float = 600.0
     gc_min_age: float = 3600.0
     gc_when_alone: bool = True
-    file_sync: Literal["fsync", "off"] = "fsync"
+    file_sync: Literal["fsync", "fsync-file", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
     block_cache_bytes: int = 64 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024

@@ -67,3 +67,15 @@ def test_unknown_options_and_variables_are_rejected_with_a_suggestion() -> None:
     assert Settings.from_env({"SLATEPY_TEST_S3_ENDPOINT": "http://x"}) == Settings()
     # persist's validation switch is read by the persist machine, not a setting
     assert Settings.from_env({"SLATEPY_PERSIST_VALIDATE": "1"}) == Settings()
+
+
+def test_default_memory_budgets_fit_a_small_container() -> None:
+    """Issue 33: at default settings a writer's peak RSS stays under 256 MB whatever it
+    writes (measured by ``python -m bench.growth``): the write budget plus the caches it can
+    fill leave room for the interpreter and compaction's buffers."""
+    settings = Settings()
+    assert settings.max_unflushed_bytes == 64 * 1024 * 1024
+    budgets = settings.max_unflushed_bytes + settings.block_cache_bytes
+    assert budgets <= 128 * 1024 * 1024
+    # Larger budgets stay a setting away.
+    assert Settings(max_unflushed_bytes=512 * 1024 * 1024).max_unflushed_bytes == 512 << 20

@@ -109,9 +109,10 @@ def _open(url: str, settings: Settings, *, create: bool) -> ObjectStore:
             )
         try:
             sync: FileSync | None = None
-            if settings.file_sync == "fsync":
+            if settings.file_sync != "off":
                 # Creating the root ourselves makes its new directories durable.
                 sync = FileSync.create_root(path) if create else FileSync(path)
+                sync.file_only = settings.file_sync == "fsync-file"
             raw = LocalStore(path, mkdir=create)
         except Exception as exc:
             raise InvalidArgument(f"cannot use directory {path!r}: {exc}") from exc

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 
 from slatepy import Db
 from slatepy.config import Settings
-from slatepy.errors import NotDurable, StoreUnavailable
+from slatepy.errors import NotDurable, NotFound, StoreUnavailable
 from slatepy.store import open_store
 from slatepy.store.cas import create_if_absent
 
@@ -34,8 +37,10 @@ class FsyncLog:
         self._paths: list[str] = []
 
     def record(self, path: str) -> None:
+        # A create fsyncs its temporary ``<object>#<digits>`` before linking it into place:
+        # the same inode, recorded under the object's name.
         with self._lock:
-            self._paths.append(path)
+            self._paths.append(re.sub(r"#\d+( \(deleted\))?$", "", path))
 
     def snapshot(self) -> list[str]:
         with self._lock:
@@ -176,19 +181,39 @@ def test_a_failed_fsync_is_never_acknowledged(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     store = open_store(f"file://{tmp_path}/db", _settings(), create=True)
+    store.put("wal/0.sst", b"old", mode="create")  # wal/ exists and is durable
+    real_fsync = os.fsync
+    failing: set[str] = {"file", "directory"}
 
     def failing_fsync(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+        kind = "directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        if kind in failing:
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+    # A create fsyncs its bytes before any name points at them: a failed data fsync leaves
+    # nothing visible, so it is an ordinary (retriable) failure, and never an acknowledgement.
+    with pytest.raises(StoreUnavailable) as refused:
+        create_if_absent(store, "wal/1.sst", b"data", attempts=3)
+    assert not isinstance(refused.value, NotDurable)
+    with pytest.raises(NotFound):
+        store.get("wal/1.sst")
+    assert [p.name for p in (tmp_path / "db" / "wal").iterdir()] == ["0.sst"]
+
+    # Once linked, a failed directory fsync means visible but maybe not durable: NotDurable,
+    # and a retried create must not read its own bytes back as success.
+    failing.discard("file")
     with pytest.raises(NotDurable, match="could not be made durable") as info:
-        store.put("wal/1.sst", b"data", mode="create")
-    assert info.value.definite is False  # the object is there, but maybe not on disk
-    # A retried create would find its own bytes and report success: it must not retry.
+        store.put("wal/2.sst", b"data", mode="create")
+    assert info.value.definite is False
     with pytest.raises(NotDurable):
-        create_if_absent(store, "wal/2.sst", b"data", attempts=3)
+        create_if_absent(store, "wal/3.sst", b"data", attempts=3)
+    failing.add("file")
+    with pytest.raises(NotDurable):  # overwrites still go through obstore, then fsync
+        store.put("wal/0.sst", b"new")
     with pytest.raises(StoreUnavailable, match="fsync of its directory failed"):
-        store.delete("wal/1.sst")
+        store.delete("wal/0.sst")
 
 
 _CHILD = textwrap.dedent(
@@ -242,5 +267,214 @@ def test_strace_counts_real_fsyncs_for_20_durable_puts(tmp_path: Path) -> None:
     if probe.returncode != 0:
         pytest.skip(f"strace cannot trace here (ptrace denied?): {probe.stderr.decode()[:200]}")
     # Each durable put writes one WAL SST: at least the SST and the wal/ directory are synced.
-    assert _strace_fsyncs(tmp_path, "fsync") >= 2 * 20
+    full = _strace_fsyncs(tmp_path, "fsync")
+    assert full >= 2 * 20
+    # fsync-file: one fsync per WAL SST instead of two (the file, after its link).
+    assert 20 <= _strace_fsyncs(tmp_path, "fsync-file") <= full - 20
     assert _strace_fsyncs(tmp_path, "off") == 0
+
+
+def test_a_create_is_fsynced_before_its_name_exists(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """RFC 0007's window closed: the bytes of a created object are durable before any name
+    points at them, so a crash cannot leave a short object under its final name."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(), create=True)
+    real_fsync = os.fsync
+    seen: list[tuple[str, bool]] = []
+
+    def checking_fsync(fd: int) -> None:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            final = re.sub(r"#\d+$", "", os.readlink(f"/proc/self/fd/{fd}"))
+            seen.append((final, os.path.exists(final)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", checking_fsync)
+    with Db.open(f"file://{root}", settings=_settings()) as db:
+        db.put(b"key", b"value")
+    store.put("a/b/obj", b"1", mode="create")
+    assert seen and all(not existed for _, existed in seen), seen
+    assert str(root / "a" / "b" / "obj") in {path for path, _ in seen}
+    assert store.get("a/b/obj") == b"1"
+    assert sorted(p.name for p in (root / "a" / "b").iterdir()) == ["obj"]  # no temporaries
+
+
+def test_a_create_returns_the_etag_obstore_reports(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/db", _settings(), create=True)
+    etag = store.put("wal/1.sst", b"x" * 1000, mode="create")
+    assert etag is not None and etag == store.head("wal/1.sst").e_tag
+    assert [m.path for m in store.list("wal/")] == ["wal/1.sst"]
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_concurrent_creates_share_a_directory_fsync_that_began_after_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Group commit of directory entries: creates waiting behind a running directory fsync
+    are covered by one later fsync, and none returns before a directory fsync that started
+    after its own link."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(), create=True)
+    store.put("wal/0.sst", b"0", mode="create")
+    real_fsync = os.fsync
+    gate = threading.Event()
+    entered = threading.Event()
+    directory_syncs: list[set[str]] = []  # the wal/ entries present when each fsync began
+
+    def gated_fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(root / "wal"):
+            directory_syncs.append({p.name for p in (root / "wal").iterdir()})
+            if len(directory_syncs) == 1:
+                entered.set()
+                assert gate.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", gated_fsync)
+    returned: dict[str, int] = {}
+
+    def create(name: str) -> None:
+        store.put(f"wal/{name}", b"data", mode="create")
+        returned[name] = len(directory_syncs)
+
+    first = threading.Thread(target=create, args=("1.sst",))
+    first.start()
+    assert entered.wait(30)
+    others = [threading.Thread(target=create, args=(f"{i}.sst",)) for i in (2, 3, 4)]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(list((root / "wal").glob("[234].sst"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gate.set()
+    for thread in (first, *others):
+        thread.join(30)
+    assert sorted(returned) == ["1.sst", "2.sst", "3.sst", "4.sst"]
+    # One fsync for the first create, one shared by the three that linked while it ran.
+    assert len(directory_syncs) == 2
+    assert {"2.sst", "3.sst", "4.sst"} <= directory_syncs[1]
+    assert all(returned[name] == 2 for name in ("2.sst", "3.sst", "4.sst"))
+
+
+@pytest.mark.usefixtures("proc_fds")
+def test_fsync_file_mode_syncs_a_created_file_once_after_its_link(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``file_sync="fsync-file"``: one fsync per create, of the file under its final name
+    (its journal commit carries the name), none of an existing directory; new directories
+    are still made durable in their parents, and overwrites keep both fsyncs."""
+    root = tmp_path / "db"
+    store = open_store(f"file://{root}", _settings(file_sync="fsync-file"), create=True)
+    real_fsync = os.fsync
+    seen: list[tuple[str, bool]] = []
+
+    def checking_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        final = re.sub(r"#\d+( \(deleted\))?$", "", path)
+        seen.append((final, stat.S_ISDIR(os.fstat(fd).st_mode) or os.path.exists(final)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", checking_fsync)
+    store.put("wal/1.sst", b"1", mode="create")  # a new directory: its entry in the root
+    assert [p for p, _ in seen] == [str(root / "wal" / "1.sst"), str(root)]
+    assert all(linked for _, linked in seen)  # the file was fsynced under its name
+    seen.clear()
+    store.put("wal/2.sst", b"2", mode="create")
+    assert seen == [(str(root / "wal" / "2.sst"), True)]
+    seen.clear()
+    store.put("wal/2.sst", b"3")  # an overwrite: through obstore, file and directory
+    assert [p for p, _ in seen] == [str(root / "wal" / "2.sst"), str(root / "wal")]
+    assert store.get("wal/1.sst") == b"1" and store.get("wal/2.sst") == b"3"
+    with Db.open(f"file://{root}/db2", settings=_settings(file_sync="fsync-file")) as db:
+        seen.clear()
+        db.put(b"key", b"value")
+        assert len([p for p, _ in seen if "/wal/" in p]) == 1
+        assert str(root / "db2" / "wal") not in {p for p, _ in seen}
+
+
+class PowerLossModel:
+    """What a power loss at a given moment would leave of a ``file://`` database, from the
+    fsyncs and links that had completed by then (files are immutable once named).
+
+    A file survives if its inode was fsynced and its name is durable: its link (or, for an
+    object obstore wrote, the moment before its first fsync) happened before the start of
+    an fsync of its directory, or, under ``fsync-file``, of the file itself, that ended
+    before the moment.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, file_only: bool) -> None:
+        self._file_only = file_only
+        self._clock = iter(range(1, 1 << 62))
+        self._lock = threading.Lock()
+        self.fsyncs: list[tuple[int, str, int, int]] = []  # inode, path, start, end
+        self.links: dict[str, int] = {}
+        real_fsync, real_link = os.fsync, os.link
+
+        def fsync(fd: int) -> None:
+            info = os.fstat(fd)
+            path = re.sub(r"#\d+( \(deleted\))?$", "", os.readlink(f"/proc/self/fd/{fd}"))
+            start = self.now()
+            real_fsync(fd)
+            self.fsyncs.append((info.st_ino, path, start, self.now()))
+
+        def link(src: str, dst: str, **kwargs: object) -> None:
+            real_link(src, dst, **kwargs)  # type: ignore[arg-type]
+            self.links[os.fspath(dst)] = self.now()
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "link", link)
+
+    def now(self) -> int:
+        with self._lock:
+            return next(self._clock)
+
+    def survivors(self, root: Path, moment: int) -> list[Path]:
+        done = [(ino, path, start) for ino, path, start, end in self.fsyncs if end < moment]
+        kept = []
+        for file in root.rglob("*"):
+            if not file.is_file() or "#" in file.name:
+                continue
+            ino = file.stat().st_ino
+            synced = [start for i, _, start in done if i == ino]
+            named = self.links.get(str(file), min(synced, default=moment) - 1)
+            covering = (
+                synced
+                if self._file_only
+                else [start for _, path, start in done if path == str(file.parent)]
+            )
+            if synced and any(start > named for start in covering):
+                kept.append(file)
+        return kept
+
+    def restore(self, root: Path, moment: int, target: Path) -> None:
+        for file in self.survivors(root, moment):
+            copy = target / file.relative_to(root)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, copy)
+
+
+@pytest.mark.usefixtures("proc_fds")
+@pytest.mark.parametrize("mode", ["fsync", "fsync-file"])
+def test_acknowledged_batches_survive_a_power_loss_right_after_their_ack(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str
+) -> None:
+    from slatepy import WriteBatch
+
+    model = PowerLossModel(monkeypatch, file_only=mode == "fsync-file")
+    root = tmp_path / "db"
+    settings = _settings(file_sync=mode, flush_interval=60)
+    acks: list[int] = []
+    with Db.open(f"file://{root}", settings=settings) as db:
+        for b in range(4):
+            batch = WriteBatch()
+            for i in range(50):
+                batch.put(b"b%d-%03d" % (b, i), b"v%d" % b)
+            db.write(batch)  # awaited: acknowledged when this returns
+            acks.append(model.now())
+    for acked, moment in enumerate(acks, start=1):
+        copy = tmp_path / f"after-{acked}"
+        model.restore(root, moment, copy)
+        with Db.open(f"file://{copy}", settings=_settings(file_sync="off")) as db:
+            for b in range(acked):
+                assert db.get(b"b%d-000" % b) == b"v%d" % b, (mode, acked, b)
+                assert db.get(b"b%d-049" % b) == b"v%d" % b, (mode, acked, b)
