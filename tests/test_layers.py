@@ -38,11 +38,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gc": _KV,
     "compactor": _KV | {"gc"},  # the background compactor runs GC between compactions
     "persist": _BASE | {"store", "format", "table"},
+    # Upstream sources ingested into persist shards (RFC 0027): above persist, below the CLI
+    # and Spark, never the KV engine.
+    "sources": _BASE | {"store", "format", "table", "persist"},
     "aio": _KV | {"engine"},  # the asyncio facade of Db
     "slatepy": _LIBRARY,  # the package root re-exports the public API
     "testing": _LIBRARY,
-    "cli": _LIBRARY | {"testing"},  # `slatepy torture` runs the shipped torture harness
-    "spark": _LIBRARY,  # Spark data sources over the engine and persist (RFC 0016)
+    "cli": _LIBRARY | {"testing", "sources"},  # `slatepy torture` runs the torture harness
+    "spark": _LIBRARY | {"sources"},  # Spark data sources over the engine and persist (RFC 0016)
 }
 """Layer -> the layers it may import (besides itself). A module ``slatepy/x.py`` or package
 ``slatepy/x/`` is layer ``x``; ``slatepy/__init__.py`` is layer ``slatepy``."""
@@ -198,6 +201,8 @@ def test_the_declared_layers_have_no_cycle() -> None:
         ("slatepy.spark.kv", "from slatepy.cli import main"),
         ("slatepy.spark.kv", "def f() -> None:\n    from slatepy.testing import moto"),
         ("slatepy.table.merge", "from slatepy.spark import sink"),
+        ("slatepy.sources.ingest", "from slatepy.engine.db import Db"),
+        ("slatepy.persist.read", "from slatepy.sources import Ingest"),
     ],
 )
 def test_an_upward_or_sideways_import_is_caught(module: str, source: str) -> None:
