@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
-from slatepy.config import Settings
 from slatepy.persist import PersistClient
 from slatepy.persist.codec import consolidate
 from slatepy.sources import Ingest, LoadGen, OffsetOutOfRange
 from slatepy.sources.base import Chunk, Progress
 from slatepy.sources.loadgen import contents, event
-from slatepy.store.stack import open_stack
-
-
-@pytest.fixture
-def client() -> Iterator[PersistClient]:
-    with PersistClient.open(open_stack("memory://", Settings())) as opened:
-        yield opened
 
 
 def collection(client: PersistClient, shard: str, as_of: int) -> dict[tuple[bytes, bytes], int]:
