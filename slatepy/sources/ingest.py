@@ -41,7 +41,7 @@ from slatepy.sources.base import (
     frontier_le,
     zero,
 )
-from slatepy.sources.errors import IngestConflict, SourceError
+from slatepy.sources.errors import IngestConflict, SourceError, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,9 @@ class Ingest:
     # -- resumption -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the bindings and open the source at the offset resumption frontier."""
+        """Load the bindings and open the source at the offset resumption frontier (closing
+        the reader of an earlier start first)."""
+        self._close_reader()
         parts = self.source.partitions
         upper = self._remap.fetch_recent_upper()
         if upper == 0:
@@ -264,27 +266,44 @@ class Ingest:
         *,
         report: Callable[[Stats], None] | None = None,
         report_interval: float = 5.0,
+        retry_for: float = 60.0,
     ) -> None:
-        """Step until ``stop`` is set, then commit once more and close."""
-        self.start()
+        """Step until ``stop`` is set, then commit once more and close. A transient source
+        failure (:class:`SourceUnavailable`) resumes from the shards, as after a crash,
+        until the source has failed for ``retry_for`` seconds in a row."""
+        failing: float | None = None
         last = time.monotonic()
         try:
             while not stop.is_set():
-                self.step()
-                if report is not None and time.monotonic() - last >= report_interval:
-                    report(self.stats())
-                    last = time.monotonic()
-            self.commit()
+                try:
+                    self.start()
+                    while not stop.is_set():
+                        self.step()
+                        failing = None
+                        if report is not None and time.monotonic() - last >= report_interval:
+                            report(self.stats())
+                            last = time.monotonic()
+                    self.commit()
+                except SourceUnavailable as exc:
+                    self._close_reader()
+                    failing = time.monotonic() if failing is None else failing
+                    if time.monotonic() - failing > retry_for:
+                        raise
+                    log.warning("%s; resuming from the shards", exc)
+                    stop.wait(1.0)
         finally:
             self.close()
 
-    def close(self) -> None:
-        """Close the source reader and release the shard handles (not the since hold)."""
+    def _close_reader(self) -> None:
         if self._reader is not None:
             try:
                 self._reader.close()
             except SourceError:
                 log.warning("closing the source failed", exc_info=True)
             self._reader = None
+
+    def close(self) -> None:
+        """Close the source reader and release the shard handles (not the since hold)."""
+        self._close_reader()
         for handle in (self._remap, *self._data):
             handle.expire()
