@@ -4,7 +4,8 @@ The event at offset ``o`` of partition ``p`` is a pure function of ``(p, o)``: m
 insert order ``p-o``; every fifth deletes (retracts) the order inserted two offsets before, so
 the collection has retractions as a real change stream has. The log is endless; with a
 ``rate`` (events per second over all partitions) the head of each partition advances with
-the wall clock since the generator was made, as a live topic's would.
+the wall clock from where a reader was opened, as a live topic's would (so a restarted
+process resumes producing at once, at the same rate).
 
 Retention is Kafka-like: :meth:`LoadGenReader.commit` raises each partition's *low
 watermark*, and reading from below it fails with :class:`OffsetOutOfRange`. One
@@ -69,7 +70,7 @@ class LoadGen:
         self._partitions = partitions
         self.rate = rate
         self.batch = batch
-        self.started = time.monotonic()
+        self._base: tuple[float, OffsetFrontier] = (time.monotonic(), zero(partitions))
         self._lock = threading.Lock()
         self._committed = zero(partitions)
 
@@ -91,8 +92,9 @@ class LoadGen:
         """The offsets produced so far in each partition (unbounded without a rate)."""
         if self.rate is None:
             return (2**62,) * self._partitions
-        per = self.rate * (time.monotonic() - self.started) / self._partitions
-        return (int(per),) * self._partitions
+        started, base = self._base
+        per = int(self.rate * (time.monotonic() - started) / self._partitions)
+        return tuple(b + per for b in base)
 
     def open(self, resume: OffsetFrontier) -> LoadGenReader:
         """A reader at ``resume``.
@@ -105,6 +107,7 @@ class LoadGen:
                 f"loadgen has {self._partitions} partitions, the frontier {len(resume)}"
             )
         self._check(resume)
+        self._base = (time.monotonic(), resume)
         return LoadGenReader(self, resume)
 
     def _check(self, at: OffsetFrontier) -> None:
