@@ -97,6 +97,11 @@ class Source(Protocol):
         """The width of the offset frontier."""
         ...
 
+    def shapes(self) -> Sequence[bytes]:
+        """Each output's shape (its columns and their types, encoded): recorded in the remap
+        shard when the shards are made, and compared at every start."""
+        ...
+
     def open(self, resume: OffsetFrontier) -> SourceReader:
         """Start reading at ``resume``: every update at an offset at or beyond it.
 

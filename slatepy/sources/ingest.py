@@ -41,7 +41,12 @@ from slatepy.sources.base import (
     frontier_le,
     zero,
 )
-from slatepy.sources.errors import IngestConflict, SourceError, SourceUnavailable
+from slatepy.sources.errors import (
+    IngestConflict,
+    SchemaChanged,
+    SourceError,
+    SourceUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +132,8 @@ class Ingest:
         if upper == 0:
             # UpperMismatch: another ingest (or our own earlier attempt) initialised it.
             with contextlib.suppress(UpperMismatch):
-                self._remap.compare_and_append(remap.initial_updates(parts), 0, 1)
+                shapes = self.source.shapes()
+                self._remap.compare_and_append(remap.initial_updates(parts, shapes), 0, 1)
             upper = self._remap.fetch_recent_upper()
         assert upper is not None, "the remap shard is closed"
         self._since = self._client.open_critical_since(self.remap_shard, SINCE_HOLDER)
@@ -137,6 +143,7 @@ class Ingest:
             self.bindings = remap.load(reader, parts, upper)
         finally:
             reader.expire()
+        self._check_shapes()
         self.resumption = self._resumption_frontier()
         self._pending: list[Chunk] = []
         resume = self.bindings.before(self.resumption)
@@ -148,6 +155,17 @@ class Ingest:
             "ingest %s resumes at time %d, offsets %s", self.remap_shard, self.resumption, resume
         )
         self._reader = self.source.open(resume)
+
+    def _check_shapes(self) -> None:
+        for i, shape in enumerate(self.source.shapes()):
+            recorded = self.bindings.shapes.get(i)
+            if recorded is not None and recorded != shape:
+                name = self.source.outputs[i]
+                raise SchemaChanged(
+                    f"{name} changed shape since its shards were made (ALTER TABLE?): "
+                    f"recorded {recorded.decode(errors='replace')}, now "
+                    f"{shape.decode(errors='replace')}; re-create the source"
+                )
 
     def _fetch_upper(self, handle: WriteHandle) -> int:
         upper = handle.fetch_recent_upper()

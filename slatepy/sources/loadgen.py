@@ -82,6 +82,9 @@ class LoadGen:
     def partitions(self) -> int:
         return self._partitions
 
+    def shapes(self) -> Sequence[bytes]:
+        return (b"loadgen orders v1",)
+
     @property
     def committed(self) -> OffsetFrontier:
         """The low watermarks: offsets below them are discarded."""

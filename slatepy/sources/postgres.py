@@ -211,6 +211,9 @@ class PostgresSource:
     def partitions(self) -> int:
         return 1
 
+    def shapes(self) -> Sequence[bytes]:
+        return [msgspec.json.encode([t.name, t.columns, t.key]) for t in self.tables]
+
     def open(self, resume: OffsetFrontier) -> PostgresReader:
         return PostgresReader(self, resume[0])
 

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from slatepy.persist import Listen, ReadHandle, Update, Updates
 from slatepy.sources.base import OffsetFrontier, frontier_le, zero
 
 _OFFSET = struct.Struct(">Q")
+
+
+_SHAPE = b"shape/"
 
 
 def partition_key(partition: int) -> bytes:
@@ -35,9 +39,12 @@ def _partition_of(key: bytes) -> int:
     return int(key.rpartition(b"/")[2])
 
 
-def initial_updates(partitions: int) -> list[Update]:
-    """The remap shard's first batch: ``O(0)`` is zero in every partition."""
-    return [((partition_key(p), _OFFSET.pack(0)), 0, 1) for p in range(partitions)]
+def initial_updates(partitions: int, shapes: Sequence[bytes] = ()) -> list[Update]:
+    """The remap shard's first batch: ``O(0)`` is zero in every partition, and the shape of
+    each output (``shape/<output>``, never retracted), so a restart notices a change."""
+    out = [((partition_key(p), _OFFSET.pack(0)), 0, 1) for p in range(partitions)]
+    out += [((_SHAPE + b"%08d" % i, shape), 0, 1) for i, shape in enumerate(shapes)]
+    return out
 
 
 def bind_updates(ts: int, old: OffsetFrontier, new: OffsetFrontier) -> list[Update]:
@@ -59,6 +66,8 @@ class Bindings:
     times: list[int] = field(default_factory=list)
     frontiers: list[OffsetFrontier] = field(default_factory=list)
     upper: int = 0
+    shapes: dict[int, bytes] = field(default_factory=dict)
+    """The outputs' shapes recorded when the shards were made (output -> shape)."""
     # Per partition, the offsets of `frontiers` (non-decreasing), for bisecting.
     _columns: list[list[int]] = field(default_factory=list)
 
@@ -137,7 +146,9 @@ def load(reader: ReadHandle, partitions: int, upper: int) -> Bindings:
                     by_time.setdefault(update[1], []).append(update)
         for t in sorted(by_time):
             for (key, value), _, diff in by_time[t]:
-                if diff > 0:
+                if diff > 0 and key.startswith(_SHAPE):
+                    bindings.shapes[int(key[len(_SHAPE) :])] = value
+                elif diff > 0:
                     current[_partition_of(key)] = _OFFSET.unpack(value)[0]
             bindings.mint(t, tuple(current[p] for p in range(partitions)))
     finally:

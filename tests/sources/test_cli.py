@@ -9,6 +9,7 @@ import json
 import queue
 import signal
 import subprocess
+import sys
 import threading
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -17,7 +18,7 @@ from slatepy.cli.main import main
 from slatepy.persist import PersistClient
 from slatepy.sources import remap
 from slatepy.sources.loadgen import contents
-from tests.processes import spawn
+from tests.processes import ROOT, spawn
 from tests.sources.pgkit import expected, setup_orders, snapshot
 
 
@@ -109,3 +110,23 @@ def test_postgres_ingest_and_a_definite_error(pg_url: str, tmp_path: Path) -> No
     with PersistClient.open(store) as client:
         t, _ = frontiers(client, "o", 1)
         assert snapshot(client, "o", t - 1) == expected(pg_url)["public.orders"]
+
+
+def test_postgres_without_psycopg2_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['psycopg2'] = None\n"
+        "from slatepy.cli.main import main\n"
+        "sys.exit(main(['ingest', 'postgresql://u@127.0.0.1:1/db', '--publication', 'p',"
+        f" '--into', 'file://{tmp_path}', '--shard', 's']))\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 1
+    err = child.stderr
+    assert 'pip install "slatepy[sources]"' in err and err.strip().count("\n") == 0

@@ -118,3 +118,16 @@ def test_a_slot_invalidated_by_max_slot_wal_keep_size(client: PersistClient, pg_
         again.close()
     finally:
         sql(pg_url, "ALTER SYSTEM RESET max_slot_wal_keep_size", "SELECT pg_reload_conf()")
+
+
+def test_alter_table_while_no_ingest_runs(client: PersistClient, pg_url: str) -> None:
+    setup_orders(pg_url)
+    ingest = make(client, pg_url)
+    ingest.start()
+    step_until(ingest, caught_up(ingest, pg_url))
+    ingest.close()
+    sql(pg_url, "ALTER TABLE orders ALTER COLUMN qty TYPE bigint")
+    again = make(client, pg_url)
+    with pytest.raises(SchemaChanged, match=r"public\.orders changed shape since its shards"):
+        again.start()
+    again.close()
