@@ -37,6 +37,7 @@ def register(spark: Any) -> None:
     """
     try:
         from slatepy.spark.kv import KvDataSource
+        from slatepy.spark.loadgen_source import LoadGenDataSource
         from slatepy.spark.persist_sink import PersistDataSource
     except ImportError as exc:
         raise InvalidArgument(
@@ -44,3 +45,4 @@ def register(spark: Any) -> None:
         ) from exc
     spark.dataSource.register(KvDataSource)
     spark.dataSource.register(PersistDataSource)
+    spark.dataSource.register(LoadGenDataSource)
