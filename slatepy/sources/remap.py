@@ -117,6 +117,19 @@ class Bindings:
             best = self.times[i + 1] if i + 1 < len(self.times) else self.upper
         return best
 
+    def aligned(self, start: OffsetFrontier, candidate: OffsetFrontier) -> OffsetFrontier | None:
+        """An end for a batch of a reader at ``start`` that wants to read up to
+        ``candidate``, when bindings beyond ``start`` exist already (a restart): the largest
+        bound frontier beyond ``start`` at most ``candidate``, else the least one beyond
+        ``start``; None when no binding is beyond ``start``. A batch that ends on a bound
+        frontier holds every update of its last time, so no later batch adds to a time a
+        sink has already closed."""
+        beyond = [f for f in self.frontiers if frontier_le(start, f) and f != start]
+        if not beyond:
+            return None
+        fitting = [f for f in beyond if frontier_le(f, candidate)]
+        return fitting[-1] if fitting else beyond[0]
+
     def compact(self, since: int) -> None:
         """Forget bindings no time at or after ``since`` needs (keeps ``O(since)``)."""
         i = bisect.bisect_right(self.times, since) - 1

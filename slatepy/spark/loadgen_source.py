@@ -35,7 +35,7 @@ from slatepy.errors import InvalidArgument
 from slatepy.persist import PersistClient, SinceHandle, UpperMismatch, WriteHandle
 from slatepy.persist.frontier import meet
 from slatepy.sources import remap
-from slatepy.sources.base import OffsetFrontier, frontier_join, frontier_le
+from slatepy.sources.base import OffsetFrontier, frontier_join
 from slatepy.sources.errors import IngestConflict
 from slatepy.sources.ingest import SINCE_HOLDER, remap_shard_of
 from slatepy.sources.loadgen import LoadGen, event
@@ -175,9 +175,12 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = tuple(
             max(a, min(t, a + self.config.per_trigger)) for a, t in zip(lo, target, strict=True)
         )
+        bound = self.bindings.aligned(lo, end)
+        if bound is not None:  # catching up with bindings made before a restart
+            return {"offsets": list(bound)}
+        if end == lo:
+            return {"offsets": list(lo)}
         latest = self.bindings.latest
-        if frontier_le(end, latest):
-            return {"offsets": list(end)}
         end = frontier_join(end, latest)
         upper = self.bindings.upper
         ts = max(upper, int(time.time() * 1000))

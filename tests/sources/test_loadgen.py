@@ -94,3 +94,16 @@ def test_the_remap_since_advances_and_its_size_stays_bounded(client: PersistClie
     assert sum(b.updates for b in state.trace) < 600
     assert len(ingest.bindings.times) <= 2
     ingest.close()
+
+
+def test_batches_end_on_bound_frontiers_when_catching_up() -> None:
+    from slatepy.sources.remap import Bindings
+
+    b = Bindings(2)
+    for ts, f in ((0, (0, 0)), (5, (10, 4)), (9, (20, 8)), (12, (30, 9))):
+        b.mint(ts, f)
+    assert b.aligned((10, 4), (25, 8)) == (20, 8)  # the largest bound frontier that fits
+    assert b.aligned((10, 4), (11, 5)) == (20, 8)  # none fits: the next one
+    assert b.aligned((30, 9), (40, 20)) is None  # nothing bound beyond: mint
+    assert b.time_of(0, 10) == 9 and b.time_of(1, 3) == 5 and b.time_of(0, 30) is None
+    assert b.before(10) == (20, 8) and b.complete_upper((20, 8)) == 12
