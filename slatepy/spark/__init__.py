@@ -39,6 +39,7 @@ def register(spark: Any) -> None:
         from slatepy.spark.kv import KvDataSource
         from slatepy.spark.loadgen_source import LoadGenDataSource
         from slatepy.spark.persist_sink import PersistDataSource
+        from slatepy.spark.postgres_source import PostgresDataSource
     except ImportError as exc:
         raise InvalidArgument(
             f'the Spark sources need pyspark and pyarrow: pip install "slatepy[spark]" ({exc})'
@@ -46,3 +47,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(KvDataSource)
     spark.dataSource.register(PersistDataSource)
     spark.dataSource.register(LoadGenDataSource)
+    spark.dataSource.register(PostgresDataSource)

@@ -22,8 +22,6 @@ run, e.g. ``trigger(availableNow=True)``), ``maxOffsetsPerTrigger`` (per partiti
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +30,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from slatepy.errors import InvalidArgument
-from slatepy.persist import PersistClient, SinceHandle, UpperMismatch, WriteHandle
-from slatepy.persist.frontier import meet
-from slatepy.sources import remap
-from slatepy.sources.base import OffsetFrontier, frontier_join
-from slatepy.sources.errors import IngestConflict
-from slatepy.sources.ingest import SINCE_HOLDER, remap_shard_of
+from slatepy.sources.base import OffsetFrontier
 from slatepy.sources.loadgen import LoadGen, event
+from slatepy.spark.reclocked import Reclocked, offsets_of
 
 OPTIONS = frozenset(
     {"url", "path", "shard", "consensus", "partitions", "rate", "end", "maxoffsetspertrigger"}
@@ -114,7 +108,7 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, config: LoadGenConfig) -> None:
         self.config = config
         self._gen = LoadGen(config.partitions, config.rate)
-        self._client: PersistClient | None = None
+        self._state = Reclocked(config.url, config.consensus, config.shard)
         self._until: OffsetFrontier | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -125,33 +119,9 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["config"])  # type: ignore[misc]
 
-    def _open(self) -> tuple[WriteHandle, WriteHandle, SinceHandle]:
-        if self._client is None:
-            cfg = self.config
-            self._client = PersistClient.open(cfg.url, consensus=cfg.consensus)
-            self._remap_shard = remap_shard_of(cfg.shard)
-            self._remap = self._client.open_writer(self._remap_shard, purpose="spark remap")
-            self._data = self._client.open_writer(cfg.shard, purpose="spark resumption")
-            upper = self._remap.fetch_recent_upper()
-            if upper == 0:
-                initial = remap.initial_updates(cfg.partitions, self._gen.shapes())
-                with contextlib.suppress(UpperMismatch):  # made by a concurrent start
-                    self._remap.compare_and_append(initial, 0, 1)
-                upper = self._remap.fetch_recent_upper()
-            assert upper is not None
-            self._since = self._client.open_critical_since(self._remap_shard, SINCE_HOLDER)
-            reader = self._client.open_leased_reader(self._remap_shard, purpose="spark resume")
-            try:
-                self.bindings = remap.load(reader, cfg.partitions, upper)
-            finally:
-                reader.expire()
-        return self._remap, self._data, self._since
-
-    def _resumption(self) -> int:
-        remap_w, data, _ = self._open()
-        t = meet([data.fetch_recent_upper(), remap_w.fetch_recent_upper()])
-        assert t is not None
-        return t
+    def _open(self) -> Reclocked:
+        self._state.open(self.config.partitions, self._gen.shapes())
+        return self._state
 
     def _target(self) -> OffsetFrontier:
         head = self._gen.head()
@@ -160,8 +130,8 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return head
 
     def initialOffset(self) -> dict[str, Any]:
-        t = self._resumption()
-        return {"offsets": list(self.bindings.before(t))}
+        state = self._open()
+        return {"offsets": list(state.bindings.before(state.resumption()))}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._until = self._target()
@@ -169,36 +139,17 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, Any]:
-        remap_w, _, _ = self._open()
-        lo = tuple(start["offsets"]) if start else self.bindings.before(self._resumption())
+        state = self._open()
+        lo = offsets_of(start) if start else state.bindings.before(state.resumption())
         target = self._until if self._until is not None else self._target()
-        end = tuple(
-            max(a, min(t, a + self.config.per_trigger)) for a, t in zip(lo, target, strict=True)
-        )
-        bound = self.bindings.aligned(lo, end)
-        if bound is not None:  # catching up with bindings made before a restart
-            return {"offsets": list(bound)}
-        if end == lo:
-            return {"offsets": list(lo)}
-        latest = self.bindings.latest
-        end = frontier_join(end, latest)
-        upper = self.bindings.upper
-        ts = max(upper, int(time.time() * 1000))
-        try:
-            remap_w.compare_and_append(remap.bind_updates(ts, latest, end), upper, ts + 1)
-        except UpperMismatch as exc:
-            raise IngestConflict(
-                f"remap shard {self._remap_shard!r} moved under this stream: another ingest "
-                "of the same shards is running"
-            ) from exc
-        self.bindings.mint(ts, end)
-        return {"offsets": list(end)}
+        step = self.config.per_trigger
+        candidate = tuple(max(a, min(t, a + step)) for a, t in zip(lo, target, strict=True))
+        return {"offsets": list(state.end(lo, candidate))}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        self._open()
-        lo, hi = tuple(start["offsets"]), tuple(end["offsets"])
+        b = self._open().bindings
+        lo, hi = offsets_of(start), offsets_of(end)
         self._gen._check(lo)  # retention: a replay below the committed offsets fails
-        b = self.bindings
         return [
             LoadGenPartition(p, lo[p], hi[p], tuple(b.times), tuple(f[p] for f in b.frontiers))
             for p in range(self.config.partitions)
@@ -216,18 +167,9 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 yield key, value, t, diff
 
     def commit(self, end: dict[str, Any]) -> None:
-        _, _, since = self._open()
-        t = self._resumption()
-        if t <= 0:
-            return
-        offsets = self.bindings.before(t)
-        since.compare_and_downgrade_since(since.opaque, since.opaque, t - 1)
-        self.bindings.compact(t - 1)
-        self._gen._commit(offsets)
+        offsets = self._open().commit()
+        if offsets is not None:
+            self._gen._commit(offsets)
 
     def stop(self) -> None:
-        if self._client is not None:
-            self._remap.expire()
-            self._data.expire()
-            self._client.close()
-            self._client = None
+        self._state.close()

@@ -35,7 +35,6 @@ LOGICAL_OPTIONS = (
     "-c wal_level=logical",
     "-c max_replication_slots=16",
     "-c max_wal_senders=16",
-    "-c wal_sender_timeout=10s",
 )
 """Server options of ``postgres_server(logical=True)``: logical replication for the sources
 (RFC 0027), room for a slot per test and a temporary snapshot slot each."""
