@@ -4,8 +4,10 @@ memory store."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -38,19 +40,36 @@ def pg_url(logical_postgres: PostgresServer) -> Iterator[str]:
     try:
         yield logical_postgres.url(name)
     finally:
-        with admin.cursor() as cur:
-            cur.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                "WHERE database = %s AND active_pid IS NOT NULL",
-                (name,),
-            )
-            cur.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                "WHERE database = %s",
-                (name,),
-            )
-            cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        _drop(admin, name)
         admin.close()
+
+
+def _drop(admin: Any, name: str) -> None:
+    """Drop the database's slots (waiting for their walsenders to end: a closed or killed
+    ingest's may linger a moment, longer on a busy machine), then the database. A slot left
+    behind would hold one of the server's ``max_replication_slots`` for the session."""
+    import psycopg2
+
+    deadline = time.monotonic() + 30
+    with admin.cursor() as cur:
+        while True:
+            try:
+                cur.execute(
+                    "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots "
+                    "WHERE database = %s AND active_pid IS NOT NULL",
+                    (name,),
+                )
+                cur.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                    "WHERE database = %s",
+                    (name,),
+                )
+                break
+            except psycopg2.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        cur.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ def snapshot(client: PersistClient, shard: str, as_of: int) -> Collection:
         reader.expire()
 
 
-def step_until(ingest: Ingest, done: Callable[[], bool], timeout: float = 20.0) -> None:
+def step_until(ingest: Ingest, done: Callable[[], bool], timeout: float = 60.0) -> None:
     """Step ``ingest`` until ``done()`` (checked after a commit), at most ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
