@@ -257,8 +257,10 @@ class Ingest:
         if t <= 0:
             return
         offsets = self.bindings.before(t)
-        opaque = self._since.opaque
-        self._since.compare_and_downgrade_since(opaque, opaque, t - 1)
+        held = self._since.since
+        if held is None or held < t - 1:  # an idle source writes no state change
+            opaque = self._since.opaque
+            self._since.compare_and_downgrade_since(opaque, opaque, t - 1)
         self.bindings.compact(t - 1)
         self.resumption = t
         if offsets != self.committed:

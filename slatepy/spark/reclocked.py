@@ -79,7 +79,9 @@ class Reclocked:
         t = self.resumption()
         if t <= 0:
             return None
-        self.since.compare_and_downgrade_since(self.since.opaque, self.since.opaque, t - 1)
+        held = self.since.since
+        if held is None or held < t - 1:
+            self.since.compare_and_downgrade_since(self.since.opaque, self.since.opaque, t - 1)
         self.bindings.compact(t - 1)
         return self.bindings.before(t)
 

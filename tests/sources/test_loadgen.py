@@ -107,3 +107,17 @@ def test_batches_end_on_bound_frontiers_when_catching_up() -> None:
     assert b.aligned((30, 9), (40, 20)) is None  # nothing bound beyond: mint
     assert b.time_of(0, 10) == 9 and b.time_of(1, 3) == 5 and b.time_of(0, 30) is None
     assert b.before(10) == (20, 8) and b.complete_upper((20, 8)) == 12
+
+
+def test_an_idle_ingest_writes_no_state(client: PersistClient) -> None:
+    gen = LoadGen(1, rate=0.001)  # nothing for the next hour
+    ingest = Ingest(client, gen, data_shards=["idle"], remap_shard="idle.remap", tick=0)
+    ingest.start()
+    ingest.step()
+    ingest.commit()
+    seqnos = [client.machine(s).fetch().seqno for s in ("idle", "idle.remap")]
+    for _ in range(5):
+        ingest.step(0.01)
+        ingest.commit()
+    assert [client.machine(s).fetch().seqno for s in ("idle", "idle.remap")] == seqnos
+    ingest.close()
