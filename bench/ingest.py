@@ -15,6 +15,10 @@ file store, the in-process ingest (the embedded default: ``tick`` 0.1 s, commits
 * **WAL retained**: ``pg_current_wal_lsn() - restart_lsn`` of the slot each second of the lag
   run (max, last) and how far ``confirmed_flush_lsn`` advanced.
 * **loadgen**: the load generator (4 partitions, no rate limit) into a data shard: updates/s.
+* with ``--spark``, on Spark ``local[2]``: ``slatepy.loadgen`` into ``slatepy.persist``
+  (4 partitions x 25,000 offsets, ``trigger(availableNow=True)``, 5,000 offsets a partition
+  per batch) and ``slatepy.postgres`` (the bulk table's rows read again, through a new
+  slot's snapshot): updates/s.
 
 Writes ``bench/results/<name>.json`` and ``.md``.
 """
@@ -182,11 +186,62 @@ def loadgen(client: PersistClient, seconds: float) -> dict[str, Any]:
     return {"updates": ingest.rows, "seconds": seconds, "updates_per_s": ingest.rows / seconds}
 
 
+def spark_runs(url: str, tmp: str) -> dict[str, Any]:
+    from slatepy.spark.session import local_session
+
+    spark = local_session("bench-ingest")
+    out: dict[str, Any] = {}
+    try:
+        store = f"file://{tmp}/spark-store"
+        Path(f"{tmp}/spark-store").mkdir()
+        for name, reader, events in (
+            (
+                "loadgen",
+                spark.readStream.format("slatepy.loadgen")
+                .option("partitions", "4")
+                .option("end", "25000")
+                .option("maxOffsetsPerTrigger", "5000"),
+                100_000,  # one update an event (a fifth are deletes of earlier inserts)
+            ),
+            (
+                "postgres",
+                spark.readStream.format("slatepy.postgres")
+                .option("connection", url)
+                .option("publication", "bulkpub"),
+                0,
+            ),
+        ):
+            updates = events or int(_sql(url, "SELECT count(*) FROM bulk")[0][0])
+            df = reader.option("url", store).option("shard", name).load()
+            start = time.monotonic()
+            query = (
+                df.writeStream.format("slatepy.persist")
+                .option("url", store)
+                .option("shard", name)
+                .option("timeColumn", "time")
+                .option("checkpointLocation", f"{tmp}/ckpt-{name}")
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            seconds = time.monotonic() - start
+            out[name] = {
+                "updates": updates,
+                "seconds": seconds,
+                "updates_per_s": updates / seconds,
+            }
+            print("spark", name, out[name], flush=True)
+    finally:
+        spark.stop()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--name", default="ingest")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument("--spark", action="store_true", help="also on Spark local[2]")
     args = parser.parse_args()
     seconds = 3.0 if args.quick else args.seconds
     txns = 10 if args.quick else 100
@@ -201,6 +256,8 @@ def main() -> None:
             print("lag", results["lag"], flush=True)
             results["loadgen"] = loadgen(client, seconds)
             print("loadgen", results["loadgen"], flush=True)
+        if args.spark:
+            results["spark"] = spark_runs(url, tmp)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2))
     (RESULTS / f"{args.name}.md").write_text(render(results, args))
@@ -209,7 +266,7 @@ def main() -> None:
 
 def render(results: dict[str, Any], args: argparse.Namespace) -> str:
     b, g, lg = results["bulk"], results["lag"], results["loadgen"]
-    quick = " --quick" if args.quick else ""
+    quick = (" --quick" if args.quick else "") + (" --spark" if args.spark else "")
     return "\n".join(
         [
             f"Run `python -m bench.ingest --seconds {args.seconds:g} --name {args.name}{quick}`"
@@ -227,6 +284,11 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
             f"last {g['wal_retained_last_bytes'] / 1024:,.0f} KiB |",
             f"| slot confirmed_flush_lsn advanced | {g['slot_advanced_bytes'] / 1024:,.0f} KiB |",
             f"| loadgen (4 partitions) | {lg['updates_per_s']:,.0f} updates/s |",
+            *(
+                f"| Spark local[2]: slatepy.{name} into slatepy.persist ({r['updates']:,} "
+                f"updates) | {r['updates_per_s']:,.0f} updates/s |"
+                for name, r in results.get("spark", {}).items()
+            ),
             "",
         ]
     )

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from slatepy.errors import InvalidArgument
 from slatepy.sources.base import OffsetFrontier
 from slatepy.sources.loadgen import LoadGen, event
-from slatepy.spark.reclocked import Reclocked, offsets_of
+from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
 
 OPTIONS = frozenset(
     {"url", "path", "shard", "consensus", "partitions", "rate", "end", "maxoffsetspertrigger"}
@@ -88,6 +88,16 @@ class LoadGenPartition(InputPartition):
     uppers: tuple[int, ...]  # the bound offset of this partition at each time
 
 
+def _rows(partition: LoadGenPartition) -> Iterator[tuple[bytes, bytes, int, int]]:
+    i = 0
+    for o in range(partition.lo, partition.hi):
+        while partition.uppers[i] <= o:
+            i += 1
+        t = partition.times[i]
+        for key, value, diff in event(partition.partition, o):
+            yield key, value, t, diff
+
+
 class LoadGenDataSource(DataSource):
     """``format("slatepy.loadgen")`` (a stream only)."""
 
@@ -96,7 +106,7 @@ class LoadGenDataSource(DataSource):
         return "slatepy.loadgen"
 
     def schema(self) -> str:
-        return "key binary, value binary, time long, diff long"
+        return SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return LoadGenStreamReader(loadgen_config(self.options))
@@ -156,15 +166,9 @@ class LoadGenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if hi[p] > lo[p]
         ]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[bytes, bytes, int, int]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, LoadGenPartition)
-        i = 0
-        for o in range(partition.lo, partition.hi):
-            while partition.uppers[i] <= o:
-                i += 1
-            t = partition.times[i]
-            for key, value, diff in event(partition.partition, o):
-                yield key, value, t, diff
+        return arrow_batches(_rows(partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         offsets = self._open().commit()

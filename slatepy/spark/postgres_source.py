@@ -33,7 +33,7 @@ from slatepy.errors import InvalidArgument
 from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
 from slatepy.sources.errors import SourceUnavailable
 from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
-from slatepy.spark.reclocked import Reclocked, offsets_of
+from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
 
 OPTIONS = frozenset(
     {"url", "path", "shard", "consensus", "connection", "publication", "slot", "pollseconds"}
@@ -91,7 +91,7 @@ class PostgresDataSource(DataSource):
         return "slatepy.postgres"
 
     def schema(self) -> str:
-        return "key binary, value binary, time long, diff long"
+        return SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return PostgresStreamReader(postgres_config(self.options))
@@ -192,9 +192,9 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._chunks, self._at = keep, hi
         return [RowsPartition(tuple(rows))] if rows else []
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[bytes, bytes, int, int]]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RowsPartition)
-        yield from partition.rows
+        return arrow_batches(partition.rows)
 
     def commit(self, end: dict[str, Any]) -> None:
         offsets = self._open().commit()
