@@ -148,7 +148,9 @@ class Ingest:
         self._pending: list[Chunk] = []
         resume = self.bindings.before(self.resumption)
         self.progress = resume
-        self.committed = resume
+        # Not known to be committed upstream (a crash may have come first): the first
+        # commit() sends it, whether or not the frontier moved since.
+        self.committed = zero(parts)
         self._last_mint = 0.0
         self._last_commit = time.monotonic()
         log.info(

@@ -121,3 +121,21 @@ def test_an_idle_ingest_writes_no_state(client: PersistClient) -> None:
         ingest.commit()
     assert [client.machine(s).fetch().seqno for s in ("idle", "idle.remap")] == seqnos
     ingest.close()
+
+
+def test_a_restart_commits_its_resumption_offsets(client: PersistClient) -> None:
+    """A crash between the shards' appends and the upstream commit: the next start commits
+    the offsets it resumes at even when nothing new arrives."""
+    ingest = Ingest(client, LoadGen(2, batch=10), data_shards=["r"], remap_shard="r.remap", tick=0)
+    ingest.start()
+    ingest.step()
+    ingest.step()
+    ingest._append()  # durable in both shards; then "killed" before any commit
+    ingest.close()
+    upstream = LoadGen(2, rate=0.001)  # nothing new arrives; nothing committed yet
+    again = Ingest(client, upstream, data_shards=["r"], remap_shard="r.remap", tick=0)
+    again.start()
+    again.step()
+    again.commit()
+    assert upstream.committed == again.progress == (20, 20)
+    again.close()
