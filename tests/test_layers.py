@@ -44,7 +44,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "aio": _KV | {"engine"},  # the asyncio facade of Db
     "slatepy": _LIBRARY,  # the package root re-exports the public API
     "testing": _LIBRARY,
-    "cli": _LIBRARY | {"testing", "sources"},  # `slatepy torture` runs the torture harness
+    # `slatepy torture` runs the torture harness; `slatepy ingest --spark` the Spark sources.
+    "cli": _LIBRARY | {"testing", "sources", "spark"},
     "spark": _LIBRARY | {"sources"},  # Spark data sources over the engine and persist (RFC 0016)
 }
 """Layer -> the layers it may import (besides itself). A module ``slatepy/x.py`` or package

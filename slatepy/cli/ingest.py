@@ -12,6 +12,7 @@ SIGINT/SIGTERM (exit 0) and exit 1 with a one-line cause on a definite error.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -43,6 +44,15 @@ def add_parser(sub: Any) -> None:
     ingest.add_argument("--rate", type=float, default=1000.0, help="loadgen: events per second")
     ingest.add_argument(
         "--report-interval", type=float, default=5.0, help="seconds between progress lines"
+    )
+    ingest.add_argument(
+        "--spark",
+        action="store_true",
+        help="run on Spark: slatepy.loadgen / slatepy.postgres into slatepy.persist",
+    )
+    ingest.add_argument("--master", default="local[2]", help="with --spark: the Spark master")
+    ingest.add_argument(
+        "--checkpoint", default=None, help="with --spark: checkpoint dir (default under --into)"
     )
 
 
@@ -93,6 +103,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.spark:
+        return run_spark(args, stop)
     try:
         source = _source(args)
         with PersistClient.open(
@@ -112,5 +124,81 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except SlatepyError as exc:
         print(f"slatepy ingest: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    print(f"ingest {args.shard}: stopped", flush=True)
+    return 0
+
+
+def run_spark(args: argparse.Namespace, stop: threading.Event, session: Any = None) -> int:
+    """``--spark``: one streaming query, source to ``slatepy.persist``, until stopped (the
+    same remap shard, resumption and commits as in-process: RFC 0027 §10). In ``session``
+    when given (an embedding program's; left running), else in a new one on ``--master``."""
+    from pyspark.sql import SparkSession
+
+    from slatepy.spark import register
+
+    if args.checkpoint is None and not args.into.startswith("file://"):
+        print("slatepy ingest: --spark needs --checkpoint (a directory)", file=sys.stderr)
+        return 1
+    checkpoint = args.checkpoint or f"{args.into[len('file://') :]}/_spark/{args.shard}"
+    # Python workers on this interpreter (where slatepy is installed), as local_session does.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    shared = session
+    spark = shared or (
+        SparkSession.builder.master(args.master)
+        .appName(f"slatepy ingest {args.shard}")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # Python data sources are looked up in the JVM's active session, which is per thread.
+        jvm: Any = spark._jvm
+        jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        register(spark)
+        reader = spark.readStream.option("url", args.into).option("shard", args.shard)
+        if args.consensus:
+            reader = reader.option("consensus", args.consensus)
+        if args.source == "loadgen":
+            reader = reader.format("slatepy.loadgen").option("partitions", str(args.partitions))
+            reader = reader.option("rate", str(args.rate))
+        else:
+            if not args.publication:
+                raise SlatepyError("a PostgreSQL source needs --publication")
+            reader = reader.format("slatepy.postgres").option("connection", args.source)
+            reader = reader.option("publication", args.publication)
+            if args.slot:
+                reader = reader.option("slot", args.slot)
+        writer = (
+            reader.load()
+            .writeStream.format("slatepy.persist")
+            .option("url", args.into)
+            .option("shard", args.shard)
+            .option("timeColumn", "time")
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="1 second")
+        )
+        if args.consensus:
+            writer = writer.option("consensus", args.consensus)
+        query = writer.start()
+        while not stop.wait(max(0.5, args.report_interval)):
+            if query.exception() is not None:
+                raise SlatepyError(str(query.exception()).splitlines()[0])
+            progress = query.lastProgress
+            if progress:
+                print(
+                    f"ingest {args.shard} (Spark {args.master}): batch "
+                    f"{progress.get('batchId')}, {progress.get('numInputRows')} updates, "
+                    f"offsets {progress['sources'][0].get('endOffset')}",
+                    flush=True,
+                )
+        query.stop()
+    except SlatepyError as exc:
+        print(f"slatepy ingest: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if shared is None:
+            spark.stop()
     print(f"ingest {args.shard}: stopped", flush=True)
     return 0

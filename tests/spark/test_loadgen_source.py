@@ -54,3 +54,41 @@ def test_loadgen_stream_into_persist(spark: Any, tmp_path: Path) -> None:
         data.expire()
         # Commits followed the shards: the remap since moved past the first batches.
         assert client.machine("gen.remap").fetch().since > 0
+
+
+def test_the_ingest_command_on_spark(spark: Any, tmp_path: Path) -> None:
+    """``slatepy ingest loadgen … --spark`` (in this process's Spark session): runs until
+    stopped; the data shard holds exactly the events below the frontier bound at its last
+    time."""
+    import threading
+    import time
+
+    from slatepy.cli.ingest import run_spark
+    from slatepy.cli.main import build_parser
+
+    (tmp_path / "s").mkdir()
+    store = f"file://{tmp_path / 's'}"
+    command = ["ingest", "loadgen", "--partitions", "2", "--rate", "400", "--into", store]
+    args = build_parser().parse_args([*command, "--shard", "g", "--spark"])
+    stop = threading.Event()
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(run_spark(args, stop, spark)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    with PersistClient.open(store) as client:
+        while time.monotonic() < deadline and thread.is_alive():
+            if "g" in client.list_shards() and (client.machine("g").fetch().upper or 0) > 1:
+                break
+            time.sleep(0.5)
+        stop.set()
+        thread.join(timeout=120)
+        assert status == [0]
+        upper = client.open_writer("g").fetch_recent_upper()
+        assert upper is not None and upper > 1
+        reader = client.open_leased_reader("g.remap")
+        bindings = remap.load(reader, 2, client.open_writer("g.remap").fetch_recent_upper() or 0)
+        reader.expire()
+        data = client.open_leased_reader("g")
+        got = {kv: d for kv, _, d in consolidate(data.snapshot(upper - 1), since=upper - 1)}
+        data.expire()
+        assert got == contents(bindings.before(upper)) != {}
