@@ -38,12 +38,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gc": _KV,
     "compactor": _KV | {"gc"},  # the background compactor runs GC between compactions
     "persist": _BASE | {"store", "format", "table"},
+    # Upstream sources ingested into persist shards (RFC 0027): above persist, below the CLI
+    # and Spark, never the KV engine.
+    "sources": _BASE | {"store", "format", "table", "persist"},
     "aio": _KV | {"engine"},  # the asyncio facade of Db
     "slatepy": _LIBRARY,  # the package root re-exports the public API
     "testing": _LIBRARY,
-    # `slatepy torture` runs the shipped torture harness; `slatepy catalog` the catalog.
-    "cli": _LIBRARY | {"testing", "catalog"},
-    "spark": _LIBRARY,  # Spark data sources over the engine and persist (RFC 0016)
+    # `slatepy torture` runs the shipped torture harness, `slatepy catalog` the catalog,
+    # `slatepy ingest --spark` the Spark sources.
+    "cli": _LIBRARY | {"testing", "catalog", "sources", "spark"},
+    "spark": _LIBRARY | {"sources"},  # Spark data sources over the engine and persist (RFC 0016)
     # The durable catalog (RFC 0028): above persist, below the CLI.
     "catalog": _BASE | {"store", "format", "table", "persist"},
 }
@@ -204,6 +208,8 @@ def test_the_declared_layers_have_no_cycle() -> None:
         ("slatepy.catalog.state", "from slatepy.cli import main"),
         ("slatepy.catalog.persist", "from slatepy.engine.db import Db"),
         ("slatepy.persist.client", "from slatepy.catalog import open_catalog"),
+        ("slatepy.sources.ingest", "from slatepy.engine.db import Db"),
+        ("slatepy.persist.read", "from slatepy.sources import Ingest"),
     ],
 )
 def test_an_upward_or_sideways_import_is_caught(module: str, source: str) -> None:

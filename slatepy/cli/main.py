@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     dyn.add_parser("create-table", help="create SLATEPY_DYNAMODB_TABLE (pk/sk, on demand)")
     recover = dyn.add_parser("recover", help="complete every half-done two-phase write")
     recover.add_argument("url")
+    from slatepy.cli.ingest import add_parser as add_ingest
+
+    add_ingest(sub)
     persist = sub.add_parser("persist", help="persist shards: inspect and administer")
     psub = persist.add_subparsers(dest="persist_command", required=True)
     pinspect = psub.add_parser("inspect", help="a shard's state as JSON (all shards: a summary)")
@@ -213,6 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from slatepy.cli.catalog import run_catalog
 
             return run_catalog(args, settings)
+        if args.command == "ingest":
+            from slatepy.cli.ingest import run as run_ingest
+
+            return run_ingest(args, settings)
         if args.command == "dynamodb" and args.dynamodb_command == "create-table":
             from slatepy.store.dynamodb import create_table
 

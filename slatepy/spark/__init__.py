@@ -37,10 +37,14 @@ def register(spark: Any) -> None:
     """
     try:
         from slatepy.spark.kv import KvDataSource
+        from slatepy.spark.loadgen_source import LoadGenDataSource
         from slatepy.spark.persist_sink import PersistDataSource
+        from slatepy.spark.postgres_source import PostgresDataSource
     except ImportError as exc:
         raise InvalidArgument(
             f'the Spark sources need pyspark and pyarrow: pip install "slatepy[spark]" ({exc})'
         ) from exc
     spark.dataSource.register(KvDataSource)
     spark.dataSource.register(PersistDataSource)
+    spark.dataSource.register(LoadGenDataSource)
+    spark.dataSource.register(PostgresDataSource)

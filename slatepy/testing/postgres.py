@@ -31,6 +31,13 @@ SERVER_USER = "postgres"
 """The database role tests connect as (trust authentication: no password)."""
 RUN_AS = "postgres"
 """The OS user that owns the data directory and runs the server when we are root."""
+LOGICAL_OPTIONS = (
+    "-c wal_level=logical",
+    "-c max_replication_slots=16",
+    "-c max_wal_senders=16",
+)
+"""Server options of ``postgres_server(logical=True)``: logical replication for the sources
+(RFC 0027), room for a slot per test and a temporary snapshot slot each."""
 
 
 def find_bindir() -> Path | None:
@@ -94,6 +101,7 @@ class PostgresServer:
     root: Path
     bindir: Path
     running: bool = False
+    logical: bool = False
 
     @property
     def data_dir(self) -> Path:
@@ -161,6 +169,7 @@ class PostgresServer:
                 "-c full_page_writes=off",
                 "-c shared_buffers=16MB",
                 "-c max_connections=64",
+                *(LOGICAL_OPTIONS if self.logical else ()),
             )
         )
         result = self._run(
@@ -225,10 +234,14 @@ def _make_root() -> Path:
 
 
 @contextmanager
-def postgres_server(*, start_attempts: int = 3, timeout: float = 30.0) -> Iterator[PostgresServer]:
+def postgres_server(
+    *, start_attempts: int = 3, timeout: float = 30.0, logical: bool = False
+) -> Iterator[PostgresServer]:
     """Run a fresh PostgreSQL server for the ``with`` block; see the module docstring.
 
     Args:
+        logical: Start it with ``wal_level=logical`` and replication slots
+            (:data:`LOGICAL_OPTIONS`), as the PostgreSQL source needs.
         start_attempts: Tries with a new free port if starting fails (another process may
             take the port between choosing and binding it).
         timeout: Seconds each of initdb, start and stop may take.
@@ -242,7 +255,7 @@ def postgres_server(*, start_attempts: int = 3, timeout: float = 30.0) -> Iterat
     bindir = find_bindir()
     assert bindir is not None
     root = _make_root()
-    server = PostgresServer(port=free_port(), root=root, bindir=bindir)
+    server = PostgresServer(port=free_port(), root=root, bindir=bindir, logical=logical)
     try:
         server.initdb(timeout=timeout * 2)
         for attempt in range(start_attempts):

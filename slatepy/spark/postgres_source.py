@@ -1,0 +1,208 @@
+"""``spark.readStream.format("slatepy.postgres")``: a one-table publication's logical
+replication as a Spark stream, reclocked through the remap shard ``S.remap`` for
+``slatepy.persist`` (RFC 0027 §9)::
+
+    df = spark.readStream.format("slatepy.postgres").option("connection", PG_URL) \
+        .option("publication", P).option("url", URL).option("shard", S).load()
+    df.writeStream.format("slatepy.persist").option("url", URL).option("shard", S) \
+        .option("timeColumn", "time").option("checkpointLocation", CKPT).start()
+
+Columns ``key``, ``value`` (binary), ``time``, ``diff`` (long), as the in-process ingest
+writes them. The slot admits one reader, so the driver reads the stream (the source's
+``PostgresReader``, snapshot and rewind included) and hands each batch's rows to one task;
+Spark's offsets are LSN frontiers ``{"offsets": [lsn]}``, each batch ends on a bound LSN, and
+``commit`` sends the standby status update at the resumption frontier the shards' uppers
+give, never at Spark's checkpoint. A replayed batch is read again from its start (the slot
+still has it: nothing beyond the shards was committed) and gets the same times.
+
+Options: ``connection`` (postgresql://…), ``publication`` (exactly one table), ``slot``
+(default ``slatepy_<shard>``), ``url``, ``shard``, ``consensus``, ``pollSeconds`` (0.5: how
+long a trigger waits for the stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from slatepy.errors import InvalidArgument
+from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
+from slatepy.sources.errors import SourceUnavailable
+from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
+from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
+
+OPTIONS = frozenset(
+    {"url", "path", "shard", "consensus", "connection", "publication", "slot", "pollseconds"}
+)
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    url: str
+    shard: str
+    consensus: str | None
+    connection: str
+    publication: str
+    slot: str
+    poll: float
+
+
+def postgres_config(options: Mapping[str, str]) -> PostgresConfig:
+    """The checked options.
+
+    Raises:
+        InvalidArgument: naming the unknown or missing option.
+    """
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    unknown = sorted(set(opts) - OPTIONS)
+    if unknown:
+        raise InvalidArgument(f"slatepy.postgres: unknown option(s) {unknown}")
+    url = opts.get("url") or opts.get("path")
+    missing = [n for n in ("shard", "connection", "publication") if not opts.get(n)]
+    if not url or missing:
+        raise InvalidArgument(f"slatepy.postgres: options {['url', *missing]} are required")
+    return PostgresConfig(
+        url=url,
+        shard=opts["shard"],
+        consensus=opts.get("consensus"),
+        connection=opts["connection"],
+        publication=opts["publication"],
+        slot=opts.get("slot") or slot_name_of(opts["shard"]),
+        poll=float(opts.get("pollseconds", "0.5")),
+    )
+
+
+@dataclass(frozen=True)
+class RowsPartition(InputPartition):
+    """One batch's rows, already reclocked (read by the driver from the slot)."""
+
+    rows: tuple[tuple[bytes, bytes, int, int], ...]
+
+
+class PostgresDataSource(DataSource):
+    """``format("slatepy.postgres")`` (a stream only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "slatepy.postgres"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return PostgresStreamReader(postgres_config(self.options))
+
+
+class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The driver side: the replication stream, bindings, planning, committing."""
+
+    def __init__(self, config: PostgresConfig) -> None:
+        self.config = config
+        self._state = Reclocked(config.url, config.consensus, config.shard)
+        self._source: PostgresSource | None = None
+        self._stream: PostgresReader | None = None
+        self._at: OffsetFrontier = (0,)
+        self._chunks: list[Chunk] = []
+        self._progress: OffsetFrontier = (0,)
+        self._until: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["config"])  # type: ignore[misc]
+
+    def _open(self) -> Reclocked:
+        if self._source is None:
+            cfg = self.config
+            source = PostgresSource(cfg.connection, cfg.publication, slot=cfg.slot)
+            if len(source.outputs) != 1:
+                raise InvalidArgument(
+                    f"slatepy.postgres: publication {cfg.publication!r} has "
+                    f"{len(source.outputs)} tables; a Spark stream reads one-table publications "
+                    "(`slatepy ingest` takes several)"
+                )
+            self._source = source
+        self._state.open(1, self._source.shapes())
+        return self._state
+
+    def _read_from(self, start: OffsetFrontier) -> PostgresReader:
+        if self._stream is None or self._at != start:
+            if self._stream is not None:
+                self._stream.close()
+            assert self._source is not None
+            self._stream = self._source.open(start)
+            self._at, self._progress, self._chunks = start, start, []
+        return self._stream
+
+    def initialOffset(self) -> dict[str, Any]:
+        state = self._open()
+        return {"offsets": list(state.bindings.before(state.resumption()))}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        conn = connect(self.config.connection)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+                self._until = int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
+        state = self._open()
+        lo = offsets_of(start) if start else state.bindings.before(state.resumption())
+        if self._until is not None and lo[0] >= self._until:
+            return {"offsets": list(lo)}
+        try:
+            events = self._read_from(lo).poll(self.config.poll)
+        except SourceUnavailable:
+            # The server dropped an idle stream between triggers (wal_sender_timeout):
+            # read again from the batch's start; nothing below it is needed.
+            self._at = (-1,)
+            events = self._read_from(lo).poll(self.config.poll)
+        for event in events:
+            if isinstance(event, Progress):
+                self._progress = frontier_join(self._progress, event.frontier)
+            else:
+                self._chunks.append(event)
+        bound = state.bindings.aligned(lo, self._progress)
+        if bound is not None and bound[0] > self._progress[0]:
+            return {"offsets": list(lo)}  # catching up: the bound LSN is not read yet
+        return {"offsets": list(state.end(lo, self._progress))}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        state = self._open()
+        lo, hi = offsets_of(start), offsets_of(end)
+        self._read_from(lo)
+        rows: list[tuple[bytes, bytes, int, int]] = []
+        keep: list[Chunk] = []
+        for chunk in self._chunks:
+            if chunk.offset >= hi[0]:
+                keep.append(chunk)
+                continue
+            t = state.bindings.time_of(0, chunk.offset)
+            assert t is not None
+            rows.extend((k, v, t, d) for k, v, d in chunk.rows)
+        self._chunks, self._at = keep, hi
+        return [RowsPartition(tuple(rows))] if rows else []
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RowsPartition)
+        return arrow_batches(partition.rows)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        offsets = self._open().commit()
+        if offsets is not None and self._stream is not None:
+            self._stream.commit(offsets)
+
+    def stop(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        self._state.close()

@@ -1,0 +1,132 @@
+"""``slatepy ingest`` (RFC 0027 §7): runs until stopped, resumes after SIGKILL, prints
+progress, exits 1 with a one-line cause on a definite error; ``persist inspect`` shows the
+data and remap shards' frontiers."""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import redirect_stdout
+from pathlib import Path
+
+from slatepy.cli.main import main
+from slatepy.persist import PersistClient
+from slatepy.sources import remap
+from slatepy.sources.loadgen import contents
+from tests.processes import ROOT, spawn
+from tests.sources.pgkit import expected, setup_orders, snapshot
+
+
+class Running:
+    """A ``slatepy`` child whose stdout lines are collected by a thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = spawn("slatepy.cli.main", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def progress(self, count: int = 1, timeout: float = 30.0) -> list[str]:
+        got = []
+        while len(got) < count:
+            line = self.lines.get(timeout=timeout)
+            if line.startswith("ingest "):
+                got.append(line)
+        return got
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, err
+
+
+def frontiers(client: PersistClient, shard: str, partitions: int) -> tuple[int, remap.Bindings]:
+    uppers = [client.open_writer(s).fetch_recent_upper() for s in (shard, f"{shard}.remap")]
+    t = min(u for u in uppers if u is not None)
+    reader = client.open_leased_reader(f"{shard}.remap")
+    try:
+        return t, remap.load(reader, partitions, uppers[1] or 0)
+    finally:
+        reader.expire()
+
+
+def test_loadgen_runs_resumes_after_sigkill_and_stops(tmp_path: Path) -> None:
+    store = f"file://{tmp_path}"
+    args = ("ingest", "loadgen", "--partitions", "2", "--rate", "4000", "--into", store)
+    args += ("--shard", "gen", "--report-interval", "0.5")
+    first = Running(*args)
+    first.progress(2)
+    assert first.stop(signal.SIGKILL)[0] == -9
+    second = Running(*args)
+    lines = second.progress(2)
+    status, err = second.stop()
+    assert status == 0, err
+    assert "updates (" in lines[-1] and "remap upper" in lines[-1]
+    with PersistClient.open(store) as client:
+        t, bindings = frontiers(client, "gen", 2)
+        offsets = bindings.before(t)
+        assert min(offsets) > 0
+        got = snapshot(client, "gen", t - 1)
+        assert got == contents(offsets)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["persist", "inspect", store]) == 0
+    shards = {s["shard"]: s for s in json.loads(out.getvalue())}
+    assert shards["gen"]["upper"] >= t and shards["gen.remap"]["since"] == t - 1
+
+
+def test_postgres_ingest_and_a_definite_error(pg_url: str, tmp_path: Path) -> None:
+    store = f"file://{tmp_path}"
+    setup_orders(pg_url, rows=10)
+    bad = Running("ingest", pg_url, "--publication", "nope", "--into", store, "--shard", "o")
+    _, err = bad.proc.communicate(timeout=30)
+    assert bad.proc.returncode == 1
+    assert err.strip().count("\n") == 0 and "publication 'nope' does not exist" in err
+    run = Running(
+        "ingest",
+        pg_url,
+        "--publication",
+        "pub",
+        "--into",
+        store,
+        "--shard",
+        "o",
+        "--report-interval",
+        "1",
+    )
+    line = run.progress(1)[0]
+    assert "LSN" in line and "lag" in line
+    status, err = run.stop()
+    assert status == 0, err
+    with PersistClient.open(store) as client:
+        t, _ = frontiers(client, "o", 1)
+        assert snapshot(client, "o", t - 1) == expected(pg_url)["public.orders"]
+
+
+def test_postgres_without_psycopg2_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['psycopg2'] = None\n"
+        "from slatepy.cli.main import main\n"
+        "sys.exit(main(['ingest', 'postgresql://u@127.0.0.1:1/db', '--publication', 'p',"
+        f" '--into', 'file://{tmp_path}', '--shard', 's']))\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 1
+    err = child.stderr
+    assert 'pip install "slatepy[sources]"' in err and err.strip().count("\n") == 0
