@@ -257,6 +257,8 @@ class Db(Closing, ReadSurface, WriteSurface):
             else attachment_of(target),
         )
         db._opened = True
+        if db._attachment is not None:
+            db._attachment.adopt()
         log.info(
             "opened %s%s as writer epoch %d in %.3f s: replayed %d WAL SSTs "
             "(%d keys; wal_id_last_compacted=%d), next WAL id %d",

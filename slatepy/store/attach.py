@@ -42,13 +42,18 @@ class Attachment:
         """
         self._mutex = threading.Lock()
         self.fd = -1
-        path = os.path.join(root, USERS_FILE)
-        existed = os.path.exists(path)
+        self._path = os.path.join(root, USERS_FILE)
+        existed = os.path.exists(self._path)
         new_database = not os.path.isdir(os.path.join(root, "manifest"))
         self.trusted = existed or new_database
+        # An existing directory without the file may be another program's data: the file is
+        # made only once the writer's open succeeded there (``adopt``).
+        self._lock(create=create and new_database)
+
+    def _lock(self, *, create: bool) -> None:
         for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY) if create else (os.O_RDONLY,):
             with contextlib.suppress(OSError):
-                self.fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+                self.fd = os.open(self._path, flags | os.O_CLOEXEC, 0o644)
                 break
         if self.fd < 0:
             return
@@ -59,6 +64,12 @@ class Attachment:
             self.fd = -1
             return
         weakref.finalize(self, os.close, self.fd)
+
+    def adopt(self) -> None:
+        """Called once a writer opened the database: make the users file where it was
+        missing (a database from before RFC 0029); such a writer never counts as alone."""
+        if self.fd < 0:
+            self._lock(create=True)
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[bool]:
