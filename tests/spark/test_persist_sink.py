@@ -328,9 +328,9 @@ def test_a_writer_id_reused_on_a_new_checkpoint_is_refused(spark: Any, tmp_path:
             return exc
         return None
 
-    first = write_inputs(tmp_path / "in-a", files=2, rows=10, prefix="a")
+    first = write_inputs(tmp_path / "in-a", files=1, rows=10, prefix="a")
     assert run("a", "orders") is None
-    second = write_inputs(tmp_path / "in-b", files=2, rows=10, prefix="b")
+    second = write_inputs(tmp_path / "in-b", files=1, rows=10, prefix="b")
     failed = run("b", "orders")  # a new checkpoint: its batch 0 is not the old query's
     assert failed is not None and "option \"writerId\" 'orders' was used by another" in str(failed)
     assert shard_rows(url)[0] == {key: 1 for key in first}  # refused, nothing appended
