@@ -200,3 +200,28 @@ def test_the_page_runs_as_shown(
             assert _matches(printed, expected), (
                 f"{where}: printed\n{printed}\nthe page shows\n{expected}"
             )
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for the page's headings."""
+    found = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_link_reaches_its_page_and_heading(page: Path) -> None:
+    for target in _LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name}: {target} does not exist"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked), f"{page.name}: no heading for {target}"
