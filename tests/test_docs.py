@@ -146,6 +146,16 @@ def test_every_page_is_collected() -> None:
     assert {"README.md", "configuration.md", "engine.md", "operations.md"} <= names
 
 
+def test_the_readme_test_command_is_what_ci_runs() -> None:
+    """``.ci/run`` runs the README's test command verbatim; neither may drift."""
+    command = (
+        "python3 -m venv .venv && "
+        '.venv/bin/pip install -e ".[dev,spark]" && .venv/bin/python -m pytest'
+    )
+    assert command in (ROOT / "README.md").read_text().splitlines()
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_block_that_cannot_run_says_why(page: Path) -> None:
     for block in _blocks(page):
