@@ -9,7 +9,10 @@ runs is that block's expected output. In Python, a line ``expr  # -> value`` che
 a line of only ``…`` matches any number of lines.
 
 Blocks naming ``s3://bucket/`` run with ``SLATEPY_S3_*`` pointing at the session's moto
-server (bucket ``bucket``). A block that cannot run is preceded by ``<!-- not run: reason -->``
+server (bucket ``bucket``), and blocks naming ``az://container/`` with
+``SLATEPY_AZURE_ENDPOINT`` at the session's Azurite (container ``container``); where Node.js
+or Azurite is missing, those blocks are skipped, saying why, after the page's other blocks
+ran. A block that cannot run is preceded by ``<!-- not run: reason -->``
 (the reason is required).
 """
 
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from slatepy.testing.azurite import create_container
 from slatepy.testing.moto import create_bucket
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,6 +176,7 @@ def test_the_page_runs_as_shown(
 ) -> None:
     _isolate(tmp_path, monkeypatch)
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}", "__check__": _check}
+    skipped: list[str] = []
     for block in _blocks(page):
         if block.language not in RUNNABLE or block.excuse is not None:
             continue
@@ -186,6 +191,15 @@ def test_the_page_runs_as_shown(
                 env.setenv("SLATEPY_S3_ACCESS_KEY_ID", endpoint.access_key_id)
                 env.setenv("SLATEPY_S3_SECRET_ACCESS_KEY", endpoint.secret_access_key)
                 env.setenv("SLATEPY_S3_ALLOW_HTTP", "true")
+            if "az://container/" in block.code:
+                try:
+                    azurite = request.getfixturevalue("azure_endpoint")
+                except pytest.skip.Exception as missing:  # no Node.js or Azurite here
+                    skipped.append(f"{where}: {missing}")
+                    continue
+                with contextlib.suppress(Exception):  # already there from an earlier page
+                    create_container(azurite, "container")
+                env.setenv("SLATEPY_AZURE_ENDPOINT", azurite.url)
             expected = block.expected
             if block.language == "python":
                 out = io.StringIO()
@@ -210,6 +224,8 @@ def test_the_page_runs_as_shown(
             assert _matches(printed, expected), (
                 f"{where}: printed\n{printed}\nthe page shows\n{expected}"
             )
+    if skipped:
+        pytest.skip("every other block ran; skipped " + "; ".join(skipped))
 
 
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
