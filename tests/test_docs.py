@@ -148,6 +148,10 @@ def _isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_page_is_collected() -> None:
     names = {page.name for page in PAGES}
     assert {"README.md", "configuration.md", "engine.md", "operations.md"} <= names
+    # The parser finds the blocks (as tests/test_configuration_docs.py used to check).
+    configuration = _blocks(ROOT / "docs" / "configuration.md")
+    assert [block.language for block in configuration].count("python") >= 4
+    assert sum(block.expected is not None for block in configuration) >= 4
 
 
 def test_the_readme_test_command_is_what_ci_runs() -> None:
