@@ -108,6 +108,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.spark:
+        try:
+            if args.catalog:  # the source and its shards, before Spark starts (the sink too)
+                register_ingest(args, _source(args), settings)
+        except SlatepyError as exc:
+            print(f"slatepy ingest: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         return run_spark(args, stop)
     try:
         source = _source(args)

@@ -76,10 +76,13 @@ def test_ingest_registers_its_source_and_shards_once(tmp_path: Path) -> None:
 
 def test_a_bad_catalog_fails_the_ingest_before_anything_is_written(tmp_path: Path) -> None:
     store = tmp_path / "data"
-    for bad in (f"sqlite:///{tmp_path}/never-initialized.db", f"file://{tmp_path}/nothing"):
-        status, err = _ingest(
-            ["loadgen", "--into", f"file://{store}", "--shard", "g", "--catalog", bad], 30
-        )
+    for bad, spark in (
+        (f"sqlite:///{tmp_path}/never-initialized.db", []),
+        (f"file://{tmp_path}/nothing", []),
+        (f"file://{tmp_path}/nothing", ["--spark"]),  # fails before Spark even starts
+    ):
+        args = ["loadgen", "--into", f"file://{store}", "--shard", "g", "--catalog", bad]
+        status, err = _ingest(args + spark, 30)
         assert status == 1 and "UninitializedCatalog" in err, err
         assert err.strip().count("\n") == 0
         assert not store.exists()
