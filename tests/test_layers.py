@@ -47,7 +47,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # `slatepy torture` runs the shipped torture harness, `slatepy catalog` the catalog,
     # `slatepy ingest --spark` the Spark sources.
     "cli": _LIBRARY | {"testing", "catalog", "sources", "spark"},
-    "spark": _LIBRARY | {"sources"},  # Spark data sources over the engine and persist (RFC 0016)
+    # Spark data sources over the engine and persist (RFC 0016); catalog: option "catalog"
+    # of the sinks records them there (RFC 0028 Addendum C).
+    "spark": _LIBRARY | {"sources", "catalog"},
     # The durable catalog (RFC 0028): above persist, below the CLI.
     "catalog": _BASE | {"store", "format", "table", "persist"},
 }

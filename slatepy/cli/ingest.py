@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from slatepy.cli.ingest_catalog import register_ingest
 from slatepy.config import Settings
 from slatepy.errors import SlatepyError
 from slatepy.persist import PersistClient
@@ -53,6 +54,9 @@ def add_parser(sub: Any) -> None:
     ingest.add_argument("--master", default="local[2]", help="with --spark: the Spark master")
     ingest.add_argument(
         "--checkpoint", default=None, help="with --spark: checkpoint dir (default under --into)"
+    )
+    ingest.add_argument(
+        "--catalog", default=None, help="record the source and its shards in this catalog URL"
     )
 
 
@@ -104,12 +108,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if args.spark:
+        try:
+            if args.catalog:  # the source and its shards, before Spark starts (the sink too)
+                register_ingest(args, _source(args), settings)
+        except SlatepyError as exc:
+            print(f"slatepy ingest: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         return run_spark(args, stop)
     try:
         source = _source(args)
-        with PersistClient.open(
-            args.into, consensus=args.consensus, store_settings=settings
-        ) as client:
+        if args.catalog:  # before anything is written: a bad catalog fails with nothing done
+            register_ingest(args, source, settings)
+        with PersistClient.open(args.into, consensus=args.consensus, settings=settings) as client:
             ingest = Ingest(
                 client,
                 source,
@@ -181,6 +191,8 @@ def run_spark(args: argparse.Namespace, stop: threading.Event, session: Any = No
         )
         if args.consensus:
             writer = writer.option("consensus", args.consensus)
+        if args.catalog:
+            writer = writer.option("catalog", args.catalog)
         query = writer.start()
         while not stop.wait(max(0.5, args.report_interval)):
             if query.exception() is not None:

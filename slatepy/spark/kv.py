@@ -86,6 +86,7 @@ from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.spark.cleanup import commit_never_ran, left_to_gc
 from slatepy.spark.codec import Column, RowCodec, prefix_end
+from slatepy.spark.registration import register_kv_database
 from slatepy.spark.spill import SortedSpill
 from slatepy.spark.table import TABLE_PATH, TableLayout, read_layout, write_layout
 from slatepy.store.stack import open_stack
@@ -101,6 +102,7 @@ READ_OPTIONS = frozenset(
 
 WRITE_OPTIONS = frozenset(
     {"url", "path", "key", "value", "targetsstbytes", "createifmissing", "bufferbytes", "settings"}
+    | {"catalog"}
 )
 """Every option a bulk load accepts, lowercased (``path`` is ``save``'s)."""
 
@@ -343,6 +345,8 @@ class KvWriter(DataSourceArrowWriter):
         create = opts.get("createifmissing", "true").lower()
         if create not in ("true", "false"):
             raise InvalidArgument(f"option 'createIfMissing': true or false, not {create!r}")
+        if "catalog" in opts:  # before the database is made or written (RFC 0028 Addendum C)
+            register_kv_database(opts["catalog"], self.url)
         # On the driver, before any task runs: the database exists (created as Db.open
         # does, unless createIfMissing is false) and the layout agrees with the recorded one.
         settings = self.settings

@@ -80,10 +80,11 @@ from slatepy.persist import Batch, PersistClient, UpperMismatch, WriteHandle
 from slatepy.spark.cleanup import commit_never_ran, left_to_gc, log
 from slatepy.spark.codec import Column, RowCodec
 from slatepy.spark.persist_options import shard_options
+from slatepy.spark.registration import register_persist_sink
 
 SINK_NAME = "slatepy.persist"
 
-COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "key", "value"})
+COMMON_OPTIONS = frozenset({"url", "shard", "timecolumn", "consensus", "key", "value", "catalog"})
 STREAM_OPTIONS = COMMON_OPTIONS | {"checkpointlocation", "queryname", "path", "writerid"}
 BATCH_OPTIONS = COMMON_OPTIONS | {"idempotencykey", "idempotencyid", "path"}
 
@@ -203,6 +204,8 @@ def sink_config(options: Mapping[str, str], schema: StructType, *, stream: bool)
         raise InvalidArgument(
             'slatepy.persist: option "writerId" must be 1 to 160 characters without ":"'
         )
+    if "catalog" in opts:  # on the driver, before anything is written (RFC 0028 Addendum C)
+        register_persist_sink(opts["catalog"], url, shard)
     return SinkConfig(
         url=url,
         shard=shard,
