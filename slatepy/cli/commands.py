@@ -308,12 +308,15 @@ def clone(
 def torture(
     store: ObjectStore, settings: Settings, seconds: float, seed: int, fault_rate: float
 ) -> int:
-    """Run the torture workload; exit status 1 if any invariant failed or a write was lost."""
+    """Run the torture workload; exit status 1 if any invariant failed or a write was lost.
+
+    Raises:
+        InvalidArgument: the location is not empty (exit status 1, a refusal).
+    """
     from slatepy.testing.torture import Torture, Violation
 
     if store.list(""):
-        print(f"{store.url} is not empty; torture needs a location of its own")
-        return 2
+        raise InvalidArgument(f"{store.url} is not empty; torture needs a location of its own")
     print(f"torture on {store.url}: {seconds:g} s, seed {seed}, fault rate {fault_rate:g}")
     run = Torture(store, seed=seed, fault_rate=fault_rate, settings=settings)
     try:

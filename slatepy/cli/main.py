@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument(
         "--url",
+        type=location,
         help="run on this database URL instead, e.g. s3://slatepy/mydb against MinIO "
         "(settings from SLATEPY_* as for every command)",
     )
@@ -312,6 +313,8 @@ def _run(args: argparse.Namespace) -> int:
 
         clone(args.src, args.dst, settings, checkpoint=args.checkpoint, json=json)
         return 0
+    if args.command == "torture" or (args.command == "wal" and args.follow):
+        output.exit_on_sigterm()  # long-running, like the compactor: SIGTERM exits 143
     # Only the torture soak may create its location; the rest need a database there.
     store = open_store(args.url, settings, create=args.command == "torture")
     from slatepy.cli.commands import ADMIN_COMMANDS, require_database

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,7 @@ def test_every_argument_has_help() -> None:
     missing: list[str] = []
 
     def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        parser.format_help()  # a stray % in a help text fails only here
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, child in action.choices.items():
@@ -211,3 +213,26 @@ def test_log_level(url: str, capsys: pytest.CaptureFixture[str]) -> None:
         assert root.level == logging.DEBUG
     finally:
         root.setLevel(before)
+
+
+def test_torture_refuses_a_location_in_use_with_status_1(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refusal is status 1 (it was 2, the usage status); nothing is written."""
+    assert main(["torture", url, "--seconds", "0"]) == 1
+    assert "torture needs a location of its own" in capsys.readouterr().err
+
+
+def test_wal_tail_follow_exits_143_on_sigterm(url: str) -> None:
+    """A long-running command stopped by a service manager exits 128 + SIGTERM."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slatepy.cli.main", "wal", "tail", url, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith(b"seq=2")  # it is running and following
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    proc.stdout.close()
+    assert proc.returncode == 143 and b"Traceback" not in err
