@@ -260,8 +260,107 @@ def main(argv: Sequence[str] | None = None) -> int:
     (argparse exits 2 itself on a usage error)."""
     args = build_parser().parse_args(argv)
     _configure_logging(args)
+    json = getattr(args, "json", False)
     try:
-        return _run(args)
+        if args.command == "demo":
+            from slatepy.cli.demo import run_demo
+
+            run_demo(args.dir, orders=args.orders, url=args.url)
+            return 0
+        settings = resolve_settings()
+        if args.command == "persist":
+            return _persist(args, settings)
+        if args.command == "catalog":
+            from slatepy.cli.catalog import run_catalog
+
+            return run_catalog(args, settings)
+        if args.command == "dynamodb" and args.dynamodb_command == "create-table":
+            from slatepy.store.dynamodb import create_table
+
+            created = create_table(settings)
+            if json:
+                output.print_json({"table": settings.dynamodb_table, "created": created})
+            else:
+                print(
+                    f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}"
+                )
+            return 0
+        if args.command == "clone":
+            from slatepy.cli.commands import clone
+
+            clone(args.src, args.dst, settings, checkpoint=args.checkpoint, json=json)
+            return 0
+        if args.command == "torture" or (args.command == "wal" and args.follow):
+            output.exit_on_sigterm()  # long-running, like the compactor: SIGTERM exits 143
+        # Only the torture soak may create its location; the rest need a database there.
+        store = open_store(args.url, settings, create=args.command == "torture")
+        from slatepy.cli.commands import ADMIN_COMMANDS, require_database
+
+        if args.command in ADMIN_COMMANDS:
+            require_database(store)
+        if args.command in ("inspect", "doctor"):
+            return _report(args, store, settings)
+        if args.command == "scan":
+            from slatepy.cli.commands import scan
+
+            scan(
+                store,
+                settings,
+                args.start,
+                args.end,
+                args.limit,
+                snapshot=args.snapshot,
+                checkpoint=args.checkpoint,
+                json=json,
+            )
+        elif args.command == "compact":
+            from slatepy.cli.commands import compact, load_merge_operator
+
+            compact(
+                store,
+                settings,
+                force=args.force,
+                merge_operator=load_merge_operator(args.merge_operator),
+                json=json,
+            )
+        elif args.command == "compactor":
+            from slatepy.cli.commands import load_merge_operator, run_compactor
+
+            run_compactor(
+                store,
+                settings,
+                force=args.force,
+                merge_operator=load_merge_operator(args.merge_operator),
+            )
+        elif args.command == "torture":
+            from slatepy.cli.commands import torture
+
+            return torture(store, settings, args.seconds, args.seed, args.fault_rate)
+        elif args.command == "wal":
+            from slatepy.cli.wal import tail
+
+            tail(store, settings, args.from_seq, follow=args.follow, json=json)
+        elif args.command == "dynamodb":
+            recovered = store.recover()
+            if json:
+                output.print_json({"url": store.url, "recovered": recovered})
+            else:
+                print(f"recovered {recovered} pending two-phase writes on {store.url}")
+        elif args.command == "checkpoint":
+            from slatepy.cli.commands import checkpoint
+
+            checkpoint(store, settings, args)
+        elif args.command == "gc":
+            from slatepy.cli.commands import gc
+
+            gc(
+                store,
+                settings,
+                dry_run=args.dry_run,
+                min_age=args.min_age,
+                verbose=args.verbose,
+                json=json,
+            )
     except SlatepyError as exc:
         print(f"slatepy: {type(exc).__name__}: {exc}", file=sys.stderr)
         return output.FAILED
@@ -275,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return output.TERMINATED
     except KeyboardInterrupt:
         return output.INTERRUPTED
+    return 0
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -283,108 +383,6 @@ def _configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.log_level:  # also where logging was configured already (embedding, tests)
         logging.getLogger().setLevel(level)
-
-
-def _run(args: argparse.Namespace) -> int:
-    json = getattr(args, "json", False)
-    if args.command == "demo":
-        from slatepy.cli.demo import run_demo
-
-        run_demo(args.dir, orders=args.orders, url=args.url)
-        return 0
-    settings = resolve_settings()
-    if args.command == "persist":
-        return _persist(args, settings)
-    if args.command == "catalog":
-        from slatepy.cli.catalog import run_catalog
-
-        return run_catalog(args, settings)
-    if args.command == "dynamodb" and args.dynamodb_command == "create-table":
-        from slatepy.store.dynamodb import create_table
-
-        created = create_table(settings)
-        if json:
-            output.print_json({"table": settings.dynamodb_table, "created": created})
-        else:
-            print(f"DynamoDB table {settings.dynamodb_table} {'created' if created else 'exists'}")
-        return 0
-    if args.command == "clone":
-        from slatepy.cli.commands import clone
-
-        clone(args.src, args.dst, settings, checkpoint=args.checkpoint, json=json)
-        return 0
-    if args.command == "torture" or (args.command == "wal" and args.follow):
-        output.exit_on_sigterm()  # long-running, like the compactor: SIGTERM exits 143
-    # Only the torture soak may create its location; the rest need a database there.
-    store = open_store(args.url, settings, create=args.command == "torture")
-    from slatepy.cli.commands import ADMIN_COMMANDS, require_database
-
-    if args.command in ADMIN_COMMANDS:
-        require_database(store)
-    if args.command in ("inspect", "doctor"):
-        return _report(args, store, settings)
-    if args.command == "scan":
-        from slatepy.cli.commands import scan
-
-        scan(
-            store,
-            settings,
-            args.start,
-            args.end,
-            args.limit,
-            snapshot=args.snapshot,
-            checkpoint=args.checkpoint,
-            json=json,
-        )
-    elif args.command == "compact":
-        from slatepy.cli.commands import compact, load_merge_operator
-
-        compact(
-            store,
-            settings,
-            force=args.force,
-            merge_operator=load_merge_operator(args.merge_operator),
-            json=json,
-        )
-    elif args.command == "compactor":
-        from slatepy.cli.commands import load_merge_operator, run_compactor
-
-        run_compactor(
-            store,
-            settings,
-            force=args.force,
-            merge_operator=load_merge_operator(args.merge_operator),
-        )
-    elif args.command == "torture":
-        from slatepy.cli.commands import torture
-
-        return torture(store, settings, args.seconds, args.seed, args.fault_rate)
-    elif args.command == "wal":
-        from slatepy.cli.wal import tail
-
-        tail(store, settings, args.from_seq, follow=args.follow, json=json)
-    elif args.command == "dynamodb":
-        recovered = store.recover()
-        if json:
-            output.print_json({"url": store.url, "recovered": recovered})
-        else:
-            print(f"recovered {recovered} pending two-phase writes on {store.url}")
-    elif args.command == "checkpoint":
-        from slatepy.cli.commands import checkpoint
-
-        checkpoint(store, settings, args)
-    elif args.command == "gc":
-        from slatepy.cli.commands import gc
-
-        gc(
-            store,
-            settings,
-            dry_run=args.dry_run,
-            min_age=args.min_age,
-            verbose=args.verbose,
-            json=json,
-        )
-    return 0
 
 
 def _report(args: argparse.Namespace, store: ObjectStore, settings: Settings) -> int:
