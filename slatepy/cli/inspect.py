@@ -7,6 +7,7 @@ import datetime as dt
 from collections import Counter
 
 from slatepy.cli import verify as checks
+from slatepy.cli.output import escape
 from slatepy.config import Settings
 from slatepy.engine.clone import with_external
 from slatepy.gc import GarbageCollector
@@ -27,7 +28,8 @@ def sst_summary(tables: TableReader, path: str, *, size: int | None = None) -> s
     no suffix request when ``size`` is known)."""
     meta = tables.meta(path, size=size)
     props = meta.props
-    keys = f"{props.first_key!r}..{props.last_key!r}" if props.entry_count else "(empty)"
+    first, last = props.first_key or b"", props.last_key or b""
+    keys = f"{escape(first)}..{escape(last)}" if props.entry_count else "(empty)"
     packed = ""
     if props.compression != "none":  # RFC 0018: blocks' bytes before and after compression
         packed = f" {props.compression}={props.uncompressed_size}->{props.data_size}"
@@ -45,7 +47,7 @@ def handles_summary(handles: tuple[SstHandle, ...]) -> str:
     entries = sum(h.entry_count for h in handles)
     return (
         f"{len(handles)} SSTs, {size} bytes, {entries} entries, "
-        f"keys {handles[0].first_key!r}..{handles[-1].last_key!r}"
+        f"keys {escape(handles[0].first_key)}..{escape(handles[-1].last_key)}"
     )
 
 
