@@ -387,7 +387,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace, store: ObjectStore, settings: Settings) -> int:
     """``inspect`` (with ``--verify``) and ``doctor``: a report and an exit status; with
-    ``--json``, ``{"status": ..., "lines": [...]}``, the report's lines as printed."""
+    ``--json``, ``{"status": ..., "manifest": {...}, "lines": [...]}``: the exit status, the
+    current manifest's numbers (``inspect.manifest_summary``) and the report as printed."""
     if args.command == "doctor":
         from slatepy.cli.doctor import doctor
 
@@ -401,7 +402,10 @@ def _report(args: argparse.Namespace, store: ObjectStore, settings: Settings) ->
 
         report, status = inspect(store, limit=args.limit, settings=settings), 0
     if args.json:
-        output.print_json({"status": status, "lines": report.splitlines()})
+        from slatepy.cli.inspect import manifest_summary
+
+        found = {"status": status, "manifest": manifest_summary(store)}
+        output.print_json({**found, "lines": report.splitlines()})
     else:
         print(report)
     return status

@@ -101,7 +101,9 @@ def test_json_outputs_parse(url: str, tmp_path: Path, capsys: pytest.CaptureFixt
         "value": "v\\tw",
         "expire_at_ms": None,
     }
-    assert _json(capsys, "inspect", url)["status"] == 0
+    inspected = _json(capsys, "inspect", url)
+    assert inspected["status"] == 0 and inspected["manifest"]["writer_epoch"] == 1
+    assert any(line.startswith("manifest ") for line in inspected["lines"])
     assert _json(capsys, "inspect", url, "--verify")["status"] == 0
     assert _json(capsys, "doctor", url)["status"] == 0
     assert _json(capsys, "compact", url)["l0"] == 1
@@ -236,3 +238,16 @@ def test_wal_tail_follow_exits_143_on_sigterm(url: str) -> None:
     _, err = proc.communicate(timeout=30)
     proc.stdout.close()
     assert proc.returncode == 143 and b"Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["inspect", "--verify"]])
+def test_json_reports_on_a_damaged_database(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Damage is status 1 with ``--json`` too, and the report still parses."""
+    from tests.engine.damaged import BUILDERS
+
+    damaged = BUILDERS[sorted(BUILDERS)[0]](tmp_path / "db")
+    assert main([command[0], damaged.url, *command[1:], "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == 1 and any(damaged.damaged in line for line in report["lines"])
