@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="slatepy: an LSM key-value store on object storage. Store settings come "
         "from SLATEPY_* environment variables (e.g. SLATEPY_S3_ENDPOINT), then the TOML file "
         "$SLATEPY_CONFIG, then AWS_* and the like (docs/configuration.md).",
+        epilog="Exit status: 0 done, 1 refused or failed, 2 usage, 130 on SIGINT, 143 on "
+        "SIGTERM. Keys and values print with \\\\ \\t \\n \\r and \\xNN escapes, and "
+        "--start/--end take them so (docs/cli-conventions.md).",
     )
     parser.add_argument("--version", action="version", version=f"slatepy {_version()}")
     parser.add_argument(
@@ -194,10 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--consensus", default=None, help="a postgresql:// URL (default: a log on the store)"
         )
     # Every command that reports takes --json (persist's print JSON already: accepted alike).
-    for command in (inspect, doctor, scan, compact, gc, tail, create_table, recover, pinspect):
+    for command in (inspect, doctor, compact, gc, create_table, recover, pinspect):
         add_json(command)
+    add_json(scan, "print a JSON object per pair, a line each (keys and values escaped alike)")
+    add_json(tail, "print a JSON object per write, a line each (keys and values escaped alike)")
     for command in (pfinal, pgc, pcompact):
-        add_json(command, "the report (it is JSON already)")
+        add_json(command, "print the report as JSON (it is JSON already)")
     return parser
 
 

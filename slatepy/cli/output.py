@@ -112,9 +112,9 @@ def fraction(text: str) -> float:
     return value
 
 
-def add_json(parser: argparse.ArgumentParser, what: str = "the report") -> None:
+def add_json(parser: argparse.ArgumentParser, help: str = "print the report as JSON") -> None:
     """Give ``parser`` the ``--json`` flag every reporting command has."""
-    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")
+    parser.add_argument("--json", action="store_true", help=help)
 
 
 def print_json(value: Any, *, lines: bool = False) -> None:
