@@ -21,6 +21,7 @@ from typing import Any
 from slatepy.catalog import CatalogState, UninitializedCatalog, open_catalog
 from slatepy.catalog.errors import InvalidCatalogObject
 from slatepy.catalog.objects import collection, redact
+from slatepy.cli.output import print_json
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound
 
@@ -42,6 +43,9 @@ def add_catalog_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
         parser.add_argument(
             "--consensus", default=None, help="persist only: a postgresql:// consensus URL"
         )
+        parser.add_argument(
+            "--json", action="store_true", help="print the result as JSON (dump: always)"
+        )
         return parser
 
     command("init", "create the catalog (nothing if it exists)")
@@ -54,11 +58,11 @@ def add_catalog_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     command("epoch", "the epoch of the catalog's newest opener")
     edit = command("edit", "set one object (prints the previous value)")
-    edit.add_argument("collection")
+    edit.add_argument("collection", help="the collection of the object")
     edit.add_argument("key", help="the key as JSON, as dump prints it")
     edit.add_argument("value", help="the new value as JSON")
     delete = command("delete", "delete one object (prints the previous value)")
-    delete.add_argument("collection")
+    delete.add_argument("collection", help="the collection of the object")
     delete.add_argument("key", help="the key as JSON, as dump prints it")
     command("upgrade-check", "could this code open (and migrate) the catalog? never writes")
 
@@ -99,16 +103,22 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
         raise UninitializedCatalog(f"no catalog at {args.url} (nothing is there)") from None
     with state:
         if command == "init":
-            return _init(state)
+            return _init(state, as_json=args.json)
         if command == "upgrade-check":
             found, code = state.check_open()
             if found == 0:
                 raise UninitializedCatalog(f"no catalog at {state.description} to upgrade")
-            print(f"catalog upgrade from version {found} to {code} would succeed")
+            if args.json:
+                print_json({"from_version": found, "to_version": code, "would_succeed": True})
+            else:
+                print(f"catalog upgrade from version {found} to {code} would succeed")
             return 0
         contents = state.current()  # raises when there is no catalog
         if command == "epoch":
-            print(f"Epoch: {contents.epoch}")
+            if args.json:
+                print_json({"epoch": contents.epoch})
+            else:
+                print(f"Epoch: {contents.epoch}")
         elif command == "dump":
             text = state.dump(ignore_large_collections=args.ignore_large_collections)
             pretty = json.dumps(json.loads(text), indent=2) + "\n"
@@ -132,15 +142,24 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                 previous = state.debug_commit(lambda tx: tx.set(name, key, value), user=USER)
             else:
                 previous = state.debug_commit(lambda tx: tx.delete(name, key), user=USER)
-            print(f"previous value: {json.dumps(redact(previous))}")
+            if args.json:
+                print_json({"previous": redact(previous)})
+            else:
+                print(f"previous value: {json.dumps(redact(previous))}")
     return 0
 
 
-def _init(state: CatalogState) -> int:
+def _init(state: CatalogState, *, as_json: bool) -> int:
     if state.is_initialized():
         found, code = state.check_open()
-        print(f"catalog {state.description} exists (version {found}; this code: {code})")
+        if as_json:
+            print_json({"created": False, "version": found, "code_version": code})
+        else:
+            print(f"catalog {state.description} exists (version {found}; this code: {code})")
         return 0
     state.open()
-    print(f"catalog {state.description} initialized (epoch {state.epoch})")
+    if as_json:
+        print_json({"created": True, "epoch": state.epoch})
+    else:
+        print(f"catalog {state.description} initialized (epoch {state.epoch})")
     return 0

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib
-import logging
-import signal
 import sys
+from typing import Any
 
+from slatepy.cli.output import escape, exit_on_sigterm, print_json
 from slatepy.compactor import BackgroundCompactor, Compactor
 from slatepy.compactor.lease import default_holder
 from slatepy.config import Settings
@@ -29,11 +30,6 @@ ADMIN_COMMANDS = ("inspect", "scan", "compact", "compactor", "gc", "checkpoint")
 """Commands that work on an existing database and must never create one."""
 
 
-def show(data: bytes) -> str:
-    """Bytes for a terminal: UTF-8 where it is, ``\\xNN`` escapes where it is not."""
-    return data.decode("utf-8", "backslashreplace")
-
-
 def require_database(store: ObjectStore) -> None:
     """Raise ``NotFound`` unless ``store`` holds a database (at least one manifest).
 
@@ -52,14 +48,17 @@ def require_database(store: ObjectStore) -> None:
 def scan(
     store: ObjectStore,
     settings: Settings,
-    start: str,
-    end: str | None,
+    start: bytes,
+    end: bytes | None,
     limit: int,
     *,
     snapshot: bool = False,
     checkpoint: str | None = None,
+    json: bool = False,
 ) -> None:
-    """Print ``key<TAB>value`` lines from a reader.
+    """Print ``key<TAB>value`` lines (``output.escape``), or with ``json`` one
+    ``{"key": ..., "value": ...}`` object per line; ``limit`` pairs at most (0: all). When the
+    limit stops the scan, a note goes to standard error, never among the pairs.
 
     Read-only by default: a scan lasts seconds, far less than ``gc_min_age`` (the grace
     period that protects a reader without a snapshot), and an inspection tool should neither
@@ -70,11 +69,13 @@ def scan(
     with DbReader.open(
         store, settings=settings, read_only=not snapshot, checkpoint=checkpoint
     ) as reader:
-        rows = reader.scan(start.encode(), None if end is None else end.encode())
-        for count, (key, value) in enumerate(rows, 1):
-            print(f"{show(key)}\t{show(value)}")
+        for count, (key, value) in enumerate(reader.scan(start, end), 1):
+            if json:
+                print_json({"key": escape(key), "value": escape(value)}, lines=True)
+            else:
+                print(f"{escape(key)}\t{escape(value)}")
             if count == limit:
-                print(f"(stopped after --limit {limit})")
+                print(f"slatepy: stopped after --limit {limit}", file=sys.stderr)
                 break
 
 
@@ -105,6 +106,7 @@ def compact(
     *,
     force: bool = False,
     merge_operator: MergeOperator | None = None,
+    json: bool = False,
 ) -> None:
     """Compact until nothing is left, then exit. Refuses (``CompactorBusy``) while another
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
@@ -119,6 +121,17 @@ def compact(
     rounds = compactor.run_until_idle()
     compactor.release()  # a superseded writer's compactor takes back at its next checks
     m = compactor.last_published.manifest
+    if json:
+        print_json(
+            {
+                "epoch": compactor.epoch,
+                "compactions": rounds,
+                "wal_id_last_compacted": m.wal_id_last_compacted,
+                "l0": len(m.l0),
+                "sorted_runs": len(m.sorted_runs),
+            }
+        )
+        return
     print(
         f"compactor epoch {compactor.epoch}: {rounds} compactions; "
         f"wal_id_last_compacted={m.wal_id_last_compacted}, "
@@ -136,7 +149,6 @@ def run_compactor(
     """The compactor process: compaction and GC on their intervals until Ctrl-C. Refuses
     while another compactor's lease is live unless ``force``; superseded later, it stands by
     and takes compaction back when the other one leaves work pending (RFC 0013)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     compactor = Compactor(
         with_external(store, settings),
         settings=settings,
@@ -149,13 +161,10 @@ def run_compactor(
         f"{settings.compaction_interval} s, collecting garbage every {settings.gc_interval} s"
     )
     # A service manager stops it with SIGTERM: leave as on Ctrl-C (abandon the compaction in
-    # progress, hand the lease back) instead of dying with the lease held until it lapses.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # progress, hand the lease back) instead of dying with the lease held until it lapses;
+    # main() then exits 143.
+    exit_on_sigterm()
     BackgroundCompactor(compactor, gc=GarbageCollector(store, settings=settings)).run_forever()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def gc(
@@ -165,9 +174,14 @@ def gc(
     dry_run: bool,
     min_age: float | None,
     verbose: bool = False,
+    json: bool = False,
 ) -> None:
+    """One GC pass; prints ``describe_gc``, or with ``json`` the whole report."""
     report = GarbageCollector(store, settings=settings, min_age=min_age).collect(dry_run=dry_run)
-    print(describe_gc(report, verbose=verbose))
+    if json:
+        print_json({**dataclasses.asdict(report), "summary": report.summary()})
+    else:
+        print(describe_gc(report, verbose=verbose))
 
 
 def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
@@ -206,26 +220,48 @@ def describe_gc(report: GcReport, *, verbose: bool = False) -> str:
 
 
 def checkpoint(store: ObjectStore, settings: Settings, args: argparse.Namespace) -> None:
-    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017)."""
+    """``slatepy checkpoint create|list|refresh|delete`` (RFC 0017); ``--json`` prints the
+    checkpoint (``list``: a list of them; ``delete``: ``{"deleted": id}``)."""
     stack = open_stack(store, settings)
+    json = args.json
     if args.checkpoint_command == "create":
         made = checkpoints.create_checkpoint(
             stack, settings, lifetime=args.lifetime, name=args.name
         )
+        if json:
+            return print_json(checkpoint_json(made))
         print(made.id)
         print(f"  {describe_checkpoint(made)}")
     elif args.checkpoint_command == "list":
         found = checkpoints.list_checkpoints(stack, settings)
+        if json:
+            return print_json([checkpoint_json(made) for made in found])
         if not found:
             print("no checkpoints")
         for made in found:
             print(f"{made.id}  {describe_checkpoint(made)}")
     elif args.checkpoint_command == "refresh":
         made = checkpoints.refresh_checkpoint(stack, settings, args.id, args.lifetime)
+        if json:
+            return print_json(checkpoint_json(made))
         print(f"{made.id}  {describe_checkpoint(made)}")
     else:
         checkpoints.delete_checkpoint(stack, settings, args.id)
+        if json:
+            return print_json({"deleted": args.id})
         print(f"deleted checkpoint {args.id}; GC may now collect what only it held")
+
+
+def checkpoint_json(made: checkpoints.Checkpoint) -> dict[str, Any]:
+    """A checkpoint for ``--json``: its fields, times in ISO 8601."""
+    return {
+        "id": made.id,
+        "name": made.name,
+        "manifest_id": made.manifest_id,
+        "wal_id": made.wal_id,
+        "create_time": made.create_time.isoformat(),
+        "expire_time": None if made.expire_time is None else made.expire_time.isoformat(),
+    }
 
 
 def describe_checkpoint(made: checkpoints.Checkpoint) -> str:
@@ -241,12 +277,25 @@ def _utc(at: dt.datetime) -> str:
     return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> None:
-    """``slatepy clone SRC DST [--checkpoint ID]`` (RFC 0017)."""
+def clone(
+    src: str, dst: str, settings: Settings, *, checkpoint: str | None, json: bool = False
+) -> None:
+    """``slatepy clone SRC DST [--checkpoint ID] [--json]`` (RFC 0017)."""
     made = clone_database(src, dst, checkpoint=checkpoint, settings=settings)
-    print(f"cloned {src} to {dst}: manifest {made.manifest_id}, WAL to {made.wal_id}")
     stored = ManifestStore(open_store(dst, settings)).load()
     holders = [] if stored is None else stored.manifest.external_dbs
+    if json:
+        held = [{"url": e.url, "checkpoint_id": e.checkpoint_id} for e in holders]
+        return print_json(
+            {
+                "src": src,
+                "dst": dst,
+                "manifest_id": made.manifest_id,
+                "wal_id": made.wal_id,
+                "held_checkpoints": held,
+            }
+        )
+    print(f"cloned {src} to {dst}: manifest {made.manifest_id}, WAL to {made.wal_id}")
     for external in holders:
         print(
             f"{external.url} keeps checkpoint {external.checkpoint_id} for the clone (it never "
@@ -259,12 +308,15 @@ def clone(src: str, dst: str, settings: Settings, *, checkpoint: str | None) -> 
 def torture(
     store: ObjectStore, settings: Settings, seconds: float, seed: int, fault_rate: float
 ) -> int:
-    """Run the torture workload; exit status 1 if any invariant failed or a write was lost."""
+    """Run the torture workload; exit status 1 if any invariant failed or a write was lost.
+
+    Raises:
+        InvalidArgument: the location is not empty (exit status 1, a refusal).
+    """
     from slatepy.testing.torture import Torture, Violation
 
     if store.list(""):
-        print(f"{store.url} is not empty; torture needs a location of its own")
-        return 2
+        raise InvalidArgument(f"{store.url} is not empty; torture needs a location of its own")
     print(f"torture on {store.url}: {seconds:g} s, seed {seed}, fault rate {fault_rate:g}")
     run = Torture(store, seed=seed, fault_rate=fault_rate, settings=settings)
     try:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from typing import Any
 
 from slatepy.cli import verify as checks
+from slatepy.cli.output import escape
 from slatepy.config import Settings
 from slatepy.engine.clone import with_external
+from slatepy.errors import SlatepyError
 from slatepy.gc import GarbageCollector
 from slatepy.gc.describe import human_bytes
 from slatepy.manifest.record import CHECKPOINT, SstHandle, clone_of
@@ -27,7 +30,8 @@ def sst_summary(tables: TableReader, path: str, *, size: int | None = None) -> s
     no suffix request when ``size`` is known)."""
     meta = tables.meta(path, size=size)
     props = meta.props
-    keys = f"{props.first_key!r}..{props.last_key!r}" if props.entry_count else "(empty)"
+    first, last = props.first_key or b"", props.last_key or b""
+    keys = f"{escape(first)}..{escape(last)}" if props.entry_count else "(empty)"
     packed = ""
     if props.compression != "none":  # RFC 0018: blocks' bytes before and after compression
         packed = f" {props.compression}={props.uncompressed_size}->{props.data_size}"
@@ -45,7 +49,7 @@ def handles_summary(handles: tuple[SstHandle, ...]) -> str:
     entries = sum(h.entry_count for h in handles)
     return (
         f"{len(handles)} SSTs, {size} bytes, {entries} entries, "
-        f"keys {handles[0].first_key!r}..{handles[-1].last_key!r}"
+        f"keys {escape(handles[0].first_key)}..{escape(handles[-1].last_key)}"
     )
 
 
@@ -177,3 +181,26 @@ def verify(store: ObjectStore, *, settings: Settings | None = None) -> tuple[str
     if not found.healthy:
         lines.append("run `slatepy doctor URL` for what this means and what a repair would give up")
     return "\n".join(lines), 0 if found.healthy else 1
+
+
+def manifest_summary(store: ObjectStore) -> dict[str, Any] | None:
+    """The current manifest's numbers for ``inspect --json`` and ``doctor --json`` (None: no
+    manifest there, or none that reads: the report says why)."""
+    try:
+        stored = ManifestStore(store).load()
+    except SlatepyError:  # a damaged database: the doctor's report is the answer
+        return None
+    if stored is None:
+        return None
+    m = stored.manifest
+    return {
+        "id": stored.id,
+        "format_version": m.format_version,
+        "writer_epoch": m.writer_epoch,
+        "compactor_epoch": m.compactor_epoch,
+        "wal_id_last_compacted": m.wal_id_last_compacted,
+        "wal_id_last_seen": m.wal_id_last_seen,
+        "l0": len(m.l0),
+        "sorted_runs": len(m.sorted_runs),
+        "snapshots": len(m.snapshots),
+    }

@@ -84,8 +84,10 @@ def inspect_persist(
 
 def finalize_shard(
     url: str, shard: str, *, consensus: str | None, settings: Settings, commit: bool
-) -> str:
+) -> tuple[str, int]:
     """``admin finalize``: say whether the shard can be finalized, and with ``commit`` do it.
+    Returns the message and the exit status: 1 when the dry run refuses (the shard's since
+    or upper is not closed yet), else 0 (finalized already is no refusal).
 
     Raises:
         UsageError: (with ``commit``) the shard's since or upper is not closed yet.
@@ -95,17 +97,18 @@ def finalize_shard(
             raise InvalidArgument(f"no shard {shard!r} at {url}: nothing was changed")
         state = client.machine(shard).fetch()
         if state.finalized:
-            return f"shard {shard!r} is finalized already"
+            return f"shard {shard!r} is finalized already", 0
         ready = state.since is None and state.upper is None
         if not commit:
             if ready:
-                return f"shard {shard!r} can be finalized (dry run: add --commit)"
+                return f"shard {shard!r} can be finalized (dry run: add --commit)", 0
             return (
                 f"shard {shard!r} cannot be finalized yet: since={state.since}, "
                 f"upper={state.upper} (both must be closed, None)"
-            )
+            ), 1
         client.finalize_shard(shard)
-        return f"shard {shard!r} finalized at seqno {client.machine(shard).fetch().seqno}"
+        seqno = client.machine(shard).fetch().seqno
+        return f"shard {shard!r} finalized at seqno {seqno}", 0
 
 
 def _summary(state: State) -> dict[str, Any]:

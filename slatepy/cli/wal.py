@@ -2,43 +2,70 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import Any
+
+from slatepy.cli.output import escape, print_json
 from slatepy.config import Settings
 from slatepy.engine.wal_reader import StartAt, WalReader, WalRecord
-from slatepy.errors import InvalidArgument
 from slatepy.store.base import ObjectStore
 
 
 def parse_start(text: str) -> StartAt:
-    """``--from-seq``: a seq, ``oldest`` or ``end``."""
+    """``--from-seq`` (an argparse type): a seq >= 0, ``oldest`` or ``end``."""
     if text in ("oldest", "end"):
         return text  # type: ignore[return-value]
     try:
         seq = int(text)
     except ValueError:
-        raise InvalidArgument(f"--from-seq takes a seq, 'oldest' or 'end', not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"takes a seq, 'oldest' or 'end', not {text!r}") from None
     if seq < 0:
-        raise InvalidArgument("--from-seq must be >= 0")
+        raise argparse.ArgumentTypeError(f"{seq} is less than 0")
     return seq
 
 
 def describe(record: WalRecord) -> str:
-    """One record as a line: seq, WAL SST, kind, and keys and values as Python bytes literals
-    (unambiguous for any bytes: no line breaks, no terminal escapes). Plain puts and deletes
-    read as they did before the other kinds existed; a TTL put adds ``expire_at_ms=``."""
-    head = f"seq={record.seq} wal={record.wal_id} {record.kind}"
+    """One record as a line of tab-separated ``name=value`` fields (after the kind): seq, WAL
+    SST, kind, and keys and values escaped as ``scan`` prints them (``output.escape``: no
+    line breaks, tabs or terminal escapes inside a field). A merge has an ``operand=`` field
+    per operand, oldest first; a TTL put adds ``expire_at_ms=``."""
+    fields = [f"seq={record.seq}", f"wal={record.wal_id}", record.kind]
     if record.kind == "delete":
-        return f"{head} key={record.key!r}"
-    if record.kind == "merge":
-        return f"{head} key={record.key!r} operands={list(record.operands)!r}"
+        fields.append(f"key={escape(record.key)}")
+    elif record.kind == "merge":
+        fields.append(f"key={escape(record.key)}")
+        fields += [f"operand={escape(op)}" for op in record.operands]
+    elif record.kind == "delete_range":
+        fields += [f"start={escape(record.key)}", f"end={escape(record.end or b'')}"]
+    else:
+        fields += [f"key={escape(record.key)}", f"value={escape(record.value or b'')}"]
+        if record.expire_at_ms is not None:
+            fields.append(f"expire_at_ms={record.expire_at_ms}")
+    return "\t".join(fields)
+
+
+def as_json(record: WalRecord) -> dict[str, Any]:
+    """One record for ``--json`` (one object per line), bytes escaped as in ``describe``."""
+    out: dict[str, Any] = {"seq": record.seq, "wal": record.wal_id, "kind": record.kind}
     if record.kind == "delete_range":
-        return f"{head} start={record.key!r} end={record.end!r}"
-    line = f"{head} key={record.key!r} value={record.value!r}"
-    return line if record.expire_at_ms is None else f"{line} expire_at_ms={record.expire_at_ms}"
+        out |= {"start": escape(record.key), "end": escape(record.end or b"")}
+        return out
+    out["key"] = escape(record.key)
+    if record.kind == "merge":
+        out["operands"] = [escape(op) for op in record.operands]
+    elif record.kind == "put":
+        out["value"] = escape(record.value or b"")
+        out["expire_at_ms"] = record.expire_at_ms
+    return out
 
 
-def tail(store: ObjectStore, settings: Settings, from_seq: str, *, follow: bool) -> None:
-    """Print the writes from ``from_seq`` on; with ``follow``, until interrupted."""
-    start = parse_start(from_seq)
+def tail(
+    store: ObjectStore, settings: Settings, start: StartAt, *, follow: bool, json: bool = False
+) -> None:
+    """Print the writes from ``start`` on; with ``follow``, until interrupted."""
     with WalReader(store, settings=settings) as reader:
         for record in reader.iter(start, follow=follow):
-            print(describe(record), flush=follow)
+            if json:
+                print_json(as_json(record), lines=True)
+            else:
+                print(describe(record), flush=follow)

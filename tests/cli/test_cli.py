@@ -52,7 +52,7 @@ def test_inspect_reports_manifest_and_wal(
     out = capsys.readouterr().out
     assert "writer_epoch=1" in out
     assert "WAL: 2 SSTs, ids 1..2" in out
-    assert "entries=2 tombstones=1" in out and "keys=b'alpha'..b'beta'" in out
+    assert "entries=2 tombstones=1" in out and "keys=alpha..beta" in out  # escaped as scan prints
 
 
 def test_inspect_of_an_empty_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,8 +85,9 @@ def test_scan_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
             db.put(b"k%d" % i, b"v%d" % i)
         db.put(b"k5", b"\xff\x00")
     assert main(["scan", url, "--start", "k2", "--end", "k8", "--limit", "4"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["k2\tv2", "k3\tv3", "k4\tv4", "k5\t\\xff\x00", "(stopped after --limit 4)"]
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == ["k2\tv2", "k3\tv3", "k4\tv4", "k5\t\\xff\\x00"]
+    assert "stopped after --limit 4" in printed.err  # never among the pairs
     assert main(["inspect", url]) == 0
     assert "snapshots: 0" in capsys.readouterr().out  # the reader removed its snapshot
 
@@ -147,7 +148,7 @@ def test_compactor_command_runs_until_interrupted(tmp_path: Path, stop: signal.S
     finally:
         proc.send_signal(stop)
         out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130
+    assert proc.returncode == (130 if stop == signal.SIGINT else 143)  # 128 + the signal
     assert "compactor epoch 1" in out
 
 

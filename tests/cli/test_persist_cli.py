@@ -78,7 +78,7 @@ def test_inspect_of_a_missing_shard_is_an_error(
 def test_finalize_is_a_dry_run_until_commit(
     location: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["persist", "admin", "finalize", location, "orders"]) == 0
+    assert main(["persist", "admin", "finalize", location, "orders"]) == 1  # refused
     assert "cannot be finalized yet: since=0, upper=2" in capsys.readouterr().out
     assert main(["persist", "admin", "finalize", location, "orders", "--commit"]) == 1
     assert "UsageError" in capsys.readouterr().err

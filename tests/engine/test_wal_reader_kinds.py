@@ -322,11 +322,11 @@ def test_wal_tail_shows_each_kind(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["wal", "tail", url]) == 0
     expire = clock.ms() + 1500
     assert capsys.readouterr().out.splitlines() == [
-        f"seq=2 wal=2 put key=b't' value=b'v' expire_at_ms={expire}",
-        "seq=6 wal=3 merge key=b'm' operands=[b'x', b'y']",
-        "seq=8 wal=4 delete_range start=b'a' end=b'c'",
-        "seq=8 wal=4 put key=b'b' value=b'1'",
-        "seq=8 wal=4 delete key=b'z'",
+        f"seq=2\twal=2\tput\tkey=t\tvalue=v\texpire_at_ms={expire}",
+        "seq=6\twal=3\tmerge\tkey=m\toperand=x\toperand=y",
+        "seq=8\twal=4\tdelete_range\tstart=a\tend=c",
+        "seq=8\twal=4\tput\tkey=b\tvalue=1",
+        "seq=8\twal=4\tdelete\tkey=z",
     ]
 
 
