@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slatepy import Db, DbReader, Settings
@@ -75,7 +76,16 @@ def test_gc_names_the_snapshot_that_holds_objects_and_when_it_expires(
     with Db.open(url, settings=OFF) as db:
         for i in range(20):
             db.put(b"k%02d" % i, b"old")
-    with DbReader.open(url, settings=OFF) as reader:
+    # The reader must hold the pre-compaction manifest through the gc: a poll that sees the
+    # compaction, or a renewal after a third of reader_snapshot_ttl, registers a new snapshot
+    # id (on a busy machine the line named that one).
+    settings = msgspec.structs.replace(
+        OFF,
+        reader_snapshot_ttl=3600.0,
+        reader_poll_interval=3600.0,
+        reader_max_poll_interval=3600.0,
+    )
+    with DbReader.open(url, settings=settings) as reader:
         assert main(["compact", url]) == 0
         out = run(capsys, "gc", url, "--min-age", "0")
         held = held_line(out)
