@@ -128,8 +128,11 @@ class Rows(chain[tuple[bytes, bytes]]):
     read-ahead thread), as closing a generator would; unlike a generator, the rest of the
     chunk in hand (a few thousand rows at most) may still be iterated after it."""
 
-    __slots__ = ("_source",)
+    __slots__ = ("_source", "keep")
     _source: object
+    keep: object
+    """What must stay referenced while the rows are read (a view whose SSTs a writer's
+    collector spares while it is referenced: RFC 0029)."""
 
     def close(self) -> None:
         close = getattr(self._source, "close", None)
