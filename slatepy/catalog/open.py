@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 
 from slatepy.catalog.objects import strip_password
@@ -10,7 +11,7 @@ from slatepy.catalog.persist import PersistStorage
 from slatepy.catalog.sql import SqlStorage
 from slatepy.catalog.state import CatalogState
 from slatepy.catalog.storage import Storage
-from slatepy.config import Settings
+from slatepy.config import Settings, SettingsLike
 from slatepy.errors import InvalidArgument, SlatepyError
 from slatepy.persist import PersistClient, PersistSettings
 
@@ -33,16 +34,33 @@ def sqlite_path(url: str) -> str:
     return url[len(prefix) :]
 
 
+def _store_settings(
+    settings: SettingsLike, store_settings: Settings | None, caller: str
+) -> SettingsLike:
+    """``settings=``, or the deprecated ``store_settings=`` (with a ``DeprecationWarning``)."""
+    if store_settings is None:
+        return settings
+    if settings is not None:
+        raise InvalidArgument(f"{caller}: pass settings= or store_settings= (deprecated), not both")
+    warnings.warn(
+        f"{caller}(store_settings=) is deprecated: pass settings=", DeprecationWarning, stacklevel=3
+    )
+    return store_settings
+
+
 def open_storage(
     url: str,
     *,
     shard: str = "catalog",
     consensus: str | None = None,
-    store_settings: Settings | None = None,
+    settings: SettingsLike = None,
     persist_settings: PersistSettings | None = None,
     create: bool = True,
+    store_settings: Settings | None = None,
 ) -> Storage:
-    """The storage ``url`` names (see :func:`open_catalog`)."""
+    """The storage ``url`` names (see :func:`open_catalog`; ``store_settings=`` is a
+    deprecated alias of ``settings=``)."""
+    settings = _store_settings(settings, store_settings, "open_storage")
     if url.startswith("sqlite:"):
         return SqlStorage(sqlite_path=sqlite_path(url), shard=shard, description=url)
     if url.startswith(("postgresql://", "postgres://")):
@@ -51,7 +69,7 @@ def open_storage(
         client = PersistClient.open(
             url,
             consensus=consensus,
-            settings=store_settings,
+            settings=settings,
             persist_settings=persist_settings,
             create=create,
         )
@@ -73,12 +91,13 @@ def open_catalog(
     *,
     shard: str = "catalog",
     consensus: str | None = None,
-    store_settings: Settings | None = None,
+    settings: SettingsLike = None,
     persist_settings: PersistSettings | None = None,
     create: bool = True,
     clock: Callable[[], float] = time.time,
     user: str = "",
     deploy_generation: int | None = None,
+    store_settings: Settings | None = None,
 ) -> CatalogState:
     """An **unopened** catalog state at ``url``: ``open()``, ``open_read_only()`` or only
     read it before opening.
@@ -89,16 +108,19 @@ def open_catalog(
             location (``file:///...``, ``s3://...``, ``memory://``): one persist shard.
         shard: The persist shard; in SQL, the tables' name prefix.
         consensus: The persist consensus (``postgresql://...``; default: on the store).
+        settings: The store's settings, as ``PersistClient.open`` takes them (a
+            ``Settings``, a dict or a TOML path, over ``SLATEPY_*``; persist only).
         create: Create a missing ``file://`` location (persist only; False: ``NotFound``).
         clock: Wall clock for audit events.
         user: Recorded in the audit log with every commit.
         deploy_generation: Set config ``deploy_generation`` at ``open()``.
+        store_settings: Deprecated alias of ``settings`` (a ``DeprecationWarning``).
     """
     storage = open_storage(
         url,
         shard=shard,
         consensus=consensus,
-        store_settings=store_settings,
+        settings=_store_settings(settings, store_settings, "open_catalog"),
         persist_settings=persist_settings,
         create=create,
     )

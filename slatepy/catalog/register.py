@@ -41,7 +41,7 @@ def register(
     sink: Sink | None = None,
     database: Database | None = None,
     shards: Sequence[ShardSpec] = (),
-    store_settings: Settings | None = None,
+    settings: Settings | None = None,
 ) -> None:
     """Record ``source``, ``sink`` and/or ``database`` and their ``shards`` (owned by the
     registrant's name) in the catalog at ``catalog_url``, in one idempotent commit.
@@ -67,7 +67,7 @@ def register(
                 tx.register_shard(location, shard, purpose, owner)
 
     try:
-        state = open_catalog(catalog_url, create=False, store_settings=store_settings, user=user)
+        state = open_catalog(catalog_url, create=False, settings=settings, user=user)
     except NotFound:
         raise UninitializedCatalog(f"no catalog at {catalog_url} (nothing is there)") from None
     with state:

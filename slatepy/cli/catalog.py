@@ -95,7 +95,7 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             args.url,
             shard=args.shard,
             consensus=args.consensus,
-            store_settings=settings,
+            settings=settings,
             create=command == "init",
             user=USER,
         )

@@ -48,4 +48,4 @@ def register_ingest(args: argparse.Namespace, source: Source, settings: Settings
         options=options,
     )
     shards = [(args.into, remap, "remap")] + [(args.into, s, "data") for s in data]
-    register(args.catalog, user=USER, source=record, shards=shards, store_settings=settings)
+    register(args.catalog, user=USER, source=record, shards=shards, settings=settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from slatepy.config import Settings, SettingsLike
 from slatepy.persist import client as sync_client
@@ -20,6 +20,31 @@ from slatepy.persist.config import PersistSettings
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.read import Event
 from slatepy.store.base import ObjectStore
+
+
+class _SyncClosable(Protocol):
+    def close(self) -> None: ...
+
+
+class _Closing:
+    """``await handle.close()`` and ``async with handle:`` for a wrapper of a sync handle
+    (the release it does, e.g. a reader's expire, runs on a worker thread)."""
+
+    sync: _SyncClosable
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
 
 
 class PersistClient:
@@ -83,8 +108,10 @@ class PersistClient:
         await self.close()
 
 
-class WriteHandle:
-    """Async wrapper of :class:`slatepy.persist.WriteHandle`."""
+class WriteHandle(_Closing):
+    """Async wrapper of :class:`slatepy.persist.WriteHandle` (``async with`` closes it)."""
+
+    sync: write.WriteHandle
 
     def __init__(self, handle: write.WriteHandle) -> None:
         self.sync = handle
@@ -140,8 +167,10 @@ class BatchBuilder:
         return await asyncio.to_thread(self.sync.finish, upper)
 
 
-class ReadHandle:
-    """Async wrapper of :class:`slatepy.persist.ReadHandle`."""
+class ReadHandle(_Closing):
+    """Async wrapper of :class:`slatepy.persist.ReadHandle` (``async with`` closes it)."""
+
+    sync: read.ReadHandle
 
     def __init__(self, handle: read.ReadHandle) -> None:
         self.sync = handle
@@ -168,8 +197,11 @@ class ReadHandle:
         await asyncio.to_thread(self.sync.expire)
 
 
-class Listen:
-    """Async wrapper of :class:`slatepy.persist.Listen`: ``async for event in listen``."""
+class Listen(_Closing):
+    """Async wrapper of :class:`slatepy.persist.Listen`: ``async for event in listen``
+    (``async with`` closes it)."""
+
+    sync: read.Listen
 
     def __init__(self, listen: read.Listen) -> None:
         self.sync = listen
@@ -187,12 +219,11 @@ class Listen:
             for event in await asyncio.to_thread(self.sync.fetch_next):
                 yield event
 
-    async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
 
+class SinceHandle(_Closing):
+    """Async wrapper of :class:`slatepy.persist.SinceHandle` (``async with`` closes it)."""
 
-class SinceHandle:
-    """Async wrapper of :class:`slatepy.persist.SinceHandle`."""
+    sync: critical.SinceHandle
 
     def __init__(self, handle: critical.SinceHandle) -> None:
         self.sync = handle

@@ -33,9 +33,13 @@ from slatepy.persist.maintenance import MaintenanceRunner
 from slatepy.persist.read import ReadHandle
 from slatepy.persist.state.outcome import Maintenance
 from slatepy.persist.state.transitions import (
+    ExpireLeasedReader,
+    ExpireWriter,
     Finalize,
     RegisterCriticalReader,
     RegisterLeasedReader,
+    expire_leased_reader,
+    expire_writer,
     finalize,
     register_critical_reader,
     register_leased_reader,
@@ -51,6 +55,23 @@ log = logging.getLogger(__name__)
 
 class _Leased(Protocol):
     def heartbeat(self) -> None: ...
+
+
+class _Closable(Protocol):
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+Release = Callable[[], object]
+"""Releases, by id, what a handle registered (for a handle dropped unclosed)."""
+
+
+def _open(entry: tuple[weakref.ref[_Closable], Release | None]) -> bool:
+    """Whether a tracked handle may still hold something: alive and unclosed, or dropped."""
+    handle = entry[0]()
+    return handle is None or not handle.closed
 
 
 class Heartbeats:
@@ -194,6 +215,15 @@ class PersistClient:
         self._maintenance = MaintenanceRunner(self._tables)
         self._lock = threading.Lock()
         self._closed = False
+        # The handles opened and not closed, held weakly (a dropped one stops heartbeating,
+        # its lease lapses), each with what releases its registration by id: close() closes
+        # the live ones and releases the dropped ones.
+        self._handles: list[tuple[weakref.ref[_Closable], Release | None]] = []
+
+    def _track(self, handle: _Closable, release: Release | None) -> None:
+        with self._lock:
+            self._handles = [entry for entry in self._handles if _open(entry)]
+            self._handles.append((weakref.ref(handle), release))
 
     @classmethod
     def open(
@@ -283,6 +313,10 @@ class PersistClient:
             machine, writer_id, state.upper, debug=_debug(purpose), maintenance=submit
         )
         self._heartbeats.add(handle, self.settings.writer_lease / 4)
+        self._track(
+            handle,
+            lambda: machine.run(expire_writer, ExpireWriter(writer_id), on_uncertain=rerun_as_is),
+        )
         if self.settings.compaction == "on":
             self._maintenance.watch(machine, writer_id, owner=handle)
         return handle
@@ -302,6 +336,12 @@ class PersistClient:
         )
         handle = ReadHandle(machine, self._tables, reader_id, reader.since)
         self._heartbeats.add(handle, self.settings.reader_lease / 4)
+        self._track(
+            handle,
+            lambda: machine.run(
+                expire_leased_reader, ExpireLeasedReader(reader_id), on_uncertain=rerun_as_is
+            ),
+        )
         return handle
 
     def open_critical_since(self, shard_id: str, reader_id: str) -> SinceHandle:
@@ -317,7 +357,9 @@ class PersistClient:
             RegisterCriticalReader(reader_id, _debug("critical")),
             on_uncertain=rerun_as_is,
         )
-        return SinceHandle(machine, reader_id, reader)
+        handle = SinceHandle(machine, reader_id, reader)
+        self._track(handle, None)  # durable by design: nothing to release
+        return handle
 
     def finalize_shard(self, shard_id: str) -> None:
         """Finalize ``shard_id``: no handles or writes any more; GC may delete its data.
@@ -345,14 +387,29 @@ class PersistClient:
         return True
 
     def close(self) -> None:
-        """Wake waiting reads, and close the consensus if this client opened it.
-        Idempotent; handles fail with ``ClosedError`` afterwards."""
+        """Close the handles this client opened and still open, wake waiting reads, and
+        close the consensus if this client opened it. Closing releases what the handles
+        registered: leased readers and writers are expired (one state change each), so
+        none is left in the shard until its lease lapses; a critical since stays (durable
+        by design: only ``SinceHandle.expire`` releases it). A release that fails is logged
+        and its lease lapses as it would have. Idempotent; handles fail with
+        ``ClosedError`` afterwards."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             machines = list(self._machines.values())
+            handles, self._handles = self._handles, []
         self._maintenance.close()
+        for ref, release in handles:
+            handle = ref()
+            try:
+                if handle is not None:
+                    handle.close()
+                elif release is not None:
+                    release()
+            except Exception:  # the rest still close; the lease lapses by itself
+                log.warning("persist: releasing a handle on close failed", exc_info=True)
         self._heartbeats.stop()
         for machine in machines:
             machine.close()

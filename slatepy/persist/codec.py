@@ -23,7 +23,7 @@ from typing import Any, TypeGuard, cast
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import BlockBuilder, Entry, decode_block
-from slatepy.persist.errors import InvalidBounds, UsageError
+from slatepy.persist.errors import InvalidBounds, UsageError, UsageTypeError
 from slatepy.persist.frontier import Frontier
 
 Update = tuple[tuple[bytes, bytes], int, int]
@@ -168,7 +168,11 @@ def _times(count: int, seqs: list[int]) -> bytes:
 
 def check_time(time: object, what: str = "time") -> int:
     """Return ``time`` if it is a u64 ``int``; else raise ``UsageError``."""
-    if type(time) is not int or not 0 <= time <= U64_MAX:
+    if type(time) is not int:
+        raise UsageTypeError(
+            f"{what} must be an int in [0, 2**64), not {type(time).__name__} {time!r}"
+        )
+    if not 0 <= time <= U64_MAX:
         raise UsageError(f"{what} must be an int in [0, 2**64), not {time!r}")
     return time
 
@@ -240,16 +244,23 @@ def _check_each(items: list[object], lower: int, upper: Frontier) -> list[Update
         try:
             (key, value), time, diff = update  # type: ignore[misc]
         except (TypeError, ValueError):
-            raise UsageError(f"update {i} is not ((key, value), time, diff): {update!r}") from None
+            raise UsageTypeError(
+                f"update {i} is not ((key, value), time, diff): {update!r}"
+            ) from None
         if type(key) is not bytes or type(value) is not bytes:
-            raise UsageError(
-                f"update {i}: key and value must be bytes, not "
-                f"{type(key).__name__} and {type(value).__name__}"
+            what, field = ("key", key) if type(key) is not bytes else ("value", value)
+            raise UsageTypeError(
+                f"update {i}: the {what} must be bytes, not {type(field).__name__}"
             )
         time = check_time(time, f"update {i}: time")
         if not (lower <= time and (upper is None or time < upper)):
             raise UsageError(f"update {i}: time {time} is outside [{lower}, {upper})")
-        if type(diff) is not int or not I64_MIN <= diff <= I64_MAX:
+        if type(diff) is not int:
+            raise UsageTypeError(
+                f"update {i}: diff must be an int in [-2**63, 2**63), "
+                f"not {type(diff).__name__} {diff!r}"
+            )
+        if not I64_MIN <= diff <= I64_MAX:
             raise UsageError(f"update {i}: diff must be an int in [-2**63, 2**63), not {diff!r}")
         if len(key) + len(value) > _ALWAYS_FITS and encoded_key_size(key, value) > MAX_ENCODED_KEY:
             raise UsageError(

@@ -7,6 +7,8 @@ shard's since from passing its own.
 from __future__ import annotations
 
 import threading
+from types import TracebackType
+from typing import Self
 
 from slatepy.errors import ClosedError
 from slatepy.persist.codec import check_frontier
@@ -38,6 +40,7 @@ class SinceHandle:
         self._opaque = reader.opaque
         self._lock = threading.Lock()
         self._expired = False
+        self._closed = False
 
     @property
     def since(self) -> Frontier:
@@ -49,6 +52,11 @@ class SinceHandle:
         """The opaque token stored with the hold as this handle last saw it (``b""`` when
         first registered)."""
         return self._opaque
+
+    @property
+    def closed(self) -> bool:
+        """Whether the handle was closed (or expired): it is unusable."""
+        return self._closed or self._expired
 
     def compare_and_downgrade_since(
         self, expected_opaque: bytes, new_opaque: bytes, new_since: Frontier
@@ -89,6 +97,25 @@ class SinceHandle:
             )
             self._expired = True
 
+    def close(self) -> None:
+        """Make this handle unusable, leaving the hold in place: a critical since is durable
+        by design (it outlives processes, guarded by its opaque token), so only
+        :meth:`expire` releases it. Idempotent."""
+        self._closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def _check_live(self) -> None:
+        if self._closed:
+            raise ClosedError(f"critical since {self.reader_id} of {self.shard_id!r} was closed")
         if self._expired:
             raise ClosedError(f"critical since {self.reader_id} of {self.shard_id!r} was expired")

@@ -10,7 +10,7 @@ the API makes observable, and answers it with the current value they carry.
 
 from __future__ import annotations
 
-from slatepy.errors import InvalidArgument, SlatepyError, StoreUnavailable
+from slatepy.errors import InvalidArgument, InvalidType, SlatepyError, StoreUnavailable
 
 
 def _frontier(value: int | None) -> str:
@@ -21,6 +21,12 @@ class UsageError(InvalidArgument):
     """The call is not allowed: wrong types, times outside ``[lower, upper)``, an expired
     handle, a batch of another shard, a finalized shard... Nothing was written; fix the
     caller (retrying the same call fails the same way)."""
+
+
+class UsageTypeError(UsageError, InvalidType):
+    """A usage error of the wrong Python type: a ``str`` key or value, a time or diff that
+    is no ``int``, an update that is no ``((key, value), time, diff)``. Also a
+    ``TypeError`` (as the engine's :class:`slatepy.errors.InvalidType`)."""
 
 
 class InvalidBounds(UsageError):

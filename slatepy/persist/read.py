@@ -19,6 +19,8 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier
@@ -95,6 +97,11 @@ class ReadHandle:
     def since(self) -> Frontier:
         """This reader's since as last committed (reads before it raise ``SinceError``)."""
         return self._since
+
+    @property
+    def closed(self) -> bool:
+        """Whether the handle was closed (or expired): it is unusable."""
+        return self._expired
 
     def downgrade_since(self, new_since: Frontier) -> Frontier:
         """Allow compaction to forward times before ``new_since`` (``None``: this reader
@@ -268,6 +275,22 @@ class ReadHandle:
             self._expired = True
             self._listens.clear()
 
+    def close(self) -> None:
+        """Release this reader: :meth:`expire` (its lease and since hold end now, not when
+        the lease would lapse). Idempotent."""
+        self.expire()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def _check_live(self) -> None:
         if self._expired:
             raise ClosedError(f"reader {self.reader_id} of shard {self.shard_id!r} was expired")
@@ -369,6 +392,17 @@ class Listen:
         if not self._closed:
             self._closed = True
             self._handle._listen_moved(self, closed=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def _from_time(run: Run, start: int) -> Run:

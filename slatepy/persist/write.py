@@ -19,6 +19,8 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Self
 
 from slatepy.errors import ClosedError, StoreUnavailable, WriteStalled
 from slatepy.persist import frontier
@@ -134,6 +136,8 @@ class WriteHandle:
         self._parts = PartWriter(machine.blob, machine.shard_id, writer_id, machine.settings)
         self._lock = threading.Lock()
         self._registered = False
+        self._attempted = False
+        """Whether a state change that may register this writer was tried (close expires)."""
         self._expired = False
         self._upper = upper
 
@@ -142,6 +146,11 @@ class WriteHandle:
         """The shard's upper as this handle last saw it (refreshed by every append,
         ``compare_and_append`` and :meth:`fetch_recent_upper`); ``None``: closed."""
         return self._upper
+
+    @property
+    def closed(self) -> bool:
+        """Whether the handle was closed (or expired): it is unusable."""
+        return self._expired
 
     def fetch_recent_upper(self) -> int | None:
         """The shard's upper now (linearized: one consensus read)."""
@@ -200,6 +209,7 @@ class WriteHandle:
             runs=(),
             registered=self._registered,
         )
+        self._attempted = True
         try:
             self._machine.run(heartbeat_upper, args, on_uncertain=rerun_as_is)
         except UpperMismatch as exc:
@@ -462,6 +472,7 @@ class WriteHandle:
             digest=digest,
             written=written,
         )
+        self._attempted = True
         try:
             result = self._run_unstalled(args, check)
         except UpperMismatch as exc:
@@ -543,6 +554,26 @@ class WriteHandle:
             # Marked only once committed: an expire that failed can be called again.
             self._machine.run(expire_writer, ExpireWriter(self.writer_id), on_uncertain=rerun_as_is)
             self._expired = True
+
+    def close(self) -> None:
+        """Release this writer: :meth:`expire` when an append may have registered it (no
+        state change otherwise), so no registration is left to lapse with its lease.
+        Idempotent; the handle is unusable afterwards."""
+        with self._lock:
+            if not self._attempted:
+                self._expired = True
+        self.expire()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def _check_live(self) -> None:
         if self._expired:

@@ -33,7 +33,7 @@ class Place:
     made: list[Any] = field(default_factory=list)
 
     def state(self) -> CatalogState:
-        state = open_catalog(self.url, shard=self.shard, store_settings=self.settings)
+        state = open_catalog(self.url, shard=self.shard, settings=self.settings)
         self.made.append(state)
         return state
 

@@ -31,7 +31,7 @@ def _write_v1(place: Place) -> None:
             SourceV1("pg", "postgres", url="postgresql://me:hunter2@db/app", data_shard="d")
         )
     }
-    storage = open_storage(place.url, shard=place.shard, store_settings=place.settings)
+    storage = open_storage(place.url, shard=place.shard, settings=place.settings)
     try:
         assert storage.read().upper == 0
         storage.write(diff_objects({}, objects), expected_upper=0, epoch=0, new_epoch=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def location(tmp_path: Path) -> str:
+def location(tmp_path: Path) -> Iterator[str]:
     """A shard 'orders' with an inline batch, a hollow part, a batch written but never
-    applied, a writer, a leased reader and a critical since."""
+    applied, a writer, a leased reader and a critical since (the client stays open through
+    the test: closing it would release the writer and the reader)."""
     url = f"file://{tmp_path}/persist"
     with PersistClient.open(url) as client:
         write = client.open_writer("orders", purpose="cli test")
@@ -35,7 +37,7 @@ def location(tmp_path: Path) -> str:
         since = client.open_critical_since("orders", "controller")
         since.compare_and_downgrade_since(b"", b"\x01\x02", 1)
         client.open_writer("other").compare_and_append([], expected_upper=0, new_upper=7)
-    return url
+        yield url
 
 
 def test_inspect_summarises_every_shard(location: str, capsys: pytest.CaptureFixture[str]) -> None:
