@@ -1,6 +1,6 @@
 """Key ranges of a snapshot: split points from the parts' key bounds, and a run pruned to
 the parts that may hold keys of a range (a snapshot read split across several readers,
-RFC 0025 Addendum "Split snapshots").
+RFC 0025 Addendum A).
 
 A range is ``[lower, upper)`` of **update keys** (``None``: unbounded). Consolidation sums
 diffs per ``(key, value, time)``, so a read that keeps whole keys in one range and the union

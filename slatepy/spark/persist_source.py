@@ -31,7 +31,7 @@ taken from the blob parts' key bounds (``persist.ranges.split_keys``), each part
 the snapshot of its ``[lower, upper)`` of keys (``ReadHandle.snapshot_iter(keys=...)``,
 reading only the parts that may hold them), and every key's updates are consolidated in
 one partition: the rows are exactly the one-partition snapshot's (RFC 0025, Addendum
-"Split snapshots"). A shard too small for blob parts reads as one partition.
+A). A shard too small for blob parts reads as one partition.
 """
 
 from __future__ import annotations

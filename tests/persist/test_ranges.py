@@ -1,6 +1,6 @@
 """A snapshot split by key range (``persist.ranges``, ``ReadHandle.snapshot_iter(keys=...)``):
 the ranges' reads together are exactly the consolidated snapshot, and each reads only the
-blob parts that may hold its keys (RFC 0025, Addendum "Split snapshots")."""
+blob parts that may hold its keys (RFC 0025, Addendum A)."""
 
 from __future__ import annotations
 

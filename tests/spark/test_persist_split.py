@@ -1,5 +1,5 @@
 """A persist snapshot read split by key range across Spark partitions (option
-``maxPartitions``; RFC 0025, Addendum "Split snapshots"): the rows are exactly the
+``maxPartitions``; RFC 0025, Addendum A): the rows are exactly the
 one-partition read's, keys retracted in later batches included."""
 
 from __future__ import annotations
