@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from slatepy.persist import PersistClient, PersistSettings
 from slatepy.persist.codec import encode_key
 from slatepy.persist.ranges import in_range, part_key, prune, ranges, split_keys
@@ -87,3 +90,33 @@ def test_split_keys_and_part_key() -> None:
     assert ranges([b"05"]) == [(None, b"05"), (b"05", None)]
     updates = [((k, b""), 0, 1) for k in (b"04", b"05", b"06")]
     assert list(in_range(iter(updates), b"05", b"06")) == [updates[1]]
+
+
+FIELD = st.lists(st.sampled_from([0, 1, 97]), max_size=3).map(bytes)  # few keys, with NULs
+KEY = st.one_of(FIELD, FIELD.map(lambda b: LONG + b))
+VALUE = st.integers(0, 99).map(lambda i: b"%02d" % i)  # many values per key: keys span parts
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    updates=st.lists(st.tuples(KEY, VALUE, st.integers(-2, 2)), min_size=1, max_size=300),
+    data=st.data(),
+)
+def test_any_cuts_read_back_exactly_the_snapshot(
+    updates: list[tuple[bytes, bytes, int]], data: st.DataObject
+) -> None:
+    """Arbitrary cuts (near the stored keys, not only part keys), keys with NULs and past the
+    truncated bound."""
+    near = st.sampled_from([k for k, _, _ in updates]).flatmap(
+        lambda k: st.sampled_from([k, k + b"\0", k[:-1], k + b"\xff"])
+    )
+    cuts = data.draw(st.lists(st.one_of(near, KEY), max_size=4))
+    with PersistClient.open("memory://", settings=SETTINGS) as client:
+        write = client.open_writer(SHARD)
+        half = len(updates) // 2
+        for t, chunk in enumerate((updates[:half], updates[half:])):
+            write.compare_and_append([((k, v), t, d) for k, v, d in chunk if d], t, t + 1)
+        read = client.open_leased_reader(SHARD)
+        whole = read.snapshot(1)
+        pieces = [list(read.snapshot_iter(1, keys=r)) for r in ranges(sorted(set(cuts)))]
+        assert [u for piece in pieces for u in piece] == whole
