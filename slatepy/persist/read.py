@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Self
 
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
-from slatepy.persist import frontier
+from slatepy.persist import frontier, ranges
 from slatepy.persist.codec import Update, check_frontier, check_time
 from slatepy.persist.errors import SinceError, StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
@@ -145,9 +145,18 @@ class ReadHandle:
         """
         return list(self.snapshot_iter(as_of, timeout=timeout))
 
-    def snapshot_iter(self, as_of: int, *, timeout: float | None = None) -> Iterator[Update]:
+    def snapshot_iter(
+        self,
+        as_of: int,
+        *,
+        timeout: float | None = None,
+        keys: tuple[bytes | None, bytes | None] = (None, None),
+    ) -> Iterator[Update]:
         """:meth:`snapshot` as a stream in bounded memory (one part per run). The checks
-        and the wait happen at the call; the parts are read as the stream is consumed."""
+        and the wait happen at the call; the parts are read as the stream is consumed.
+        ``keys``: only the updates whose key lies in ``[lower, upper)`` (None: unbounded),
+        reading only the blob parts that may hold them (``ranges.prune``): the snapshot
+        split by :func:`slatepy.persist.ranges.split_keys` reads back whole."""
         with self._lock:
             self._check_live()
             _check_as_of(as_of, self._since)
@@ -162,8 +171,16 @@ class ReadHandle:
         except UsageError:
             self._unpin(state.seqno)
             raise
-        runs = [run for batch in state.trace if batch.desc.lower <= as_of for run in batch.runs]
-        return _Pinned(self, state.seqno, self._guarded(runs, as_of))
+        runs = [
+            ranges.prune(run, *keys)
+            for batch in state.trace
+            if batch.desc.lower <= as_of
+            for run in batch.runs
+        ]
+        updates = self._guarded(runs, as_of)
+        if keys != (None, None):
+            updates = ranges.in_range(updates, *keys)
+        return _Pinned(self, state.seqno, updates)
 
     def _wait_pinned(self, ready: Callable[[State], bool], timeout: float | None) -> State | None:
         """Wait for a state that is ``ready`` and pin its seqno (the caller unpins it). The

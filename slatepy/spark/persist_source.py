@@ -23,7 +23,15 @@ never starts below a committed end, so nothing it needs is compacted away. ``lat
 polls the upper at most every ``pollInterval`` seconds (default 0.5; Spark calls it ~90
 times a second when idle). ``Trigger.AvailableNow`` reads up to the upper at its start.
 Options: ``url`` (a plain path is a local one), ``shard`` (required), ``consensus``,
-``pollInterval``; for ``read``: ``asOf``.
+``pollInterval``, ``maxPartitions``; for ``read``: ``asOf``.
+
+A snapshot (a read, or a stream's first micro-batch) is split into at most
+``maxPartitions`` (default 8) Spark partitions by **key range**: the cuts are update keys
+taken from the blob parts' key bounds (``persist.ranges.split_keys``), each partition reads
+the snapshot of its ``[lower, upper)`` of keys (``ReadHandle.snapshot_iter(keys=...)``,
+reading only the parts that may hold them), and every key's updates are consolidated in
+one partition: the rows are exactly the one-partition snapshot's (RFC 0025, Addendum
+A). A shard too small for blob parts reads as one partition.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ from pyspark.sql.streaming.datasource import (
 from slatepy.errors import InvalidArgument
 from slatepy.persist import PersistClient, ReadHandle, Updates
 from slatepy.persist.errors import SinceError
-from slatepy.persist.state.records import HollowBatch
+from slatepy.persist.ranges import ranges, split_keys
+from slatepy.persist.state.records import HollowBatch, State
 from slatepy.spark.persist_options import shard_options
 
 SCHEMA = "key binary, value binary, time long, diff long"
@@ -54,7 +63,7 @@ ARROW_SCHEMA = pa.schema(
     [("key", pa.binary()), ("value", pa.binary()), ("time", pa.int64()), ("diff", pa.int64())]
 )
 BATCH_ROWS = 8192
-READ_OPTIONS = frozenset({"url", "path", "shard", "consensus", "asof", "as_of"})
+READ_OPTIONS = frozenset({"url", "path", "shard", "consensus", "asof", "as_of", "maxpartitions"})
 STREAM_OPTIONS = frozenset(
     {
         "url",
@@ -65,8 +74,10 @@ STREAM_OPTIONS = frozenset(
         "maxrowspertrigger",
         "maxbytespertrigger",
         "startingoffsets",
+        "maxpartitions",
     }
 )
+DEFAULT_MAX_PARTITIONS = 8
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class SourceConfig:
     max_rows: int | None = None
     max_bytes: int | None = None
     starting: str | int = "earliest"
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
 
 
 def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
@@ -122,6 +134,7 @@ def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
                 'slatepy.persist: option "startingOffsets" must be "earliest", "latest" or an '
                 "upper (an integer >= 0)"
             )
+    pieces = opts.get("maxpartitions")
     return SourceConfig(
         url,
         shard,
@@ -131,6 +144,9 @@ def source_config(options: Mapping[str, str], *, stream: bool) -> SourceConfig:
         max_rows=limits[0],
         max_bytes=limits[1],
         starting=starting,
+        max_partitions=DEFAULT_MAX_PARTITIONS
+        if pieces is None
+        else _positive(pieces, "maxPartitions"),
     )
 
 
@@ -205,11 +221,25 @@ def _to_batches(
         )
 
 
+Keys = tuple[bytes | None, bytes | None]
+"""A partition's ``[lower, upper)`` of update keys (None: unbounded)."""
+EVERY_KEY: Keys = (None, None)
+
+
+def key_ranges(state: State, as_of: int, pieces: int) -> list[Keys]:
+    """The key ranges a snapshot as of ``as_of`` is read in: at most ``pieces``, cut at
+    the blob parts' keys of ``state`` (any cuts give exact results, whatever state the
+    partitions then read: the parts only balance them)."""
+    runs = [run for batch in state.trace if batch.desc.lower <= as_of for run in batch.runs]
+    return ranges(split_keys(runs, pieces))
+
+
 @dataclass(frozen=True)
 class SnapshotPartition(InputPartition):
-    """Read the snapshot as of ``as_of`` (None: the shard is empty)."""
+    """Read the snapshot as of ``as_of`` (None: the shard is empty) of the keys ``keys``."""
 
     as_of: int | None
+    keys: Keys = EVERY_KEY
 
 
 @dataclass(frozen=True)
@@ -219,22 +249,28 @@ class RangePartition(InputPartition):
 
     start: int
     end: int
+    keys: Keys = EVERY_KEY
 
 
-def read_snapshot(config: SourceConfig, as_of: int) -> Iterator[pa.RecordBatch]:
+def read_snapshot(
+    config: SourceConfig, as_of: int, keys: Keys = EVERY_KEY
+) -> Iterator[pa.RecordBatch]:
     with _open(config) as client:
         reader = client.open_leased_reader(config.shard, purpose="spark snapshot")
         try:
-            yield from _to_batches(reader.snapshot_iter(as_of))
+            yield from _to_batches(reader.snapshot_iter(as_of, keys=keys))
         finally:
             reader.expire()
 
 
-def read_range(config: SourceConfig, start: int, end: int) -> Iterator[pa.RecordBatch]:
+def read_range(
+    config: SourceConfig, start: int, end: int, keys: Keys = EVERY_KEY
+) -> Iterator[pa.RecordBatch]:
     """The updates at times in ``[start, end)`` with their times (a listen from ``start -
-    1`` until its frontier reaches ``end``)."""
+    1`` until its frontier reaches ``end``); ``start == 0``: the snapshot as of ``end - 1``
+    of the keys ``keys``."""
     if start == 0:
-        yield from read_snapshot(config, end - 1)
+        yield from read_snapshot(config, end - 1, keys)
         return
     with _open(config) as client:
         reader = client.open_leased_reader(config.shard, purpose="spark listen")
@@ -252,7 +288,7 @@ def read_range(config: SourceConfig, start: int, end: int) -> Iterator[pa.Record
 
 
 class PersistSnapshotReader(DataSourceReader):
-    """``spark.read.format("slatepy.persist")``: one partition, one snapshot."""
+    """``spark.read.format("slatepy.persist")``: one snapshot, split by key range."""
 
     def __init__(self, config: SourceConfig) -> None:
         self.config = config
@@ -281,14 +317,15 @@ class PersistSnapshotReader(DataSourceReader):
                 f'slatepy.persist: option "asOf" {as_of} is before the shard\'s since {since} '
                 "(compacted away)"
             )
-        return [SnapshotPartition(as_of)]
+        keys = key_ranges(state, as_of, config.max_partitions)
+        return [SnapshotPartition(as_of, k) for k in keys]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SnapshotPartition)
         if partition.as_of is None:
             return
         try:
-            yield from read_snapshot(self.config, partition.as_of)
+            yield from read_snapshot(self.config, partition.as_of, partition.keys)
         except SinceError as exc:
             raise InvalidArgument(
                 f'slatepy.persist: option "asOf" {partition.as_of}: {exc}'
@@ -372,11 +409,16 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lo, hi = self._check(start), self._check(end)
         if hi <= lo:
             return []
-        return [RangePartition(lo, hi)]
+        if lo > 0:
+            return [RangePartition(lo, hi)]
+        client, _ = self._handle()
+        state = client.machine(self.config.shard).fetch()
+        keys = key_ranges(state, hi - 1, self.config.max_partitions)
+        return [RangePartition(lo, hi, k) for k in keys]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        yield from read_range(self.config, partition.start, partition.end)
+        yield from read_range(self.config, partition.start, partition.end, partition.keys)
 
     def commit(self, end: dict[str, Any]) -> None:
         upper = self._check(end)
