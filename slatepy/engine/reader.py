@@ -40,13 +40,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.batch import check_key
+from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import describe_gap
 from slatepy.engine.forking import forked_error
@@ -83,8 +84,27 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class _AtCheckpoint(Protocol):
+    """The constructor of the reader fixed at a checkpoint (``CheckpointReader``)."""
+
+    def __call__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        checkpoint_id: str,
+        /,
+        *,
+        clock: Clock,
+        merge_operator: MergeOperator | None,
+    ) -> DbReader: ...
+
+
 class DbReader(Closing, ReadSurface):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
+
+    at_checkpoint: ClassVar[_AtCheckpoint | None] = None
+    """What ``open(..., checkpoint=id)`` builds: ``CheckpointReader``, which registers itself
+    here (it subclasses this class, so this module cannot import it without a circle)."""
 
     def __init__(
         self,
@@ -186,14 +206,12 @@ class DbReader(Closing, ReadSurface):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = resolve_settings(settings)
-        from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
-
-        store = open_stack(with_external(as_url(url), settings), settings)
+        store = open_stack(with_external(as_url(url), settings), settings)  # a clone's SSTs
         clock = clock or time.time
         if checkpoint is not None:
-            from slatepy.engine.checkpoint import CheckpointReader
-
-            return CheckpointReader(
+            at_checkpoint = DbReader.at_checkpoint
+            assert at_checkpoint is not None, "slatepy.engine registers CheckpointReader"
+            return at_checkpoint(
                 store, settings, checkpoint, clock=clock, merge_operator=merge_operator
             )
         return cls(store, settings, read_only=read_only, clock=clock, merge_operator=merge_operator)
