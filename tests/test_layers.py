@@ -63,6 +63,9 @@ EXCEPTIONS: dict[tuple[str, str, Kind], str] = {
     ),
     ("slatepy.engine.db", "gc", "lazy"): "RFC 0003: the in-process compactor's GarbageCollector",
     ("slatepy.engine.db", "compactor", "typing"): "RFC 0003: the type of Db._compactor",
+    ("slatepy.engine.db_state", "compactor", "typing"): (
+        "RFC 0003: the type of Db._compactor, declared with Db's other fields"
+    ),
 }
 """(importing module, imported layer, kind) -> why this upward import is allowed."""
 
