@@ -14,13 +14,19 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
-from slatepy.engine.db_lifecycle import _OPEN, Lifecycle, _weak_call, _weak_callback, _weak_sole_use
+from slatepy.engine.db_lifecycle import (
+    OPEN_DATABASES,
+    Lifecycle,
+    weak_call,
+    weak_callback,
+    weak_sole_use,
+)
 from slatepy.engine.db_manifest import ManifestAdoption
 from slatepy.engine.db_reads import Reads
 from slatepy.engine.db_writes import Writes
@@ -48,7 +54,6 @@ from slatepy.table.visibility import Clock
 if TYPE_CHECKING:
     from slatepy.compactor import BackgroundCompactor
 
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +113,7 @@ class Db(Lifecycle, Reads, Writes, ManifestAdoption, Closing, ReadSurface, Write
             settings=settings,
             merging=self._merging,
         )
-        self._wal.on_failure = _weak_call(self._writer_failed)
+        self._wal.on_failure = weak_call(self._writer_failed)
         self._txns = ConflictTracker()  # newest write seqs while transactions are open
         budget, retain = settings.max_unflushed_bytes, settings.memtable_retain_bytes
         self._retain_bytes = budget // 2 if retain is None else retain
@@ -131,10 +136,10 @@ class Db(Lifecycle, Reads, Writes, ManifestAdoption, Closing, ReadSurface, Write
                     expiry_clock=clock,
                     merge_operator=merge_operator,
                 ),
-                gc=GarbageCollector(store, settings=settings, sole_use=_weak_sole_use(self)),
-                on_publish=_weak_callback(self._adopt_published),
+                gc=GarbageCollector(store, settings=settings, sole_use=weak_sole_use(self)),
+                on_publish=weak_callback(self._adopt_published),
             )
-        _OPEN.add(self)
+        OPEN_DATABASES.add(self)
         forking.track(self)
 
     _opened = False

@@ -12,9 +12,10 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.engine import forking
+from slatepy.engine.db_reads import Reads
+from slatepy.engine.db_state import DbState
 from slatepy.engine.forking import forked_error
 from slatepy.engine.memtable import Memtable
 from slatepy.errors import (
@@ -24,22 +25,15 @@ from slatepy.errors import (
 )
 from slatepy.manifest.record import Manifest
 
-if TYPE_CHECKING:
-    pass
-from slatepy.engine.db_reads import Reads
-from slatepy.engine.db_state import DbState
+log = logging.getLogger("slatepy.engine.db")  # the logger these messages always had
 
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
-
-_OPEN: weakref.WeakSet[Lifecycle] = weakref.WeakSet()
+OPEN_DATABASES: weakref.WeakSet[Lifecycle] = weakref.WeakSet()
 """Databases not closed yet, so that interpreter exit can flush what they buffered."""
 
 
 @atexit.register
 def _flush_open_databases() -> None:
-    for db in list(_OPEN):
+    for db in list(OPEN_DATABASES):
         db._flush_at_exit()
 
 
@@ -72,7 +66,7 @@ class Lifecycle(DbState):
             if self._closed:
                 return
             self._closed = self._refused = True
-        _OPEN.discard(self)
+        OPEN_DATABASES.discard(self)
         forking.untrack(self)
         try:
             self._wal.flush()
@@ -152,7 +146,7 @@ class Lifecycle(DbState):
 
     def _crash(self) -> None:
         """Stop like a killed process: no flush, background threads stopped (crash tests)."""
-        _OPEN.discard(self)
+        OPEN_DATABASES.discard(self)
         forking.untrack(self)
         with self._lock:
             self._closed = self._refused = True
@@ -179,12 +173,12 @@ class Lifecycle(DbState):
     def _mark_forked(self, parent_pid: int) -> None:
         """In a child of ``os.fork()`` (see :mod:`slatepy.engine.forking`): unusable here,
         and nothing to flush at the child's exit (the parent owns the buffered writes)."""
-        _OPEN.discard(self)
+        OPEN_DATABASES.discard(self)
         self._forked_from = parent_pid
         self._closed = self._refused = True
 
 
-def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+def weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
     """``method`` as a callback that does not keep its object alive.
 
     The in-process compactor's thread holds its callback for as long as it runs; a bound
@@ -201,7 +195,7 @@ def _weak_callback(method: Callable[[Manifest], None]) -> Callable[[Manifest], N
     return call
 
 
-def _weak_sole_use(
+def weak_sole_use(
     db: Reads,
 ) -> Callable[[], contextlib.AbstractContextManager[list[Manifest] | None]]:
     """``db._sole_use`` without keeping ``db`` alive (the collector outlives no writer)."""
@@ -214,9 +208,9 @@ def _weak_sole_use(
     return call
 
 
-def _weak_call(method: Callable[[], None]) -> Callable[[], None]:
+def weak_call(method: Callable[[], None]) -> Callable[[], None]:
     """``method`` as a callback that does not keep its object alive (the WAL's flusher
-    thread holds the WAL writer, which holds this; see :func:`_weak_callback`)."""
+    thread holds the WAL writer, which holds this; see :func:`weak_callback`)."""
     ref = weakref.WeakMethod(method)
 
     def call() -> None:

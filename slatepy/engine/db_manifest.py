@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.engine import checkpoint as checkpoints
 from slatepy.engine.checkpoint import Checkpoint
+from slatepy.engine.db_state import DbState
 from slatepy.engine.memtable import Version
 from slatepy.engine.view import (
     get_compacted,
@@ -21,13 +21,7 @@ from slatepy.errors import (
 )
 from slatepy.manifest.record import Manifest
 
-if TYPE_CHECKING:
-    pass
-from slatepy.engine.db_state import DbState
-
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("slatepy.engine.db")  # the logger these messages always had
 
 STALL_POLL_SECONDS = 0.05
 

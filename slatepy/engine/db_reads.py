@@ -4,15 +4,15 @@ scans, snapshots and transactions."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from slatepy.config import MAX_KEY_SIZE
 from slatepy.engine.batch import (
     check_key,
 )
+from slatepy.engine.db_state import DbState
 from slatepy.engine.embedded import TrackedView, alone
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Version
@@ -36,13 +36,7 @@ from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest
 from slatepy.table.visibility import EMPTY, frozen_clock
 
-if TYPE_CHECKING:
-    pass
-from slatepy.engine.db_state import DbState
-
 T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 SNAPSHOT_ATTEMPTS = 5
 

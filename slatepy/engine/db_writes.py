@@ -3,11 +3,9 @@ generation each, with back-pressure while the memtable is over its budget."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.config import MAX_KEY_SIZE, MAX_VALUE_SIZE
 from slatepy.engine.batch import (
@@ -19,6 +17,7 @@ from slatepy.engine.batch import (
     check_value,
     expiring,
 )
+from slatepy.engine.db_state import DbState
 from slatepy.engine.locks import acquire
 from slatepy.engine.memtable import Version
 from slatepy.errors import (
@@ -27,14 +26,6 @@ from slatepy.errors import (
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands, RangeTombstone
 from slatepy.table.visibility import now_ms
-
-if TYPE_CHECKING:
-    pass
-from slatepy.engine.db_state import DbState
-
-T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 _KEY, _VALUE = itemgetter(0), itemgetter(1)
 _TOMBSTONE = type(None)
