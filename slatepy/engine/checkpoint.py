@@ -14,8 +14,9 @@ until the checkpoint expires (``lifetime`` seconds after creation or the last re
 deleted; a checkpoint without a lifetime never expires. The next manifest update by anyone
 drops an expired checkpoint.
 
-:class:`CheckpointReader` is the reader ``DbReader.open(url, checkpoint=id)`` returns: fixed
-at the checkpoint's manifest and WAL prefix, never polling, writing nothing.
+:class:`~slatepy.engine.checkpoint_reader.CheckpointReader` is the reader
+``DbReader.open(url, checkpoint=id)`` returns; this module (the records) knows no reader, so the
+reader and clones build on it without an import circle.
 """
 
 from __future__ import annotations
@@ -23,24 +24,18 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
 
 from slatepy.config import Settings
-from slatepy.engine.reader import DbReader
-from slatepy.engine.view import missing_sst
 from slatepy.errors import InvalidArgument, NotFound
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
 from slatepy.store.base import ObjectStore
-from slatepy.store.metrics import MetricsStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
-from slatepy.table.merge_operator import MergeOperator
-from slatepy.table.visibility import Clock
 
 T = TypeVar("T")
 
@@ -201,66 +196,6 @@ def delete_checkpoint(store: ObjectStore, settings: Settings, checkpoint_id: str
         return m.without_snapshot(checkpoint_id)
 
     _manifests(store, settings).update(remove)
-
-
-class CheckpointReader(DbReader):
-    """A :class:`DbReader` fixed at a checkpoint: the checkpoint's manifest and WAL prefix.
-
-    It never polls and writes nothing (the checkpoint, not a snapshot of its own, protects
-    what it reads), so ``refresh`` does nothing. Use ``DbReader.open(url, checkpoint=id)``.
-    """
-
-    def __init__(
-        self,
-        store: MetricsStore,
-        settings: Settings,
-        checkpoint_id: str,
-        *,
-        clock: Clock = time.time,
-        merge_operator: MergeOperator | None = None,
-    ) -> None:
-        self.checkpoint = get_checkpoint(store, settings, checkpoint_id)
-        super().__init__(
-            store, settings, read_only=True, clock=clock, merge_operator=merge_operator
-        )
-
-    def _register(self, applied: int | None = None) -> tuple[StoredManifest, int]:
-        checkpoint = self.checkpoint
-        try:
-            manifest = self._manifests.read(checkpoint.manifest_id)
-        except NotFound as exc:
-            raise NotFound(
-                f"checkpoint {checkpoint.id}: its manifest {checkpoint.manifest_id} is gone "
-                "(the checkpoint expired or was deleted while opening)",
-                path=exc.path,
-            ) from exc
-        return StoredManifest(checkpoint.manifest_id, manifest), checkpoint.wal_id
-
-    def refresh(self) -> None:
-        """Nothing to do: a checkpoint's view never changes."""
-        self._check_open()
-
-    def _poll(self, *, thorough: bool) -> bool:
-        return False  # the background poll has nothing to look for either
-
-    def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:
-        """``read`` of the fixed view; a missing SST is damage while the checkpoint lives, and
-        the checkpoint's end otherwise (there is no newer view to catch up with)."""
-        try:
-            return read(self._view if view is None else view)
-        except NotFound as exc:
-            try:
-                get_checkpoint(self._store, self._settings, self.checkpoint.id)
-            except NotFound:
-                raise NotFound(
-                    f"checkpoint {self.checkpoint.id} expired or was deleted, and GC collected "
-                    f"what it held ({exc.path}); create a new checkpoint",
-                    path=exc.path,
-                ) from exc
-            raise missing_sst(exc) from exc
-
-    def _run(self) -> None:
-        return  # no polling
 
 
 def _find(m: Manifest, checkpoint_id: str) -> Snapshot | None:

@@ -15,7 +15,7 @@ from enum import Enum
 
 import msgspec
 
-from slatepy.errors import FencedError
+from slatepy.errors import CorruptionError, FencedError
 from slatepy.format.sst import SstBuilder, decode_sst
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.store import ManifestStore
@@ -234,3 +234,38 @@ def fenced(slot: int, ours: int, theirs: int) -> FencedError:
         f"WAL slot {slot} holds epoch {theirs}, this writer has epoch {ours}: "
         f"{resolve_conflict(ours, theirs).value}"
     )
+
+
+def check_gap(
+    wal: NumberedObjects,
+    gap: range,
+    view: Manifest,
+    manifests: ManifestStore,
+    *,
+    lasted: float,
+    timeout: float,
+) -> None:
+    """Report a WAL gap nobody can fill (a reader waits for the others).
+
+    A gap narrower than the manifest's fence width may be a write in flight (or one a
+    crashed writer never landed, which the next writer fills): the reader waits, as the seed
+    says. A wider one cannot come from any writer (see :func:`wal_gaps`); once it has lasted
+    ``timeout`` seconds (``lasted`` so far) and the newest manifest agrees on the width, the
+    missing SSTs were lost.
+
+    Raises:
+        CorruptionError: naming the first missing WAL SST.
+    """
+    if len(gap) < view.max_parallel_writes:
+        return
+    if lasted < timeout:
+        return
+    latest = manifests.load()
+    width = view.max_parallel_writes if latest is None else latest.manifest.max_parallel_writes
+    if len(gap) >= width:
+        raise CorruptionError(
+            f"WAL gap: {describe_gap(wal, gap)} missing below "
+            f"{wal.path(gap.stop)} for {lasted:.1f} s; wider than "
+            f"the {width} writes a writer may have in flight, so they were lost",
+            path=wal.path(gap.start),
+        )

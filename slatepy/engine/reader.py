@@ -40,15 +40,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.batch import check_key
+from slatepy.engine.clone import with_external
 from slatepy.engine.closing import Closing
-from slatepy.engine.fencing import describe_gap
+from slatepy.engine.fencing import check_gap
 from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Version
@@ -64,7 +65,7 @@ from slatepy.engine.view import (
     values_of,
     visible,
 )
-from slatepy.errors import ClosedError, CorruptionError, NotFound, SlatepyError
+from slatepy.errors import ClosedError, NotFound, SlatepyError
 from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest, Snapshot
 from slatepy.manifest.store import ManifestStore, StoredManifest
@@ -83,8 +84,27 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+class _AtCheckpoint(Protocol):
+    """The constructor of the reader fixed at a checkpoint (``CheckpointReader``)."""
+
+    def __call__(
+        self,
+        store: MetricsStore,
+        settings: Settings,
+        checkpoint_id: str,
+        /,
+        *,
+        clock: Clock,
+        merge_operator: MergeOperator | None,
+    ) -> DbReader: ...
+
+
 class DbReader(Closing, ReadSurface):
     """Consistent, refreshing reads of a database someone else writes. Use :meth:`open`."""
+
+    at_checkpoint: ClassVar[_AtCheckpoint | None] = None
+    """What ``open(..., checkpoint=id)`` builds: ``CheckpointReader``, which registers itself
+    here (it subclasses this class, so this module cannot import it without a circle)."""
 
     def __init__(
         self,
@@ -186,14 +206,12 @@ class DbReader(Closing, ReadSurface):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = resolve_settings(settings)
-        from slatepy.engine.clone import with_external  # a clone's shared SSTs (RFC 0017)
-
-        store = open_stack(with_external(as_url(url), settings), settings)
+        store = open_stack(with_external(as_url(url), settings), settings)  # a clone's SSTs
         clock = clock or time.time
         if checkpoint is not None:
-            from slatepy.engine.checkpoint import CheckpointReader
-
-            return CheckpointReader(
+            at_checkpoint = DbReader.at_checkpoint
+            assert at_checkpoint is not None, "slatepy.engine registers CheckpointReader"
+            return at_checkpoint(
                 store, settings, checkpoint, clock=clock, merge_operator=merge_operator
             )
         return cls(store, settings, read_only=read_only, clock=clock, merge_operator=merge_operator)
@@ -421,13 +439,8 @@ class DbReader(Closing, ReadSurface):
             self._wal_tail = wal_id
 
     def _check_gap(self, gap: range) -> None:
-        """Wait for a WAL gap a writer may still be filling; report one that nobody can.
-
-        A gap narrower than the manifest's fence width may be a write in flight (or one a
-        crashed writer never landed, which the next writer fills): we wait, as the seed
-        says. A wider one cannot come from any writer (see ``fencing.wal_gaps``); once it has
-        lasted ``reader_gap_timeout`` and the newest manifest agrees on the width, the
-        missing SSTs were lost.
+        """Wait for a WAL gap a writer may still be filling; report one that nobody can
+        (:func:`~slatepy.engine.fencing.check_gap`, timed from when this gap was first seen).
 
         Raises:
             CorruptionError: naming the first missing WAL SST.
@@ -435,23 +448,8 @@ class DbReader(Closing, ReadSurface):
         now = time.monotonic()
         if self._gap_seen is None or self._gap_seen[0] != gap.start:
             self._gap_seen = (gap.start, now)
-        if len(gap) < self._view.max_parallel_writes:
-            return
-        if now - self._gap_seen[1] < self._settings.reader_gap_timeout:
-            return
-        latest = self._manifests.load()
-        width = (
-            self._view.max_parallel_writes
-            if latest is None
-            else latest.manifest.max_parallel_writes
-        )
-        if len(gap) >= width:
-            raise CorruptionError(
-                f"WAL gap: {describe_gap(self._wal, gap)} missing below "
-                f"{self._wal.path(gap.stop)} for {now - self._gap_seen[1]:.1f} s; wider than "
-                f"the {width} writes a writer may have in flight, so they were lost",
-                path=self._wal.path(gap.start),
-            )
+        lasted, timeout = now - self._gap_seen[1], self._settings.reader_gap_timeout
+        check_gap(self._wal, gap, self._view, self._manifests, lasted=lasted, timeout=timeout)
 
     def _snapshot_due(self) -> bool:
         if self._read_only:

@@ -37,20 +37,41 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count, islice
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from slatepy.engine.batch import Op, check_key, check_range, check_value
 from slatepy.engine.iterator import Kinds, check_limit, live_columns
 from slatepy.errors import ClosedError, InvalidArgument, TransactionConflict
 
 if TYPE_CHECKING:
-    from slatepy.engine.db import Db
+    from slatepy.engine.iterator import View
+    from slatepy.engine.memtable import Version
 
 Isolation = Literal["snapshot", "serializable"]
 MAX_TRACKED_KEYS = 1_000_000
 """Newest-write records kept for conflict checks (about 100 bytes each plus the key)."""
+
+
+class TxnHost(Protocol):
+    """What a transaction uses of the ``Db`` that began it, passed in: this module stays
+    below ``slatepy.engine.db`` (which builds transactions) without an import circle."""
+
+    @property
+    def _closed(self) -> bool: ...
+
+    def _version(self, key: bytes) -> Version | None: ...
+
+    def _view_for(self, start: bytes, end: bytes | None) -> View: ...
+
+    def _apply(
+        self,
+        ops: Sequence[tuple[bytes, bytes | None]],
+        await_durable: bool,
+        *ranges: tuple[bytes, bytes],
+        check: Callable[[], None] | None = None,
+    ) -> None: ...
 
 
 class ConflictTracker:
@@ -149,7 +170,7 @@ class Transaction:
 
     def __init__(
         self,
-        db: Db,
+        db: TxnHost,
         tracker: ConflictTracker,
         lock: threading.Lock,
         *,

@@ -16,7 +16,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -31,7 +31,7 @@ from slatepy.persist.state.append import check_batch_age
 from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs, Window
 
 if TYPE_CHECKING:
-    from slatepy.persist.write import WriteHandle
+    from slatepy.persist.config import PersistSettings
 
 log = logging.getLogger(__name__)
 
@@ -253,13 +253,31 @@ class Batch:
         self._parts.delete(self.record.runs)
 
 
+class BuilderHost(Protocol):
+    """What a :class:`BatchBuilder` uses of the ``WriteHandle`` that made it, passed in: this
+    module stays below ``slatepy.persist.write`` (which imports it) without an import circle."""
+
+    @property
+    def settings(self) -> PersistSettings: ...
+
+    def now_ms(self) -> int: ...
+
+    def check_range(self, lower: object, upper: object, names: tuple[str, str]) -> None: ...
+
+    def delete_runs(self, runs: Runs) -> None: ...
+
+    def new_batch(self, runs: Runs, lower: int, upper: int | None, born: int | None) -> Batch: ...
+
+    def write_run(self, consolidated: list[Update], inline_budget: int | None) -> Run: ...
+
+
 class BatchBuilder:
     """Builds a batch from updates added one at a time, in bounded memory: a full buffer
     (``builder_buffer_bytes``) is sorted, consolidated and written as one run of parts.
     The batch is dated when its first part is written. Open with
     ``WriteHandle.builder(lower)``."""
 
-    def __init__(self, handle: WriteHandle, lower: int) -> None:
+    def __init__(self, handle: BuilderHost, lower: int) -> None:
         self.lower = lower
         self._handle = handle
         self._buffer: list[Update] = []
