@@ -16,10 +16,10 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from slatepy.closing import Closing
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.clone import with_external
-from slatepy.engine.closing import Closing
 from slatepy.engine.db_lifecycle import (
     OPEN_DATABASES,
     Lifecycle,

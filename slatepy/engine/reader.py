@@ -44,11 +44,11 @@ from typing import ClassVar, Protocol, TypeVar
 
 import msgspec
 
+from slatepy.closing import Closing
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.batch import check_key
 from slatepy.engine.clone import with_external
-from slatepy.engine.closing import Closing
 from slatepy.engine.fencing import check_gap
 from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View

@@ -44,9 +44,9 @@ from typing import Literal, Self
 
 import msgspec
 
+from slatepy.closing import Closing
 from slatepy.config import SettingsLike, resolve_settings
 from slatepy.engine.batch import WriteBatch
-from slatepy.engine.closing import Closing
 from slatepy.engine.startup import decode_wal_sst
 from slatepy.errors import ClosedError, InvalidArgument, NotFound, SlatepyError
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone

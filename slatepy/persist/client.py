@@ -17,9 +17,9 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol
 
+from slatepy.closing import Closing
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.errors import ClosedError, InvalidArgument
 from slatepy.persist.config import PersistSettings
@@ -189,7 +189,7 @@ def _debug(purpose: str) -> str:
     return f"{socket.gethostname()}:{os.getpid()} {purpose}".strip()
 
 
-class PersistClient:
+class PersistClient(Closing):
     """Opens handles on the shards of one location. Thread-safe; close it (or use it as a
     context manager) to release the consensus connection and wake waiting reads."""
 
@@ -415,14 +415,3 @@ class PersistClient:
             machine.close()
         if self._owns_consensus:
             self.consensus.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

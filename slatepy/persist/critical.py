@@ -7,9 +7,8 @@ shard's since from passing its own.
 from __future__ import annotations
 
 import threading
-from types import TracebackType
-from typing import Self
 
+from slatepy.closing import Closing
 from slatepy.errors import ClosedError
 from slatepy.persist.codec import check_frontier
 from slatepy.persist.errors import OpaqueMismatch
@@ -24,7 +23,7 @@ from slatepy.persist.state.transitions import (
 )
 
 
-class SinceHandle:
+class SinceHandle(Closing):
     """A critical since hold on one shard. Open with ``PersistClient.open_critical_since``.
 
     Attributes:
@@ -102,17 +101,6 @@ class SinceHandle:
         by design (it outlives processes, guarded by its opaque token), so only
         :meth:`expire` releases it. Idempotent."""
         self._closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _check_live(self) -> None:
         if self._closed:

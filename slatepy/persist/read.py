@@ -19,9 +19,8 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
+from slatepy.closing import Closing
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier, ranges
 from slatepy.persist.codec import Update, check_frontier, check_time
@@ -67,7 +66,7 @@ def _check_as_of(as_of: object, since: Frontier) -> int:
     return frontier.check_as_of(None if as_of is None else check_time(as_of, "as_of"), since)
 
 
-class ReadHandle:
+class ReadHandle(Closing):
     """Reads one shard as of times at or after its since. Open with
     ``PersistClient.open_leased_reader``.
 
@@ -297,17 +296,6 @@ class ReadHandle:
         the lease would lapse). Idempotent."""
         self.expire()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def _check_live(self) -> None:
         if self._expired:
             raise ClosedError(f"reader {self.reader_id} of shard {self.shard_id!r} was expired")
@@ -330,7 +318,7 @@ class ReadHandle:
             )
 
 
-class Listen:
+class Listen(Closing):
     """The updates of a shard after ``as_of``, in order of time, as they are appended.
 
     Each :meth:`fetch_next` answers ``[Updates(...), Progress(upper)]`` (no ``Updates``
@@ -409,17 +397,6 @@ class Listen:
         if not self._closed:
             self._closed = True
             self._handle._listen_moved(self, closed=True)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _from_time(run: Run, start: int) -> Run:

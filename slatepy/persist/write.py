@@ -19,9 +19,8 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
-from typing import Self
 
+from slatepy.closing import Closing
 from slatepy.errors import ClosedError, StoreUnavailable, WriteStalled
 from slatepy.persist import frontier
 from slatepy.persist.batch import (
@@ -110,7 +109,7 @@ def _mark_uncertain(args: CompareAndAppend) -> CompareAndAppend:
     return dataclasses.replace(args, uncertain=True)
 
 
-class WriteHandle:
+class WriteHandle(Closing):
     """Appends batches to one shard. Open with ``PersistClient.open_writer``.
 
     Attributes:
@@ -563,17 +562,6 @@ class WriteHandle:
             if not self._attempted:
                 self._expired = True
         self.expire()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _check_live(self) -> None:
         if self._expired:

@@ -1,4 +1,5 @@
-"""The context-manager protocol shared by ``Db`` and ``DbReader``."""
+"""The context-manager protocol shared by every handle with a ``close()``: the engine's
+``Db``, ``DbReader`` and ``WalReader``, persist's client and handles."""
 
 from __future__ import annotations
 
