@@ -38,6 +38,10 @@ from slatepy.testing.persist_faults import FaultyConsensus, consensus_uniform
 TRIES = 400
 T = TypeVar("T")
 
+MIN_SECONDS = 8.0
+"""The least a child's operations take: four ``batch_lease`` spans, so parts age past it
+while the others still write and GC deletes some during the run."""
+
 SETTINGS = PersistSettings(
     allow_short_leases=True,
     batch_lease=2.0,
@@ -97,6 +101,9 @@ def main(config: dict[str, object]) -> None:
         started = time.monotonic()
         lost = 0
         for n in range(ops):
+            # Paced to last at least MIN_SECONDS: a fast machine finished all operations
+            # (3.9 s) before any part was older than batch_lease, so GC deleted none.
+            time.sleep(max(0.0, started + MIN_SECONDS * n / ops - time.monotonic()))
             for _ in range(TRIES):
                 upper = _retried(write.fetch_recent_upper)
                 assert upper is not None
