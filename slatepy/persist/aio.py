@@ -47,8 +47,10 @@ class _Closing:
         await self.close()
 
 
-class PersistClient:
+class PersistClient(_Closing):
     """Async wrapper of :class:`slatepy.persist.PersistClient`; ``await PersistClient.open``."""
+
+    sync: sync_client.PersistClient
 
     def __init__(self, client: sync_client.PersistClient) -> None:
         self.sync = client
@@ -92,20 +94,6 @@ class PersistClient:
 
     async def list_shards(self) -> list[str]:
         return await asyncio.to_thread(self.sync.list_shards)
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 class WriteHandle(_Closing):
