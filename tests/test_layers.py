@@ -21,13 +21,14 @@ SLATEPY = Path(__file__).resolve().parents[1] / "slatepy"
 Kind = Literal["module", "lazy", "typing"]
 """Where an import is written: run on import, inside a function, under ``TYPE_CHECKING``."""
 
-_BASE = frozenset({"errors", "config", "closing"})
+_BASE = frozenset({"errors", "config", "closing", "facade"})
 _KV = _BASE | {"store", "format", "manifest", "table"}
 _LIBRARY = _KV | {"engine", "gc", "compactor", "persist"}
 
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "closing": frozenset(),  # the context-manager protocol of every handle
+    "facade": frozenset(),  # the asyncio facade mechanism of every handle (RFC 0033)
     "config": frozenset({"errors"}),
     # Siblings: the store knows no format, and the format does no I/O.
     "store": _BASE,
