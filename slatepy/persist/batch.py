@@ -24,11 +24,13 @@ from slatepy.errors import CorruptionError
 from slatepy.format.block import decode_block
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist import frontier
-from slatepy.persist.codec import U64_MAX, Update, check_updates, consolidate, decode_entries
+from slatepy.persist.codec import U64_MAX, Update, decode_entries
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.errors import UsageError
 from slatepy.persist.parts import KEY_LOWER_BYTES, PartWriter
 from slatepy.persist.state.append import check_batch_age
 from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs, Window
+from slatepy.persist.validate import check_updates
 
 if TYPE_CHECKING:
     from slatepy.persist.config import PersistSettings
