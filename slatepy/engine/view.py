@@ -27,9 +27,10 @@ from slatepy.engine.memtable import Version
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
+from slatepy.table.grouping import Columns
 from slatepy.table.layout import compacted_path
 from slatepy.table.merge_operator import NO_MERGING, Merging
-from slatepy.table.reader import Columns, TableReader
+from slatepy.table.reader import TableReader
 from slatepy.table.visibility import (
     EMPTY,
     Clock,

@@ -24,12 +24,12 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 
 from slatepy.errors import CorruptionError
-from slatepy.format.block import Block, Entry, IndexedBlock, PlainValues, open_block
+from slatepy.format.block import Block, Entry, IndexedBlock, open_block
 from slatepy.format.columnar import RawColumnarBlock, open_columnar
 from slatepy.format.compression import unframe_block
 from slatepy.format.sst import (
@@ -44,6 +44,9 @@ from slatepy.format.sst import (
 )
 from slatepy.store.base import ObjectStore
 from slatepy.table.cache import LruCache
+from slatepy.table.grouping import Columns, Piece, _piece, grouped
+
+__all__ = ["Piece", "TableReader", "TableStats"]  # Piece: where compactor.executor imports it
 
 META_PREFETCH = 64 * 1024
 """Bytes read at the end of an SST when it is opened; covers the footer, top-level index and
@@ -63,20 +66,13 @@ READ_AHEAD_DEPTH = 2
 """Chunks a long scan has in flight while it consumes one, unless ``scan_requests_in_flight``
 says otherwise (``Settings.scan_requests_in_flight`` does, 4 by default; see
 ``TableReader._stream_columns``)."""
-GROUP_ROWS = 2048
-"""Rows a scan joins consecutive blocks into before handing them on (see :func:`grouped`)."""
 COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
-Columns = tuple[list[bytes], MutableSequence[int], list[bytes | None]]
-"""Key-sorted parallel lists ``(keys, seqs, values)`` of one block's entries or more (read
-only: they may be the cached block's own lists); the seqs a list or an ``array('Q')``."""
 Cached = Block | IndexedBlock | RawColumnarBlock
 """What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
 _RAW = (IndexedBlock, RawColumnarBlock)
-Piece = tuple[list[bytes], MutableSequence[int], list[bytes | None], bool]
-"""A block's columns, or a slice of them, and whether every value is plain (``Block.plain``)."""
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -1041,64 +1037,6 @@ class _ChunkLoader:
                 f"{self._path}: the object ended before byte {end}", path=self._path
             )
         return data, True
-
-
-def _piece(block: Block, lo: int, hi: int) -> Piece:
-    """Entries ``lo:hi`` of ``block`` as a :data:`Piece`."""
-    return block.keys[lo:hi], block.seqs[lo:hi], block.values[lo:hi], block.plain
-
-
-def _grow(target: int) -> int:
-    return min(max(2 * target, GROUP_ROWS // 32), GROUP_ROWS)
-
-
-def grouped(pieces: Iterator[Piece]) -> Iterator[Columns]:
-    """Consecutive pieces (a block's each) joined into fewer, longer columns: the first alone
-    (a short or limited scan pays for one block), then groups of growing size up to
-    ``GROUP_ROWS`` rows. Every layer above (merging, the tombstone filter, batching, the
-    scan's generators) then costs its fixed overhead per group, not per block of a few dozen
-    rows; joining costs a list copy per row, in C. A group's values are
-    :class:`~slatepy.format.block.PlainValues` when every piece's were plain."""
-    target = 0
-    keys: list[bytes] = []
-    seqs: MutableSequence[int] = []
-    values: list[bytes | None] = []
-    try:
-        for piece_keys, piece_seqs, piece_values, plain in pieces:
-            if not keys:
-                if len(piece_keys) >= target:
-                    # As it is (a cached block's own lists: read only), but marked plain.
-                    yield (
-                        piece_keys,
-                        piece_seqs,
-                        PlainValues(piece_values) if plain else piece_values,
-                    )
-                    target = _grow(target)
-                    continue
-                keys, seqs = list(piece_keys), piece_seqs[:]  # an array stays an array
-                values = PlainValues(piece_values) if plain else list(piece_values)
-            else:
-                keys += piece_keys
-                if seqs.__class__ is piece_seqs.__class__:
-                    seqs += piece_seqs  # list+list or array+array: in C
-                else:
-                    seqs = list(seqs)
-                    seqs += piece_seqs
-                if not plain and values.__class__ is PlainValues:
-                    values = list(values)
-                values += piece_values
-            if len(keys) >= target:
-                yield keys, seqs, values
-                keys, seqs, values = [], [], []
-                target = _grow(target)
-        if keys:
-            yield keys, seqs, values
-    finally:
-        # Now, not when CPython frees it (a traceback or a caller may still hold it): a
-        # scan's source shuts down and joins its read-ahead thread in its own ``finally``.
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
 
 
 def _block_error(path: str, index: int, offset: int, what: object) -> CorruptionError:
