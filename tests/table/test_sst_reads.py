@@ -22,9 +22,9 @@ from slatepy.store import MetricsStore, open_store
 from slatepy.store.base import ObjectStore, WrappingStore
 from slatepy.table.reader import (
     PROMOTE_COLUMNAR_AFTER_HITS,
-    READ_AHEAD_DEPTH,
     TableReader,
 )
+from slatepy.table.sst_tops import READ_AHEAD_DEPTH
 from tests.conftest import Backend
 from tests.format.v1sst import build_v1
 
