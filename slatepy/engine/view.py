@@ -195,35 +195,6 @@ def get_many_compacted(
     return found
 
 
-def values_of(
-    keys: Sequence[bytes],
-    newer: Sequence[Version | None],
-    found: dict[bytes, Version],
-    *,
-    ranges: RangeIndex = EMPTY,
-    view: Manifest | None = None,
-    clock: Clock = time.time,
-    merging: Merging = NO_MERGING,
-    tables: TableReader | None = None,
-) -> list[bytes | None]:
-    """The value of each key: the newer of its memtable version (``newer``) and what
-    :func:`get_many_compacted` found, as :func:`visible` reads it (``ranges``: the
-    memtable's range tombstones, ``view``: the view ``found`` came from); None for absent or
-    deleted keys. ``merging`` and ``tables`` serve keys holding merge operands."""
-    plain = ranges is EMPTY and (view is None or view_ranges(view) is EMPTY)
-    values: list[bytes | None] = []
-    for key, memtable in zip(keys, newer, strict=True):
-        version = newer_version(memtable, found.get(key))
-        value = None if version is None else version[1]
-        if value is None or (plain and value.__class__ is bytes):
-            values.append(value)  # absent, deleted, or a plain value nothing can cover
-        else:
-            values.append(
-                visible(key, version, ranges, view, clock, merging=merging, tables=tables)
-            )
-    return values
-
-
 def newer_version(memtable: Version | None, compacted: Version | None) -> Version | None:
     """The newer of a key's memtable and compacted versions. The memtable's is newer unless
     an ingestion published after it (RFC 0016). ``Db._get`` inlines this rule."""
