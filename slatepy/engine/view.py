@@ -26,6 +26,7 @@ from slatepy.engine.columns import (
 from slatepy.engine.memtable import Version
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
+from slatepy.format.bloom import key_hash
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.grouping import Columns
 from slatepy.table.layout import compacted_path
@@ -39,6 +40,9 @@ from slatepy.table.visibility import (
     folding,
     resolve,
 )
+
+FILTER_FIRST_L0 = 4
+"""From this many L0 SSTs, a get asks each one's filter before its block cache."""
 
 
 def missing_sst(exc: NotFound) -> CorruptionError:
@@ -64,9 +68,16 @@ def get_compacted(tables: TableReader, view: Manifest, key: bytes) -> Version | 
     # wins (the first on a tie: two ingestions of one global seq, the later one in front).
     if plan.l0:
         best: Version | None = None
+        # Many L0 SSTs, most without the key: each one's filter, the key hashed once,
+        # rules it out for less than the block lookup get() makes first.
+        hashed = key_hash(key) if len(plan.l0) >= FILTER_FIRST_L0 else None
+        get_filtered = tables.get_filtered
         for first_key, last_key, path, size, global_seq in plan.l0:
             if first_key <= key <= last_key:
-                found = get(path, key, size=size)
+                if hashed is None:
+                    found = get(path, key, size=size)
+                else:
+                    found = get_filtered(path, key, hashed, size=size)
                 if found is not None:
                     if global_seq:
                         found = (global_seq, found[1])

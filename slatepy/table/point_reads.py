@@ -72,6 +72,38 @@ class PointReads(SstTops):
             return None
         return self._block(path, top, part, j, block).get(key)
 
+    def get_filtered(
+        self, path: str, key: bytes, hashed: int, *, size: int | None = None
+    ) -> tuple[int, bytes | None] | None:
+        """:meth:`get`, with the partition's filter asked first, given the key's
+        :func:`~slatepy.format.bloom.key_hash` ``hashed``: for a caller that probes many
+        SSTs for one key (a get over several overlapping L0 SSTs), where most SSTs do not
+        hold it and the filter, hashed once, rules them out before any block is looked up."""
+        top = self._tops.get(path) or self.top(path, size=size)
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None or not first <= key <= last:
+            return None
+        p = bisect_right(top.first_keys, key) - 1
+        p = max(p, 0)
+        part = self._metas.get((path, p))
+        if part.__class__ is not Partition:
+            part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
+        bloom = part.bloom
+        if bloom is not None and not bloom.may_contain_hash(hashed):
+            return None
+        j = bisect_right(part.first_keys, key) - 1
+        if j < 0:
+            return None
+        block = self._blocks.get((path, part.first_block + j))
+        if block.__class__ is Block:
+            keys = block.keys
+            i = bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return block.seqs[i], block.values[i]
+            return None
+        return self._block(path, top, part, j, block).get(key)
+
     def get_many(
         self, path: str, keys: Sequence[bytes], *, size: int | None = None
     ) -> list[Found | None]:
