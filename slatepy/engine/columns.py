@@ -24,9 +24,9 @@ from typing import cast
 
 from slatepy.format.block import Entry, PlainValues
 from slatepy.format.kinds import Operands
+from slatepy.table.grouping import Columns
 from slatepy.table.merge import newest_columns
 from slatepy.table.merge_operator import NO_MERGING, Merging
-from slatepy.table.reader import Columns
 from slatepy.table.visibility import EMPTY, Clock, RangeIndex, live_entries
 
 MEMTABLE_CHUNK = 4096

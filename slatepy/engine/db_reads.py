@@ -12,6 +12,7 @@ from slatepy.config import MAX_KEY_SIZE
 from slatepy.engine.batch import (
     check_key,
 )
+from slatepy.engine.batched_gets import get_many
 from slatepy.engine.db_state import DbState
 from slatepy.engine.embedded import TrackedView, alone
 from slatepy.engine.iterator import View
@@ -20,10 +21,8 @@ from slatepy.engine.snapshot import Snapshot, pin_manifest
 from slatepy.engine.txn import Isolation, Transaction, check_isolation
 from slatepy.engine.view import (
     get_compacted,
-    get_many_compacted,
     missing_sst,
     newer_version,
-    values_of,
     view_ranges,
     visible,
 )
@@ -127,23 +126,15 @@ class Reads(DbState):
             newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
-        rest = sorted(
-            {
-                k
-                for k, v in zip(keys, newer, strict=True)
-                if v is None or v[0] < view.last_ingest_seq
-            }
-        )
-        found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(
+        return get_many(
             keys,
             newer,
-            found,
-            ranges=ranges,
-            view=view,
+            view,
+            ranges,
+            read=self._read,
+            tables=self._tables,
             clock=self._clock,
             merging=self._merging,
-            tables=self._tables,
         )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest) -> T:

@@ -2,7 +2,7 @@
 
 A view is the memtable's entries (a frozen list), over the compacted SSTs one manifest names.
 Each source (the memtable, every L0 SST, every sorted run) yields its entries in scan order as
-column chunks (:data:`~slatepy.table.reader.Columns`: a block's keys, seqs and values as
+column chunks (:data:`~slatepy.table.grouping.Columns`: a block's keys, seqs and values as
 parallel lists), and :func:`merge_columns` merges them a *window* at a time: up to the
 nearest chunk end among the sources, every source's entries are final, so the window's
 versions of each key are all present and can be resolved together. A window that only one
@@ -50,8 +50,9 @@ from slatepy.engine.view import compacted_sources, scan_ranges
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
 from slatepy.manifest.record import Manifest
+from slatepy.table.grouping import Columns
 from slatepy.table.merge_operator import NO_MERGING, Merging
-from slatepy.table.reader import Columns, TableReader
+from slatepy.table.reader import TableReader
 from slatepy.table.visibility import EMPTY, Clock, RangeIndex, folding, frozen_clock
 
 __all__ = [

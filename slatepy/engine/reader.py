@@ -48,6 +48,7 @@ from slatepy.closing import Closing
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.engine import forking
 from slatepy.engine.batch import check_key
+from slatepy.engine.batched_gets import get_many
 from slatepy.engine.clone import with_external
 from slatepy.engine.fencing import check_gap
 from slatepy.engine.forking import forked_error
@@ -59,10 +60,8 @@ from slatepy.engine.startup import decode_wal_sst, replay
 from slatepy.engine.surface import ReadSurface, as_url
 from slatepy.engine.view import (
     get_compacted,
-    get_many_compacted,
     missing_sst,
     newer_version,
-    values_of,
     visible,
 )
 from slatepy.errors import ClosedError, NotFound, SlatepyError
@@ -333,23 +332,15 @@ class DbReader(Closing, ReadSurface):
             newer = self._memtable.get_many(keys)
             view = self._view
             ranges = self._memtable.ranges
-        rest = sorted(
-            {
-                k
-                for k, v in zip(keys, newer, strict=True)
-                if v is None or v[0] < view.last_ingest_seq
-            }
-        )
-        found = self._read(lambda v: get_many_compacted(self._tables, v, rest), view)
-        return values_of(
+        return get_many(
             keys,
             newer,
-            found,
-            ranges=ranges,
-            view=view,
+            view,
+            ranges,
+            read=self._read,
+            tables=self._tables,
             clock=self._clock,
             merging=self._merging,
-            tables=self._tables,
         )
 
     def _read(self, read: Callable[[Manifest], T], view: Manifest | None = None) -> T:

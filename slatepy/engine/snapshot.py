@@ -30,14 +30,16 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from slatepy.engine.batch import check_key, check_range
+from slatepy.engine.batched_gets import get_many
 from slatepy.engine.iterator import View
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.surface import ReadSurface, version_in
-from slatepy.engine.view import get_many_compacted, missing_sst, values_of, view_ranges, visible
+from slatepy.engine.view import missing_sst, view_ranges, visible
 from slatepy.errors import ClosedError, NotFound, SlatepyError
 from slatepy.manifest.record import Manifest
 from slatepy.manifest.record import Snapshot as SnapshotRecord
@@ -47,6 +49,8 @@ from slatepy.table.reader import TableReader
 from slatepy.table.visibility import Clock
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -159,23 +163,16 @@ class Snapshot(ReadSurface):
         """The values of ``keys`` in order (None where absent or deleted)."""
         keys = [check_key(k) for k in keys]
         self._before_read()
-        newer = self._memtable.get_many(keys)
-        view = self._manifest
-        ingested = view.last_ingest_seq
-        rest = sorted({k for k, v in zip(keys, newer, strict=True) if v is None or v[0] < ingested})
-        try:
-            found = get_many_compacted(self._tables, view, rest)
-        except NotFound as exc:
-            raise missing_sst(exc) from exc
-        return values_of(
+        memtable = self._memtable
+        return get_many(
             keys,
-            newer,
-            found,
-            ranges=self._memtable.ranges,
-            view=view,
+            memtable.get_many(keys),
+            self._manifest,
+            memtable.ranges,
+            read=_read_pinned,
+            tables=self._tables,
             clock=self._clock,
             merging=self._merging,
-            tables=self._tables,
         )
 
     def scan(
@@ -258,3 +255,11 @@ class Snapshot(ReadSurface):
     def __repr__(self) -> str:
         state = "released" if self._closed else f"seq={self._seq}"
         return f"Snapshot({self._url!r}, {state})"
+
+
+def _read_pinned(read: Callable[[Manifest], T], view: Manifest) -> T:
+    """``read(view)``: a snapshot's view is pinned, so a missing SST is damage."""
+    try:
+        return read(view)
+    except NotFound as exc:
+        raise missing_sst(exc) from exc

@@ -66,6 +66,11 @@ def build_filter(keys: Iterable[bytes], count: int, bits_per_key: int) -> bytes:
     return bytes((probes,)) + np.packbits(flags, bitorder="little").tobytes()
 
 
+def key_hash(key: bytes) -> int:
+    """The 128-bit hash every filter's probes of ``key`` derive from (the module docstring)."""
+    return xxhash.xxh3_128_intdigest(key)
+
+
 class BloomFilter:
     """A decoded filter answering "maybe present" / "certainly absent"."""
 
@@ -80,7 +85,11 @@ class BloomFilter:
 
     def may_contain(self, key: bytes) -> bool:
         """False only if ``key`` was certainly not added."""
-        h = xxhash.xxh3_128_intdigest(key)
+        return self.may_contain_hash(xxhash.xxh3_128_intdigest(key))
+
+    def may_contain_hash(self, h: int) -> bool:
+        """:meth:`may_contain` of the key whose :func:`key_hash` is ``h``: a caller asking
+        many filters about one key (a get over several L0 SSTs) hashes it once."""
         h1 = h & _MASK64
         h2 = (h >> 64) | 1
         bits, num_bits = self._bits, self._num_bits

@@ -87,3 +87,18 @@ def test_newest_columns_keeps_what_merge_newest_keeps(sources: list[list]) -> No
     expected = list(merge_newest(iter(list(zip(*p, strict=True))) for p in parts))
     keys, seqs, values = newest_columns(parts)
     assert list(zip(keys, seqs, values, strict=True)) == expected
+
+
+def test_a_get_over_many_l0_ssts_asks_their_filters_before_their_blocks(tmp_path: Path) -> None:
+    """With blocks cached, a get used to look up a block in every L0 SST down to the one
+    holding the key (about half of them); from FILTER_FIRST_L0 SSTs on, each SST's filter
+    (the key hashed once) rules it out first, so a get looks up about one block."""
+    url, model = many_l0(tmp_path)
+    keys = sorted(model)
+    with DbReader.open(url, settings=OFF) as reader:
+        assert [reader.get(k) for k in keys] == [model[k] for k in keys]  # warms the caches
+        before = reader._tables.stats()
+        assert [reader.get(k) for k in keys] == [model[k] for k in keys]
+        after = reader._tables.stats()
+    lookups = (after.block_hits + after.block_misses) - (before.block_hits + before.block_misses)
+    assert lookups <= 1.2 * len(keys)  # one block per get, and the filters' false positives

@@ -69,7 +69,7 @@ def test_a_block_is_decompressed_once_then_served_from_the_cache(
         unframed.append(len(stored))
         return unframe_block(stored)
 
-    monkeypatch.setattr("slatepy.table.reader.unframe_block", counting)
+    monkeypatch.setattr("slatepy.table.point_reads.unframe_block", counting)
     tables = TableReader(store)
     for _ in range(20):  # past PROMOTE_AFTER_HITS: the cached block is decoded whole too
         assert tables.get(PATH, b"key00000501") is not None

@@ -20,7 +20,8 @@ from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
 from slatepy.format.kinds import Expiring, RangeTombstone
 from slatepy.format.sst import SstBuilder
 from slatepy.store import open_store
-from slatepy.table.reader import GROUP_ROWS, Piece, TableReader, grouped
+from slatepy.table.grouping import GROUP_ROWS, Piece, grouped
+from slatepy.table.reader import TableReader
 from slatepy.table.visibility import RangeIndex
 
 PATH = "compacted/g.sst"

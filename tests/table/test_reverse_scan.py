@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
-from slatepy.table.reader import Columns, TableReader
+from slatepy.table.grouping import Columns
+from slatepy.table.reader import TableReader
 
 ENTRIES = [(b"key%05d" % i, i + 1, None if i % 7 == 0 else b"v" * 40) for i in range(5000)]
 

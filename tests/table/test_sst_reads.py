@@ -20,11 +20,9 @@ from slatepy.format.columnar import RawColumnarBlock
 from slatepy.format.sst import SstBuilder
 from slatepy.store import MetricsStore, open_store
 from slatepy.store.base import ObjectStore, WrappingStore
-from slatepy.table.reader import (
-    PROMOTE_COLUMNAR_AFTER_HITS,
-    READ_AHEAD_DEPTH,
-    TableReader,
-)
+from slatepy.table.point_reads import PROMOTE_COLUMNAR_AFTER_HITS
+from slatepy.table.reader import TableReader
+from slatepy.table.sst_tops import READ_AHEAD_DEPTH
 from tests.conftest import Backend
 from tests.format.v1sst import build_v1
 

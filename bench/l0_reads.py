@@ -1,0 +1,132 @@
+"""Reads over many overlapping L0 SSTs against the same keys in one sorted run (issue 33),
+optionally A/B between source trees, each measurement a fresh process (a reopened reader).
+
+    python -m bench.l0_reads --keys 200000 --l0 20 --repeat 3 [--trees /work/main .]
+
+Builds two ``file://`` databases of the same keys (16-byte keys, 100-byte values): ``l0``,
+the keys shuffled into ``--l0`` flushes, each compacted to an L0 SST of its own (so every
+SST spans the whole key space); ``run``, the same keys compacted into one sorted run. Then,
+``--repeat`` rounds, layouts and trees interleaved, a child process per measurement (its
+``PYTHONPATH`` the tree) opens a ``DbReader`` and times 10,000 random gets (cold: the first
+touch of each block after the open) and a full scan. Prints each figure's median and
+[lowest-highest], and l0 / run ratios per tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from slatepy import Db, Settings, WriteBatch
+from slatepy.compactor import Compactor
+from slatepy.compactor.planner import CompactionPolicy
+from slatepy.store import open_store
+
+VALUE = b"v" * 100
+GETS = 10_000
+OFF = Settings(compactor="off")
+
+CHILD = """
+import json, random, sys, time
+from slatepy import DbReader, Settings
+url, keys, gets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sample = random.Random(1).sample([b"key-%012d" % i for i in range(keys)], gets)
+started = time.perf_counter()
+reader = DbReader.open(url, settings=Settings(compactor="off"))
+opened = time.perf_counter()
+found = sum(reader.get(k) is not None for k in sample)
+got = time.perf_counter()
+rows = sum(1 for _ in reader.scan())
+scanned = time.perf_counter()
+reader.close()
+assert found == gets and rows == keys, (found, rows)
+print(json.dumps({"open_ms": (opened - started) * 1e3, "gets/s": gets / (got - opened),
+                  "scan rows/s": rows / (scanned - got)}))
+"""
+
+
+def build(root: Path, keys: int, l0: int) -> dict[str, str]:
+    """The two layouts of the same keys; their URLs by name."""
+    names = [b"key-%012d" % i for i in range(keys)]
+    shuffled = names[:]
+    random.Random(33).shuffle(shuffled)
+    urls = {"l0": f"file://{root}/l0", "run": f"file://{root}/run"}
+    per = -(-keys // l0)
+    for layout, url in urls.items():
+        with Db.open(url, settings=OFF) as db:
+            for part in range(l0):
+                chunk = sorted(shuffled[part * per : (part + 1) * per])
+                for first in range(0, len(chunk), 1000):
+                    batch = WriteBatch()
+                    for key in chunk[first : first + 1000]:
+                        batch.put(key, VALUE)
+                    db.write(batch, await_durable=False)
+                db.flush()
+                if layout == "l0":
+                    policy = CompactionPolicy(l0_trigger=10_000)
+                    Compactor(open_store(url), settings=OFF, policy=policy).run_until_idle()
+        policy = CompactionPolicy(l0_trigger=1 if layout == "run" else 10_000)
+        Compactor(open_store(url), settings=OFF, policy=policy).run_until_idle()
+        with Db.open(url, settings=OFF) as db:
+            view = db._view
+            print(f"{layout}: L0 {len(view.l0)}, runs {len(view.sorted_runs)}", flush=True)
+    return urls
+
+
+def measure(tree: str, url: str, keys: int) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, url, str(keys), str(min(GETS, keys))],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--l0", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--trees", nargs="+", default=["."])
+    parser.add_argument("--dir", help="reuse (or build in) this directory")
+    args = parser.parse_args()
+    root = Path(args.dir or tempfile.mkdtemp(prefix="l0-reads-"))
+    if (root / "run").exists():
+        urls = {"l0": f"file://{root}/l0", "run": f"file://{root}/run"}
+    else:
+        urls = build(root, args.keys, args.l0)
+    samples: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for _ in range(args.repeat):
+        for tree in args.trees:
+            for layout, url in urls.items():
+                samples.setdefault((tree, layout), []).append(measure(tree, url, args.keys))
+    figures = ["open_ms", "gets/s", "scan rows/s"]
+    print("| tree | layout | " + " | ".join(figures) + " |")
+    print("|---|---|" + "---|" * len(figures))
+    for (tree, layout), runs in samples.items():
+        cells = [spread([r[f] for r in runs]) for f in figures]
+        print(f"| {tree} | {layout} | " + " | ".join(cells) + " |")
+    for tree in args.trees:
+        l0, run = samples[(tree, "l0")], samples[(tree, "run")]
+        for figure in figures[1:]:
+            ratios = [a[figure] / b[figure] for a, b in zip(l0, run, strict=True)]
+            print(f"{tree}: {figure} l0/run per round " + ", ".join(f"{r:.2f}" for r in ratios))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""Point reads of SSTs: one key (:meth:`PointReads.get`: at most one partition and one
+block read, the filter asked before a block would be read) and sorted batches of keys
+(:meth:`PointReads.get_many`: the partitions and blocks they need read once, in coalesced
+ranged GETs sent together)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+
+from slatepy.errors import CorruptionError
+from slatepy.format.block import Block, IndexedBlock, open_block
+from slatepy.format.columnar import RawColumnarBlock, open_columnar
+from slatepy.format.compression import unframe_block
+from slatepy.format.sst import Partition, SstTop, decode_stored_block
+from slatepy.table.sst_tops import _RAW, Cached, SstTops, _block_error, _named_decode
+
+PROMOTE_AFTER_HITS = 8
+"""Cache hits (gets) after which a raw cached version 3/4 block is decoded whole (see
+``_block``)."""
+PROMOTE_COLUMNAR_AFTER_HITS = 1
+"""The same for a version 5 block: every lookup of its raw bytes decodes it whole anyway
+(about 5 us for 4 KiB), so the first repeat keeps that decode. Its cost is memory: a decoded
+block takes about twice its encoded size in the cache."""
+COALESCE_GAP = 32 * 1024
+"""A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
+this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
+
+Found = tuple[int, bytes | None]
+"""``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
+
+
+class PointReads(SstTops):
+    """The point reads of :class:`~slatepy.table.reader.TableReader`."""
+
+    # -- point reads --------------------------------------------------------------------
+
+    def get(
+        self, path: str, key: bytes, *, size: int | None = None
+    ) -> tuple[int, bytes | None] | None:
+        """``(seq, value)`` of ``key`` in the SST at ``path`` (value None = tombstone).
+
+        Args:
+            size: The object's size if known (see :meth:`top`); used only to open the SST.
+        """
+        # Flattened (the warm path of every get): the range check, the partition and block
+        # bisects and the cached block's search inline, as SstTop.may_hold/partition_for,
+        # Partition.block_for and Block.get do them.
+        top = self._tops.get(path) or self.top(path, size=size)
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None or not first <= key <= last:
+            return None
+        p = bisect_right(top.first_keys, key) - 1
+        p = max(p, 0)
+        part = self._metas.get((path, p))
+        if part.__class__ is not Partition:
+            part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
+        j = bisect_right(part.first_keys, key) - 1
+        if j < 0:
+            return None
+        block = self._blocks.get((path, part.first_block + j))
+        if block.__class__ is Block:  # the warm path: searching the block beats the filter
+            keys = block.keys
+            i = bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return block.seqs[i], block.values[i]
+            return None
+        # The filter is asked only before a block would be read (or is not decoded yet): in
+        # Python its hashing and probing cost more than a bisect of a cached block.
+        if block is None and not part.may_contain(key):
+            return None
+        return self._block(path, top, part, j, block).get(key)
+
+    def get_filtered(
+        self, path: str, key: bytes, hashed: int, *, size: int | None = None
+    ) -> tuple[int, bytes | None] | None:
+        """:meth:`get`, with the partition's filter asked first, given the key's
+        :func:`~slatepy.format.bloom.key_hash` ``hashed``: for a caller that probes many
+        SSTs for one key (a get over several overlapping L0 SSTs), where most SSTs do not
+        hold it and the filter, hashed once, rules them out before any block is looked up."""
+        top = self._tops.get(path) or self.top(path, size=size)
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None or not first <= key <= last:
+            return None
+        p = bisect_right(top.first_keys, key) - 1
+        p = max(p, 0)
+        part = self._metas.get((path, p))
+        if part.__class__ is not Partition:
+            part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
+        bloom = part.bloom
+        if bloom is not None and not bloom.may_contain_hash(hashed):
+            return None
+        j = bisect_right(part.first_keys, key) - 1
+        if j < 0:
+            return None
+        block = self._blocks.get((path, part.first_block + j))
+        if block.__class__ is Block:
+            keys = block.keys
+            i = bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                return block.seqs[i], block.values[i]
+            return None
+        return self._block(path, top, part, j, block).get(key)
+
+    def get_many(
+        self, path: str, keys: Sequence[bytes], *, size: int | None = None
+    ) -> list[Found | None]:
+        """:meth:`get` of each of ``keys`` (sorted, distinct), in order.
+
+        Every partition and block the keys need is looked up once; those not cached are read
+        in coalesced ranged GETs sent together (:meth:`_read_coalesced`), so a batch costs a
+        few requests where one get per key would cost one or two each.
+        """
+        top = self._tops.get(path) or self.top(path, size=size)
+        found: list[Found | None] = [None] * len(keys)
+        props = top.props
+        first, last = props.first_key, props.last_key
+        if first is None or last is None:
+            return found
+        by_partition: dict[int, list[int]] = {}
+        for i in range(bisect_left(keys, first), bisect_right(keys, last)):  # keys sorted
+            by_partition.setdefault(top.partition_for(keys[i]), []).append(i)
+        parts = self._partitions(path, top, list(by_partition))
+        by_block: dict[int, list[int]] = {}
+        where: dict[int, tuple[Partition, int]] = {}
+        for p, indexes in by_partition.items():
+            part = parts[p]
+            for i in indexes:
+                j = part.block_for(keys[i])
+                if j is not None:
+                    by_block.setdefault(part.first_block + j, []).append(i)
+                    where[part.first_block + j] = (part, j)
+
+        def worth_reading(b: int) -> bool:
+            # As in get: the filter is asked only before a block would be read.
+            may_contain = where[b][0].may_contain
+            return any(may_contain(keys[i]) for i in by_block[b])
+
+        blocks = self._blocks_for(path, top, where, worth_reading)
+        for b, indexes in by_block.items():
+            block = blocks.get(b)  # None: the filter ruled out every key of it
+            if block is not None:
+                for i in indexes:
+                    found[i] = block.get(keys[i])
+        return found
+
+    def _partitions(self, path: str, top: SstTop, indexes: list[int]) -> dict[int, Partition]:
+        """Partitions ``indexes`` (ascending): cached, decoded from cached raw bytes, or read
+        together in coalesced GETs."""
+        parts: dict[int, Partition] = {}
+        raws: dict[int, bytes | memoryview] = {}
+        for p in indexes:
+            found = self._metas.get((path, p))
+            if isinstance(found, Partition):
+                parts[p] = found
+            elif found is not None:
+                raws[p] = found
+        missing = [p for p in indexes if p not in parts and p not in raws]
+        spans = [(top.offsets[p], top.offsets[p + 1]) for p in missing]
+        read = self._read_coalesced(path, spans, "partition_reads")
+        # Copied out, so a decoded partition never keeps a whole coalesced read alive.
+        raws.update(zip(missing, map(bytes, read), strict=True))
+        for p, raw in raws.items():
+            part = self._decode_partition(path, top, p, raw)
+            self._metas.put((path, p), part, part.size_in_memory)
+            parts[p] = part
+        return parts
+
+    def _blocks_for(
+        self,
+        path: str,
+        top: SstTop,
+        where: dict[int, tuple[Partition, int]],
+        worth_reading: Callable[[int], bool],
+    ) -> dict[int, Cached]:
+        """The blocks ``where`` names (SST-wide index → its partition and place there):
+        cached ones as they are (a raw version 5 one decoded, once, and cached so: each of its
+        lookups would decode it whole), the others that are ``worth_reading`` read together
+        in coalesced GETs and cached (the rest left out)."""
+        blocks: dict[int, Cached] = {}
+        missing: list[int] = []
+        for b in sorted(where):
+            block = self._blocks.get((path, b))
+            if block is None:
+                if worth_reading(b):
+                    missing.append(b)
+                continue
+            if block.__class__ is RawColumnarBlock:
+                part, j = where[b]
+                block = _named_decode(path, b, block, offset=part.offsets[j])
+                self._blocks.put((path, b), block, block.size_in_memory)
+            blocks[b] = block
+        spans = []
+        for b in missing:
+            part, j = where[b]
+            spans.append((part.offsets[j], part.offsets[j + 1]))
+        for b, data in zip(missing, self._read_coalesced(path, spans, "block_reads"), strict=True):
+            part, j = where[b]
+            block, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put((path, b), cached, cached.size_in_memory)
+            blocks[b] = block
+        return blocks
+
+    def _read_coalesced(
+        self, path: str, spans: list[tuple[int, int]], counter: str
+    ) -> list[memoryview]:
+        """The bytes of ``spans`` (ascending, disjoint), read as few ranged GETs sent together:
+        neighbours closer than ``COALESCE_GAP`` share a GET of at most
+        ``scan_read_ahead_bytes`` (a single span larger than that is one GET of its own)."""
+        if not spans:
+            return []
+        merged: list[list[int]] = []
+        for start, end in spans:
+            last = merged[-1] if merged else None
+            if (
+                last is not None
+                and start - last[1] < COALESCE_GAP
+                and end - last[0] <= self.scan_read_ahead_bytes
+            ):
+                last[1] = end
+            else:
+                merged.append([start, end])
+        datas = self.store.get_ranges(path, [(s, e) for s, e in merged])
+        views: list[memoryview] = []
+        spans_left = iter(spans)
+        for (start, end), data in zip(merged, datas, strict=True):
+            if len(data) != end - start:
+                raise CorruptionError(f"{path}: the object ended before byte {end}", path=path)
+            self._count(counter, len(data))
+            view = memoryview(data)
+            for s, e in spans_left:
+                views.append(view[s - start : e - start])
+                if e == end:
+                    break
+        return views
+
+    def _new_block(
+        self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
+    ) -> tuple[Block | IndexedBlock, Cached]:
+        """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
+        cache. Raw and verified (versions 3 and 4), both; decoded, and decoded too or raw
+        (version 5: it is decoded to be searched anyway, in C; cached raw only when the
+        decoded form would evict something); decoded (legacy blocks), both."""
+        index, offset = part.first_block + j, part.offsets[j]
+        found: Block | IndexedBlock
+        cached: Cached
+        try:
+            stored = unframe_block(data) if top.compressed_blocks else data
+            if top.indexed_blocks:
+                found = cached = open_block(stored)
+                first = found.first_key
+            elif top.columnar_blocks:
+                found, raw = open_columnar(stored)
+                # Decoded to be searched anyway: kept so while the cache has room for it (it
+                # evicts nothing, give or take a concurrent miss), else as its bytes (half the
+                # memory) until it is hit again.
+                blocks = self._blocks
+                fits = blocks.size + found.size_in_memory <= blocks.capacity
+                cached = found if fits else raw
+                first = found.keys[0]
+            else:
+                found = cached = decode_stored_block(stored, top)
+                first = found.keys[0]
+        except CorruptionError as exc:
+            raise _block_error(path, index, offset, exc) from exc
+        if first != part.first_keys[j]:
+            raise _block_error(path, index, offset, "disagrees with the index")
+        return found, cached
+
+    def _block(
+        self,
+        path: str,
+        top: SstTop,
+        part: Partition,
+        j: int,
+        block: Cached | None,
+    ) -> Cached:
+        """Block ``j`` of ``part`` for a point lookup, given what the block cache held for it
+        (``block``): that, or read and verified.
+
+        A version 3 or 4 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
+        only the keys the lookup compares are parsed, and it costs its encoded size); when a
+        scan, or its ``PROMOTE_AFTER_HITS``-th cache hit by a get, finds it in the cache it is
+        decoded whole and replaces itself there, so hot blocks are searched with a list
+        bisect and cold ones never parsed. A version 5 block is decoded (in C) to answer
+        each lookup, so it is cached decoded while the cache has room, and once full as its
+        raw bytes (:class:`RawColumnarBlock`), kept decoded from its
+        ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy (version 1/2) block is decoded
+        whole.
+        """
+        index = part.first_block + j
+        key = (path, index)
+        if isinstance(block, _RAW):
+            block.hits += 1  # racy under threads, but only a heuristic
+            promote = (
+                PROMOTE_COLUMNAR_AFTER_HITS
+                if block.__class__ is RawColumnarBlock
+                else PROMOTE_AFTER_HITS
+            )
+            if block.hits >= promote:
+                # Hot: worth decoding once, as a list bisect beats a search of the bytes.
+                block = _named_decode(path, index, block, offset=part.offsets[j])
+                self._blocks.put(key, block, block.size_in_memory)
+        elif block is None:
+            data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
+            found, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put(key, cached, cached.size_in_memory)
+            return found
+        return block
