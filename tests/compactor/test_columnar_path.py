@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slatepy.compactor import executor
-from slatepy.compactor.executor import compact_plan, handle_of
+from slatepy.compactor.executor import compact_plan
+from slatepy.compactor.outputs import handle_of
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
 from slatepy.format.compression import Compression
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone
