@@ -9,6 +9,7 @@ reason, in :data:`EXCEPTIONS`, each for one importing module and one kind of imp
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,14 @@ SLATEPY = Path(__file__).resolve().parents[1] / "slatepy"
 Kind = Literal["module", "lazy", "typing"]
 """Where an import is written: run on import, inside a function, under ``TYPE_CHECKING``."""
 
-_BASE = frozenset({"errors", "config", "closing"})
+_BASE = frozenset({"errors", "config", "closing", "facade"})
 _KV = _BASE | {"store", "format", "manifest", "table"}
 _LIBRARY = _KV | {"engine", "gc", "compactor", "persist"}
 
 ALLOWED: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "closing": frozenset(),  # the context-manager protocol of every handle
+    "facade": frozenset(),  # the asyncio facade mechanism of every handle (RFC 0033)
     "config": frozenset({"errors"}),
     # Siblings: the store knows no format, and the format does no I/O.
     "store": _BASE,
@@ -340,3 +342,39 @@ def test_no_import_circle_among_modules() -> None:
 )
 def test_an_import_circle_is_caught(graph: dict[str, set[str]]) -> None:
     assert len(cycles(graph)) == 1
+
+
+ARCHITECTURE = SLATEPY.parent / "docs" / "architecture.md"
+_SHORTHANDS = {"nothing": frozenset(), "base": _BASE, "kv": _KV, "library": _LIBRARY}
+
+
+def documented_layers(text: str) -> dict[str, frozenset[str]]:
+    """The table of docs/architecture.md's "The layer rules": layer -> what it may import
+    (``base``, ``kv``, ``library`` and ``nothing`` spelled out as in :data:`ALLOWED`)."""
+    section = text.split("### The layer rules", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or cells[0] in ("layer", "---"):
+            continue
+        may: set[str] = set()
+        for name in (name.strip() for name in cells[1].split(",")):
+            may |= _SHORTHANDS.get(name, {name})
+        rows[cells[0]] = frozenset(may)
+    return rows
+
+
+def test_the_architecture_page_states_the_layer_rules() -> None:
+    assert documented_layers(ARCHITECTURE.read_text()) == ALLOWED
+
+
+def test_every_module_the_architecture_page_names_exists() -> None:
+    named = set(re.findall(r"slatepy/[\w/]+\.py", ARCHITECTURE.read_text()))
+    assert len(named) > 30  # the paths of a put, a get, a compaction, an append, a listen, Spark
+    root = SLATEPY.parent
+    assert sorted(path for path in named if not (root / path).is_file()) == []
+
+
+def test_a_layer_rule_the_page_gets_wrong_is_caught() -> None:
+    page = "### The layer rules\n\n| layer | may import |\n|---|---|\n| table | base, engine |\n"
+    assert documented_layers(page)["table"] == _BASE | {"engine"} != ALLOWED["table"]

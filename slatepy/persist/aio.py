@@ -2,58 +2,134 @@
 
 Each call runs the synchronous implementation in a worker thread (``asyncio.to_thread``), so
 an event loop never blocks on the object store or consensus; a :class:`Listen` is an async
-iterator. Properties that need no I/O (``upper``, ``since``, ``opaque``) stay plain.
+iterator. Properties that need no I/O (``upper``, ``since``, ``opaque``) stay plain. The
+twins are declared with :mod:`slatepy.facade` (RFC 0033), as :mod:`slatepy.aio`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Protocol, Self
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from slatepy.config import Settings, SettingsLike
+from slatepy.facade import (
+    Attribute,
+    ClosingFacade,
+    Facade,
+    attribute,
+    in_thread,
+    in_thread_as,
+    plain,
+    plain_as,
+)
 from slatepy.persist import client as sync_client
 from slatepy.persist import critical, read, write
-from slatepy.persist.codec import Update
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.read import Event
 from slatepy.store.base import ObjectStore
 
-
-class _SyncClosable(Protocol):
-    def close(self) -> None: ...
-
-
-class _Closing:
-    """``await handle.close()`` and ``async with handle:`` for a wrapper of a sync handle
-    (the release it does, e.g. a reader's expire, runs on a worker thread)."""
-
-    sync: _SyncClosable
-
-    async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+_SHARD_ID: Attribute[str] = Attribute("shard_id", "The shard this handle works on.")
+_READER_ID: Attribute[str] = Attribute("reader_id", "This reader's id in the shard's state.")
 
 
-class PersistClient(_Closing):
+class BatchBuilder(Facade[write.BatchBuilder], wraps=write.BatchBuilder):
+    """Async wrapper of :class:`slatepy.persist.write.BatchBuilder` (a full buffer is
+    written out inside ``add``, so it is awaitable too)."""
+
+    add = in_thread(write.BatchBuilder.add)
+    extend = in_thread(write.BatchBuilder.extend)
+    finish = in_thread(write.BatchBuilder.finish)
+    max_time = attribute(write.BatchBuilder.max_time)
+
+
+_WRITE_STEPS = "a step of the write path (slatepy.persist.writing), not for callers"
+
+
+class WriteHandle(
+    ClosingFacade[write.WriteHandle],
+    wraps=write.WriteHandle,
+    unmirrored={
+        "check_range": "a static argument check of the write path",
+        "delete_runs": _WRITE_STEPS,
+        "new_batch": _WRITE_STEPS,
+        "write_run": _WRITE_STEPS,
+        "now_ms": "the client's clock, read by the write path",
+        "settings": "the shard's settings, read by the write path",
+    },
+):
+    """Async wrapper of :class:`slatepy.persist.WriteHandle` (``async with`` closes it)."""
+
+    shard_id = _SHARD_ID
+    writer_id: Attribute[str] = Attribute("writer_id", "This writer's id in the shard's state.")
+    upper = attribute(write.WriteHandle.upper)
+    closed = attribute(write.WriteHandle.closed)
+    fetch_recent_upper = in_thread(write.WriteHandle.fetch_recent_upper)
+    compare_and_append = in_thread(write.WriteHandle.compare_and_append)
+    append = in_thread(write.WriteHandle.append)
+    batch = in_thread(write.WriteHandle.batch)
+    builder = plain_as(BatchBuilder, write.WriteHandle.builder)
+    batch_from_bytes = plain(write.WriteHandle.batch_from_bytes)
+    compare_and_append_batch = in_thread(write.WriteHandle.compare_and_append_batch)
+    heartbeat = in_thread(write.WriteHandle.heartbeat)
+    expire = in_thread(write.WriteHandle.expire)
+
+
+class Listen(ClosingFacade[read.Listen], wraps=read.Listen):
+    """Async wrapper of :class:`slatepy.persist.Listen`: ``async for event in listen``
+    (``async with`` closes it)."""
+
+    frontier: Attribute[int | None] = Attribute(
+        "frontier", "Every update before it has been delivered (None: the shard is sealed)."
+    )
+    ended = attribute(read.Listen.ended)
+    fetch_next = in_thread(read.Listen.fetch_next)
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        """Events until the listen ends (``Progress(None)``) or is closed."""
+        while not self.sync.ended:
+            for event in await asyncio.to_thread(self.sync.fetch_next):
+                yield event
+
+
+class ReadHandle(
+    ClosingFacade[read.ReadHandle],
+    wraps=read.ReadHandle,
+    unmirrored={"snapshot_iter": "a sync stream in bounded memory: use snapshot or listen"},
+):
+    """Async wrapper of :class:`slatepy.persist.ReadHandle` (``async with`` closes it)."""
+
+    shard_id = _SHARD_ID
+    reader_id = _READER_ID
+    since = attribute(read.ReadHandle.since)
+    closed = attribute(read.ReadHandle.closed)
+    downgrade_since = in_thread(read.ReadHandle.downgrade_since)
+    snapshot = in_thread(read.ReadHandle.snapshot)
+    listen = in_thread_as(Listen, read.ReadHandle.listen)
+    subscribe = in_thread_as(Listen, read.ReadHandle.subscribe)
+    heartbeat = in_thread(read.ReadHandle.heartbeat)
+    expire = in_thread(read.ReadHandle.expire)
+
+
+class SinceHandle(ClosingFacade[critical.SinceHandle], wraps=critical.SinceHandle):
+    """Async wrapper of :class:`slatepy.persist.SinceHandle` (``async with`` closes it)."""
+
+    shard_id = _SHARD_ID
+    reader_id = _READER_ID
+    since = attribute(critical.SinceHandle.since)
+    opaque = attribute(critical.SinceHandle.opaque)
+    closed = attribute(critical.SinceHandle.closed)
+    compare_and_downgrade_since = in_thread(critical.SinceHandle.compare_and_downgrade_since)
+    expire = in_thread(critical.SinceHandle.expire)
+
+
+class PersistClient(
+    ClosingFacade[sync_client.PersistClient],
+    wraps=sync_client.PersistClient,
+    unmirrored={"machine": "the shard's shared state machine, a persist internal"},
+):
     """Async wrapper of :class:`slatepy.persist.PersistClient`; ``await PersistClient.open``."""
-
-    sync: sync_client.PersistClient
-
-    def __init__(self, client: sync_client.PersistClient) -> None:
-        self.sync = client
 
     @classmethod
     async def open(
@@ -77,161 +153,9 @@ class PersistClient(_Closing):
             )
         )
 
-    async def open_writer(self, shard_id: str, *, purpose: str = "") -> WriteHandle:
-        handle = await asyncio.to_thread(self.sync.open_writer, shard_id, purpose=purpose)
-        return WriteHandle(handle)
-
-    async def open_leased_reader(self, shard_id: str, *, purpose: str = "") -> ReadHandle:
-        handle = await asyncio.to_thread(self.sync.open_leased_reader, shard_id, purpose=purpose)
-        return ReadHandle(handle)
-
-    async def open_critical_since(self, shard_id: str, reader_id: str) -> SinceHandle:
-        handle = await asyncio.to_thread(self.sync.open_critical_since, shard_id, reader_id)
-        return SinceHandle(handle)
-
-    async def finalize_shard(self, shard_id: str) -> None:
-        await asyncio.to_thread(self.sync.finalize_shard, shard_id)
-
-    async def list_shards(self) -> list[str]:
-        return await asyncio.to_thread(self.sync.list_shards)
-
-
-class WriteHandle(_Closing):
-    """Async wrapper of :class:`slatepy.persist.WriteHandle` (``async with`` closes it)."""
-
-    sync: write.WriteHandle
-
-    def __init__(self, handle: write.WriteHandle) -> None:
-        self.sync = handle
-        self.shard_id = handle.shard_id
-        self.writer_id = handle.writer_id
-
-    @property
-    def upper(self) -> int | None:
-        return self.sync.upper
-
-    async def fetch_recent_upper(self) -> int | None:
-        return await asyncio.to_thread(self.sync.fetch_recent_upper)
-
-    async def compare_and_append(
-        self, updates: Iterable[Update], expected_upper: int, new_upper: int | None
-    ) -> None:
-        await asyncio.to_thread(self.sync.compare_and_append, updates, expected_upper, new_upper)
-
-    async def append(self, updates: Iterable[Update], lower: int, upper: int | None) -> None:
-        await asyncio.to_thread(self.sync.append, updates, lower, upper)
-
-    async def batch(self, updates: Iterable[Update], lower: int, upper: int | None) -> write.Batch:
-        return await asyncio.to_thread(self.sync.batch, updates, lower, upper)
-
-    def builder(self, lower: int) -> BatchBuilder:
-        return BatchBuilder(self.sync.builder(lower))
-
-    def batch_from_bytes(self, data: bytes) -> write.Batch:
-        return self.sync.batch_from_bytes(data)
-
-    async def compare_and_append_batch(
-        self, batches: Sequence[write.Batch], expected_upper: int, new_upper: int | None
-    ) -> None:
-        await asyncio.to_thread(
-            self.sync.compare_and_append_batch, batches, expected_upper, new_upper
-        )
-
-    async def expire(self) -> None:
-        await asyncio.to_thread(self.sync.expire)
-
-
-class BatchBuilder:
-    """Async wrapper of :class:`slatepy.persist.write.BatchBuilder` (a full buffer is
-    written out inside ``add``, so it is awaitable too)."""
-
-    def __init__(self, builder: write.BatchBuilder) -> None:
-        self.sync = builder
-
-    async def add(self, key: bytes, value: bytes, time: int, diff: int) -> None:
-        await asyncio.to_thread(self.sync.add, key, value, time, diff)
-
-    async def finish(self, upper: int | None) -> write.Batch:
-        return await asyncio.to_thread(self.sync.finish, upper)
-
-
-class ReadHandle(_Closing):
-    """Async wrapper of :class:`slatepy.persist.ReadHandle` (``async with`` closes it)."""
-
-    sync: read.ReadHandle
-
-    def __init__(self, handle: read.ReadHandle) -> None:
-        self.sync = handle
-        self.shard_id = handle.shard_id
-        self.reader_id = handle.reader_id
-
-    @property
-    def since(self) -> int | None:
-        return self.sync.since
-
-    async def downgrade_since(self, new_since: int | None) -> int | None:
-        return await asyncio.to_thread(self.sync.downgrade_since, new_since)
-
-    async def snapshot(self, as_of: int, *, timeout: float | None = None) -> list[Update]:
-        return await asyncio.to_thread(self.sync.snapshot, as_of, timeout=timeout)
-
-    async def listen(self, as_of: int) -> Listen:
-        return Listen(await asyncio.to_thread(self.sync.listen, as_of))
-
-    async def subscribe(self, as_of: int, *, timeout: float | None = None) -> Listen:
-        return Listen(await asyncio.to_thread(self.sync.subscribe, as_of, timeout=timeout))
-
-    async def expire(self) -> None:
-        await asyncio.to_thread(self.sync.expire)
-
-
-class Listen(_Closing):
-    """Async wrapper of :class:`slatepy.persist.Listen`: ``async for event in listen``
-    (``async with`` closes it)."""
-
-    sync: read.Listen
-
-    def __init__(self, listen: read.Listen) -> None:
-        self.sync = listen
-
-    @property
-    def frontier(self) -> int | None:
-        return self.sync.frontier
-
-    async def fetch_next(self, timeout: float | None = None) -> list[Event]:
-        return await asyncio.to_thread(self.sync.fetch_next, timeout)
-
-    async def __aiter__(self) -> AsyncIterator[Event]:
-        """Events until the listen ends (``Progress(None)``) or is closed."""
-        while not self.sync.ended:
-            for event in await asyncio.to_thread(self.sync.fetch_next):
-                yield event
-
-
-class SinceHandle(_Closing):
-    """Async wrapper of :class:`slatepy.persist.SinceHandle` (``async with`` closes it)."""
-
-    sync: critical.SinceHandle
-
-    def __init__(self, handle: critical.SinceHandle) -> None:
-        self.sync = handle
-        self.shard_id = handle.shard_id
-        self.reader_id = handle.reader_id
-
-    @property
-    def since(self) -> int | None:
-        return self.sync.since
-
-    @property
-    def opaque(self) -> bytes:
-        return self.sync.opaque
-
-    async def compare_and_downgrade_since(
-        self, expected_opaque: bytes, new_opaque: bytes, new_since: int | None
-    ) -> int | None:
-        return await asyncio.to_thread(
-            self.sync.compare_and_downgrade_since, expected_opaque, new_opaque, new_since
-        )
-
-    async def expire(self) -> None:
-        await asyncio.to_thread(self.sync.expire)
+    open_writer = in_thread_as(WriteHandle, sync_client.PersistClient.open_writer)
+    open_leased_reader = in_thread_as(ReadHandle, sync_client.PersistClient.open_leased_reader)
+    open_critical_since = in_thread_as(SinceHandle, sync_client.PersistClient.open_critical_since)
+    finalize_shard = in_thread(sync_client.PersistClient.finalize_shard)
+    list_shards = in_thread(sync_client.PersistClient.list_shards)
+    wait_maintenance = in_thread(sync_client.PersistClient.wait_maintenance)

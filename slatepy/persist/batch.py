@@ -24,11 +24,13 @@ from slatepy.errors import CorruptionError
 from slatepy.format.block import decode_block
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist import frontier
-from slatepy.persist.codec import U64_MAX, Update, check_updates, consolidate, decode_entries
+from slatepy.persist.codec import U64_MAX, Update, decode_entries
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.errors import UsageError
 from slatepy.persist.parts import KEY_LOWER_BYTES, PartWriter
 from slatepy.persist.state.append import check_batch_age
 from slatepy.persist.state.records import HollowPart, InlinePart, Part, Run, Runs, Window
+from slatepy.persist.validate import check_range, check_updates
 
 if TYPE_CHECKING:
     from slatepy.persist.config import PersistSettings
@@ -262,8 +264,6 @@ class BuilderHost(Protocol):
 
     def now_ms(self) -> int: ...
 
-    def check_range(self, lower: object, upper: object, names: tuple[str, str]) -> None: ...
-
     def delete_runs(self, runs: Runs) -> None: ...
 
     def new_batch(self, runs: Runs, lower: int, upper: int | None, born: int | None) -> Batch: ...
@@ -340,7 +340,7 @@ class BatchBuilder:
         self._check_open()
         self._finished = True
         try:
-            self._handle.check_range(self.lower, upper, ("lower", "upper"))
+            check_range(self.lower, upper, ("lower", "upper"))
             if self._max_time is not None and not frontier.lt(self._max_time, upper):
                 raise UsageError(f"an added update has time {self._max_time}, not before {upper}")
             if self._born is not None:

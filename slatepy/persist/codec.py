@@ -1,5 +1,6 @@
-"""Updates ``((key, value), time, diff)``: validation, consolidation, and their encoding as
-entries of the engine's SST format (RFC 0015 §2, §5.1).
+"""Updates ``((key, value), time, diff)`` and their encoding as entries of the engine's SST
+format (RFC 0015 §2, §5.1); the write path's encode step (``persist/pipeline.py``).
+Validation is ``persist/validate.py``, consolidation ``persist/consolidation.py``.
 
 One update is one entry: the **key** is ``esc(k) ‖ esc(v) ‖ t`` (``t`` as u64 big-endian)
 where ``esc(x) = x.replace(b"\\0", b"\\0\\xff") + b"\\0\\x01"``; the **seq** is ``t``; the
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Iterable, Sequence
-from itertools import islice, repeat
-from typing import Any, TypeGuard, cast
+from collections.abc import Sequence
+from itertools import repeat
+from typing import cast
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import BlockBuilder, Entry, decode_block
-from slatepy.persist.errors import InvalidBounds, UsageError, UsageTypeError
-from slatepy.persist.frontier import Frontier
+from slatepy.persist.errors import UsageError
 
 Update = tuple[tuple[bytes, bytes], int, int]
 """``((key, value), time, diff)``."""
@@ -34,7 +34,7 @@ I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
 MAX_ENCODED_KEY = 65_535
 """Largest encoded key: the SST format stores key lengths as u16."""
-_ALWAYS_FITS = (MAX_ENCODED_KEY - 12) // 2
+ALWAYS_FITS = (MAX_ENCODED_KEY - 12) // 2
 """Key plus value lengths whose encoding fits whatever their NULs (each NUL costs one more
 byte): below this the exact, slower count is skipped."""
 
@@ -164,147 +164,6 @@ def _times(count: int, seqs: list[int]) -> bytes:
         return struct.pack(f">{count}Q", *seqs)
     except struct.error:
         return b""  # a seq that is no u64: the per-entry path reports it
-
-
-def check_time(time: object, what: str = "time") -> int:
-    """Return ``time`` if it is a u64 ``int``; else raise ``UsageError``."""
-    if type(time) is not int:
-        raise UsageTypeError(
-            f"{what} must be an int in [0, 2**64), not {type(time).__name__} {time!r}"
-        )
-    if not 0 <= time <= U64_MAX:
-        raise UsageError(f"{what} must be an int in [0, 2**64), not {time!r}")
-    return time
-
-
-def check_frontier(frontier: object, what: str) -> Frontier:
-    """Return ``frontier`` if it is a u64 ``int`` or ``None``; else raise ``UsageError``."""
-    return None if frontier is None else check_time(frontier, what)
-
-
-def check_bounds(lower: int | None, upper: Frontier, *, names: tuple[str, str]) -> None:
-    """Raise ``InvalidBounds`` unless ``lower < upper`` (``None`` greatest; a ``None``
-    lower is beyond every upper). ``names`` name the two arguments in the message."""
-    if lower is None or (upper is not None and upper <= lower):
-        raise InvalidBounds(
-            f"{names[1]} {upper!r} must be beyond {names[0]} {lower!r} "
-            "(None, the closed frontier, is beyond every time; nothing is beyond None)"
-        )
-
-
-def check_updates(updates: Iterable[object], lower: int, upper: Frontier) -> list[Update]:
-    """Validate ``updates`` for a batch or append over ``[lower, upper)``.
-
-    Keys and values must be ``bytes``, times u64 within ``[lower, upper)``, diffs i64, and
-    the encoded key at most 65,535 bytes. Returns the updates as a new list.
-
-    Raises:
-        UsageError: the first update that breaks a rule, with its index.
-    """
-    items = list(updates)
-    if _plainly_valid(items, lower, upper):
-        return items
-    return _check_each(items, lower, upper)
-
-
-def _plainly_valid(items: list[Any], lower: int, upper: Frontier) -> TypeGuard[list[Update]]:
-    """Whether every update is a plain ``((bytes, bytes), int, int)`` tuple within the rules,
-    found by C-level maps over whole columns (a large batch is checked at a fraction of the
-    per-update loop's cost). False sends the batch to :func:`_check_each`, which names the
-    first update that breaks a rule (or accepts what is merely not a plain tuple)."""
-    if not items:
-        return True
-    if set(map(type, items)) != {tuple} or set(map(len, items)) != {3}:
-        return False
-    pairs = list(map(_first, items))
-    if set(map(type, pairs)) != {tuple} or set(map(len, pairs)) != {2}:
-        return False
-    keys, values = list(map(_first, pairs)), list(map(_second, pairs))
-    times, diffs = list(map(_second, items)), list(map(_third, items))
-    if {*map(type, keys), *map(type, values)} != {bytes}:
-        return False
-    if {*map(type, times), *map(type, diffs)} != {int}:
-        return False
-    return (
-        0 <= lower <= min(times)
-        and max(times) < (U64_MAX + 1 if upper is None else upper)
-        and min(diffs) >= I64_MIN
-        and max(diffs) <= I64_MAX
-        and max(map(len, keys)) + max(map(len, values)) <= _ALWAYS_FITS
-    )
-
-
-def _check_each(items: list[object], lower: int, upper: Frontier) -> list[Update]:
-    checked: list[Update] = []
-    key: object
-    value: object
-    time: object
-    diff: object
-    for i, update in enumerate(items):
-        try:
-            (key, value), time, diff = update  # type: ignore[misc]
-        except (TypeError, ValueError):
-            raise UsageTypeError(
-                f"update {i} is not ((key, value), time, diff): {update!r}"
-            ) from None
-        if type(key) is not bytes or type(value) is not bytes:
-            what, field = ("key", key) if type(key) is not bytes else ("value", value)
-            raise UsageTypeError(
-                f"update {i}: the {what} must be bytes, not {type(field).__name__}"
-            )
-        time = check_time(time, f"update {i}: time")
-        if not (lower <= time and (upper is None or time < upper)):
-            raise UsageError(f"update {i}: time {time} is outside [{lower}, {upper})")
-        if type(diff) is not int:
-            raise UsageTypeError(
-                f"update {i}: diff must be an int in [-2**63, 2**63), "
-                f"not {type(diff).__name__} {diff!r}"
-            )
-        if not I64_MIN <= diff <= I64_MAX:
-            raise UsageError(f"update {i}: diff must be an int in [-2**63, 2**63), not {diff!r}")
-        if len(key) + len(value) > _ALWAYS_FITS and encoded_key_size(key, value) > MAX_ENCODED_KEY:
-            raise UsageError(
-                f"update {i}: key and value are too large together "
-                f"(encoded {encoded_key_size(key, value)} bytes > {MAX_ENCODED_KEY})"
-            )
-        checked.append(((key, value), time, diff))
-    return checked
-
-
-def advance(time: int, frontier: int) -> int:
-    """``time`` forwarded to ``frontier``: ``max(time, frontier)``. Monotone, so a stream
-    sorted by ``(k, v, t)`` stays sorted after it."""
-    return frontier if time < frontier else time
-
-
-def consolidate(updates: Iterable[Update], since: int | None = None) -> list[Update]:
-    """Forward times to ``since`` (none when ``None``), sum the diffs of equal
-    ``(k, v, t)``, drop zero sums, sort by ``(k, v, t)``.
-
-    Raises:
-        UsageError: a sum does not fit an i64.
-    """
-    if since is None:
-        # Sorting the update tuples orders them by (k, v, t) (ties by diff), in C; when no
-        # (k, v, t) repeats and no diff is zero (a typical batch) that is the answer.
-        ordered = sorted(updates)
-        triples = list(map(_pair_and_time, ordered))
-        if 0 not in map(_third, ordered) and all(
-            map(operator.ne, triples, islice(triples, 1, None))
-        ):
-            return ordered
-        updates = ordered
-    sums: dict[tuple[bytes, bytes, int], int] = {}
-    for (key, value), time, diff in updates:
-        triple = (key, value, since if since is not None and time < since else time)
-        sums[triple] = sums.get(triple, 0) + diff
-    out: list[Update] = []
-    for (key, value, time), diff in sorted(sums.items()):
-        if diff:
-            if not I64_MIN <= diff <= I64_MAX:
-                raise UsageError(f"the diffs of {(key, value, time)!r} sum beyond an i64")
-            out.append(((key, value), time, diff))
-    return out
 
 
 def encode_inline(updates: Sequence[Update]) -> bytes:

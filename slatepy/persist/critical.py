@@ -10,7 +10,6 @@ import threading
 
 from slatepy.closing import Closing
 from slatepy.errors import ClosedError
-from slatepy.persist.codec import check_frontier
 from slatepy.persist.errors import OpaqueMismatch
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
@@ -21,6 +20,7 @@ from slatepy.persist.state.transitions import (
     compare_and_downgrade_since,
     expire_critical_reader,
 )
+from slatepy.persist.validate import check_frontier
 
 
 class SinceHandle(Closing):

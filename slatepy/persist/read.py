@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from slatepy.closing import Closing
 from slatepy.errors import ClosedError, CorruptionError, NotFound, StoreError
 from slatepy.persist import frontier, ranges
-from slatepy.persist.codec import Update, check_frontier, check_time
+from slatepy.persist.codec import Update
 from slatepy.persist.errors import SinceError, StateConflictError, UsageError
 from slatepy.persist.frontier import Frontier
 from slatepy.persist.machine import ShardMachine, rerun_as_is
@@ -37,6 +37,7 @@ from slatepy.persist.state.transitions import (
     expire_leased_reader,
     heartbeat_leased_reader,
 )
+from slatepy.persist.validate import check_frontier, check_time
 from slatepy.table.reader import TableReader
 
 

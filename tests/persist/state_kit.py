@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from slatepy.persist.codec import Update, consolidate, encode_inline
+from slatepy.persist.codec import Update, encode_inline
 from slatepy.persist.config import PersistSettings
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.state.append import CompareAndAppend, compare_and_append
 from slatepy.persist.state.diff import (
     StateDiff,

@@ -16,11 +16,6 @@ from slatepy.persist.codec import (
     MAX_ENCODED_KEY,
     U64_MAX,
     Update,
-    advance,
-    check_bounds,
-    check_frontier,
-    check_updates,
-    consolidate,
     decode_entries,
     decode_entry,
     decode_inline,
@@ -31,7 +26,9 @@ from slatepy.persist.codec import (
     encode_key,
     encoded_key_size,
 )
+from slatepy.persist.consolidation import advance, consolidate
 from slatepy.persist.errors import InvalidBounds, UsageError
+from slatepy.persist.validate import check_bounds, check_frontier, check_updates
 
 # Bytes rich in the escape's special values, so that the edge cases come up often.
 fields = st.binary(max_size=6) | st.lists(

@@ -15,8 +15,8 @@ import pytest
 
 from slatepy.config import Settings
 from slatepy.persist import PersistClient, PersistSettings, UsageError
-from slatepy.persist.codec import consolidate
 from slatepy.persist.compactor import compact
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.gc import collect
 from slatepy.persist.location.consensus import Consensus
 from slatepy.store.base import ObjectStore

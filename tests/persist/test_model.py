@@ -60,8 +60,9 @@ from slatepy.persist import (
     WriteHandle,
     frontier,
 )
-from slatepy.persist.codec import Update, consolidate
+from slatepy.persist.codec import Update
 from slatepy.persist.compactor import compact
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.gc import collect
 from slatepy.persist.location.open import open_consensus
 from slatepy.persist.state.records import State

@@ -30,7 +30,7 @@ from slatepy.persist import (
     WriteHandle,
     frontier,
 )
-from slatepy.persist.codec import consolidate
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.persist.location.pgconsensus import PostgresConsensus

@@ -18,8 +18,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from slatepy.errors import SlatepyError
 from slatepy.persist import frontier
-from slatepy.persist.codec import U64_MAX, Update, consolidate, decode_inline, encode_inline
+from slatepy.persist.codec import U64_MAX, Update, decode_inline, encode_inline
 from slatepy.persist.config import PersistSettings
+from slatepy.persist.consolidation import consolidate
 from slatepy.persist.ids import rollup_key
 from slatepy.persist.state.append import (
     AlreadyAppended,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from slatepy.errors import WriteStalled
-from slatepy.persist.codec import check_updates
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import (
     Indeterminate,
@@ -55,6 +54,7 @@ from slatepy.persist.state.transitions import (
     register_writer,
     step,
 )
+from slatepy.persist.validate import check_updates
 from tests.persist.state_kit import (
     SETTINGS,
     append,

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg2
 
 from slatepy.persist import PersistClient
-from slatepy.persist.codec import consolidate
+from slatepy.persist.consolidation import consolidate
 from slatepy.sources import Ingest
 from slatepy.sources.postgres import Table, connect, describe, parse_lsn
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg2
 
 from slatepy.persist import PersistClient
-from slatepy.persist.codec import consolidate
+from slatepy.persist.consolidation import consolidate
 from slatepy.sources import remap
 from slatepy.sources.postgres import connect, describe
 from tests.processes import spawn

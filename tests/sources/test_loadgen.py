@@ -7,7 +7,7 @@ import time
 import pytest
 
 from slatepy.persist import PersistClient
-from slatepy.persist.codec import consolidate
+from slatepy.persist.consolidation import consolidate
 from slatepy.sources import Ingest, LoadGen, OffsetOutOfRange
 from slatepy.sources.base import Chunk, Progress
 from slatepy.sources.loadgen import contents, event

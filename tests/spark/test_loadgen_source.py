@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slatepy.persist import PersistClient
-from slatepy.persist.codec import consolidate
+from slatepy.persist.consolidation import consolidate
 from slatepy.sources import remap
 from slatepy.sources.loadgen import contents
 

@@ -10,7 +10,6 @@ import msgspec
 
 from slatepy.errors import WriteStalled
 from slatepy.persist import frontier
-from slatepy.persist.codec import check_bounds
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.errors import Indeterminate, InvalidBounds, UpperMismatch, UsageError
 from slatepy.persist.state.gc_rules import gc_due
@@ -34,6 +33,7 @@ from slatepy.persist.state.records import (
     runs_updates,
 )
 from slatepy.persist.state.spine import plan_for, runs_problem
+from slatepy.persist.validate import check_bounds
 
 
 @dataclass(frozen=True, slots=True)
