@@ -4,6 +4,7 @@ unless told not to: in child processes, as the setting is process-wide."""
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ print(fixed_threshold())
 """
 
 pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="glibc only",
 )
 
