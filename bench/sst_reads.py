@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from slatepy.compactor.executor import store_sst
+from slatepy.compactor.outputs import store_sst
 from slatepy.config import Settings
 from slatepy.engine.view import get_compacted, scan_merged
 from slatepy.format.sst import SstBuilder

@@ -193,6 +193,13 @@ class Settings(
         default_ttl: Seconds a value put without ``ttl=`` lives (RFC 0019); None (default):
             values do not expire. Runtime-only options that are not data (the clock TTLs are
             measured with) are ``Db.open`` keyword arguments instead.
+        malloc_mmap_threshold: Linux with glibc: a writer's open fixes the process's malloc
+            mmap threshold at this many bytes (128 KiB, glibc's initial value), so that
+            the large buffers writes and compaction free go back to the system instead of
+            staying in the heap (``slatepy.engine.malloc``: peak RSS of a writer -20% or
+            more). Process-wide and once per process (the first writer's value); ``None``
+            leaves the allocator alone, as does ``MALLOC_MMAP_THRESHOLD_`` in the
+            environment.
     """
 
     flush_interval: float = 0.1
@@ -250,6 +257,7 @@ class Settings(
     compression: Literal["none", "zstd", "lz4"] = "none"
     compression_level: int = 0
     default_ttl: float | None = None
+    malloc_mmap_threshold: int | None = 128 * 1024
 
     def __post_init__(self) -> None:
         # The constructor does not check types (only decoding does): a misspelt Literal
@@ -274,6 +282,11 @@ class Settings(
                 "memtable_retain_bytes must be in [0, max_unflushed_bytes / 2]",
             ),
             (self.write_stall_timeout > 0, "write_stall_timeout must be > 0"),
+            (
+                self.malloc_mmap_threshold is None
+                or 4096 <= self.malloc_mmap_threshold <= 32 * 1024 * 1024,
+                "malloc_mmap_threshold must be None or in [4 KiB, 32 MiB]",
+            ),
             (self.wal_write_attempts >= 1, "wal_write_attempts must be >= 1"),
             (self.store_timeout > 0, "store_timeout must be > 0"),
             (self.store_connect_timeout > 0, "store_connect_timeout must be > 0"),

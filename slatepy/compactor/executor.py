@@ -5,10 +5,11 @@ Inputs are read in large sequential chunks through ``TableReader.scan_all`` or
 hot blocks, nor keep the indexes of the SSTs it is about to replace) and merged newest
 version first (``merge_folding``); output SSTs are cut at ``target_sst_bytes`` (a
 WalToL0's too: its outputs are several L0 SSTs with disjoint key ranges, RFC 0011) and
-streamed to the store while they are built, so memory holds about ``SEND_BYTES`` of output
-and one chunk per input (together at most ``READ_AHEAD_BYTES``) at a time, whatever the size
-of the inputs or outputs. Outputs are written under ``compacted/`` with fresh random ids;
-they become part of the database only when the manifest update publishing them succeeds.
+streamed to the store while they are built (``slatepy.compactor.outputs``), so memory
+holds about ``SEND_BYTES`` of output and one chunk per input (together at most
+``READ_AHEAD_BYTES``) at a time, whatever the size of the inputs or outputs. Outputs are
+written under ``compacted/`` with fresh random ids; they become part of the database only
+when the manifest update publishing them succeeds.
 
 :func:`compact_plan` runs a compaction. Runs of plain values (the common case) are merged
 and written a column at a time, in C; other entries, and compactions with range tombstones,
@@ -18,34 +19,25 @@ same bytes either way). RFC 0003, addendum on the columnar path.
 
 from __future__ import annotations
 
-import heapq
 import time
-import uuid
-from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from operator import itemgetter
-from typing import NamedTuple, cast
+from collections.abc import Callable, Iterator
 
+from slatepy.compactor.columnar_merge import Plain, Source, batches, chain_columns, groups
 from slatepy.compactor.ingested import over_ingestions
+from slatepy.compactor.outputs import OutputWriter
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
 from slatepy.format.block import Entry
 from slatepy.format.compression import Compression
 from slatepy.format.kinds import RangeTombstone
-from slatepy.format.sst import EncodedSst, SstBuilder
 from slatepy.manifest.record import Manifest, SstHandle
-from slatepy.store.base import ObjectStore
-from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
-from slatepy.table.merge import merge_folding, newest_columns, stamped
+from slatepy.table.merge import merge_folding, stamped
 from slatepy.table.merge_operator import NO_MERGING, Merging
-from slatepy.table.reader import Piece, TableReader
+from slatepy.table.reader import TableReader
 from slatepy.table.visibility import Clock, RangeIndex, compacted_entries, folding
 
 READ_AHEAD_BYTES = 16 * 1024 * 1024
-SEND_BYTES = 8 * 1024 * 1024
-"""Finished data blocks an output SST buffers before they are streamed to the store."""
-YIELD_EVERY = 128
 MIN_CHUNK_BYTES = 64 * 1024
 
 
@@ -166,7 +158,7 @@ def compact_plan(
     is aborted; outputs already written stay unreferenced until GC deletes them.
 
     Without range tombstones among the inputs, the inputs are read a block at a time as
-    columns and merged a window at a time (:func:`_windows`: every version of a key in the
+    columns and merged a window at a time (:func:`windows`: every version of a key in the
     same window). A window of plain values only (no tombstone, no entry kind), the common
     case, is merged in C (concatenated when one input has it all, else sorted and deduped)
     and written with :meth:`SstBuilder.extend_below`; any other window takes the entry
@@ -179,7 +171,7 @@ def compact_plan(
     """
     bottom = drops_tombstones(plan)
     range_tombstones = plan_range_tombstones(plan, manifest, tables)
-    writer = _Writer(
+    writer = OutputWriter(
         tables.store,
         policy,
         drop_tombstones=bottom,
@@ -206,11 +198,11 @@ def compact_plan(
             fold = over_ingestions(fold, manifest, tables)
         ranges = RangeIndex()
         reported = 0
-        for batch in _batches(_column_sources(plan, manifest, tables), fold):
+        for batch in batches(_column_sources(plan, manifest, tables), fold):
             if progress is not None and writer.count >= reported:
                 progress()
                 reported = writer.count + PROGRESS_EVERY
-            if isinstance(batch, _Plain):
+            if isinstance(batch, Plain):
                 writer.add_plain(*batch)
             else:
                 writer.add_entries(
@@ -225,13 +217,6 @@ def compact_plan(
 
 PROGRESS_EVERY = 4096
 """Entries between calls of :func:`compact_plan`'s ``progress``."""
-PLAIN_BATCH_ROWS = 512
-"""Rows the columnar path writes between GIL yields and checks for output to send."""
-SOURCE_GROUP_ROWS = 2048
-"""Rows of an input the columnar path takes at a time (whole blocks: the block reaching it
-ends the group), or fewer when their keys and values reach the input's read chunk."""
-MAX_WINDOW_ROWS = 8192
-"""Rows of several inputs the columnar path merges in one step (about 2 ms of sorting)."""
 
 
 def _reporting(entries: Iterator[Entry], progress: Callable[[], None]) -> Iterator[Entry]:
@@ -241,370 +226,12 @@ def _reporting(entries: Iterator[Entry], progress: Callable[[], None]) -> Iterat
         yield entry
 
 
-class _Plain(NamedTuple):
-    """Merged entries (newest version per key, key order) whose values are all plain:
-    written as they are."""
-
-    keys: list[bytes]
-    seqs: list[int]
-    values: list[bytes]
-
-
-class _Source:
-    """One input (a WAL SST, an L0 SST or a sorted run) as columns, a group of blocks at a
-    time (:func:`_groups`): ``keys[pos:]`` are not merged yet; ``keys`` None once the input
-    is exhausted."""
-
-    __slots__ = ("_groups", "_stamp", "keys", "plain", "pos", "seqs", "values")
-
-    def __init__(self, groups: Iterator[Piece], stamp: int) -> None:
-        self._groups = groups
-        self._stamp = stamp
-        self.keys: list[bytes] | None = None
-        self.seqs: list[int] = []
-        self.values: list[bytes | None] = []
-        self.plain = False
-        self.pos = 0
-        self.advance()
-
-    def advance(self) -> None:
-        """Move on to the next group."""
-        for keys, seqs, values, plain in self._groups:
-            if keys:
-                self.keys, self.values, self.pos, self.plain = keys, values, 0, plain
-                # Ingested L0 SSTs store seq 0: their entries take the handle's global seq
-                # (RFC 0016), as ``stamped`` gives them on the entry path.
-                self.seqs = [self._stamp] * len(keys) if self._stamp else list(seqs)
-                return
-        self.keys = None
-
-
-def _column_sources(plan: Plan, manifest: Manifest, tables: TableReader) -> list[_Source]:
-    """The inputs of ``plan`` (in :func:`plan_inputs`' order) as :class:`_Source`s, read
+def _column_sources(plan: Plan, manifest: Manifest, tables: TableReader) -> list[Source]:
+    """The inputs of ``plan`` (in :func:`plan_inputs`' order) as :class:`Source`s, read
     the way :func:`plan_inputs` reads them."""
     sources, stamps = _plan_sources(plan, manifest, tables)
     chunk = max(MIN_CHUNK_BYTES, READ_AHEAD_BYTES // max(len(sources), 1))
     return [
-        _Source(_groups(_chain_columns(tables, paths, chunk), chunk), stamp)
+        Source(groups(chain_columns(tables, paths, chunk), chunk), stamp)
         for paths, stamp in zip(sources, stamps, strict=True)
     ]
-
-
-def _groups(pieces: Iterator[Piece], budget: int) -> Iterator[Piece]:
-    """A source's blocks joined into groups of ``SOURCE_GROUP_ROWS`` rows or ``budget``
-    bytes of keys and values, whichever comes first (or what is left), each with whether
-    all its values are plain: windows then hold whole groups of the inputs that overlap
-    them, not a block or two of each (a window costs a step per input in it), and memory
-    about one read chunk per input, as on the entry path (large values, few rows)."""
-    keys: list[bytes] = []
-    seqs: list[int] = []
-    values: list[bytes | None] = []
-    plain = True
-    size = 0
-    for piece_keys, piece_seqs, piece_values, piece_plain in pieces:
-        keys += piece_keys
-        seqs += piece_seqs
-        values += piece_values
-        size += sum(map(len, piece_keys))
-        if piece_plain:
-            size += sum(map(len, cast("list[bytes]", piece_values)))
-        else:
-            size += sum(len(v) for v in piece_values if v is not None)
-        plain = plain and piece_plain
-        if len(keys) >= SOURCE_GROUP_ROWS or size >= budget:
-            yield keys, seqs, values, plain
-            keys, seqs, values, plain, size = [], [], [], True, 0
-    if keys:
-        yield keys, seqs, values, plain
-
-
-def _chain_columns(
-    tables: TableReader, paths: list[tuple[str, int | None]], chunk: int
-) -> Iterator[Piece]:
-    """:func:`_chain` a block at a time."""
-    for path, size in paths:
-        yield from tables.scan_all_columns(path, chunk_bytes=chunk, size=size)
-
-
-WindowPart = tuple[list[bytes], list[int], list[bytes | None], bool]
-Window = list[WindowPart]
-"""The columns of the sources that have entries in a window, in source order, and whether
-each one's values are all plain."""
-
-
-def _windows(sources: list[_Source]) -> Iterator[Window]:
-    """The sources' entries in consecutive key ranges, so every version of a key is in one
-    window and memory holds one group per source.
-
-    A window ends at the smallest last key of the sources' current groups (a source whose
-    next key lies beyond that cannot hold it); the sources it draws on are found through a
-    heap by next key, so a window costs the sources it holds, not all of them (a WalToL0
-    may have hundreds of WAL SSTs of disjoint key ranges: one a window, concatenated).
-    """
-    heap = [(s.keys[0], rank, s) for rank, s in enumerate(sources) if s.keys is not None]
-    heapq.heapify(heap)
-    while heap:
-        _, rank, source = heapq.heappop(heap)
-        taken = [(rank, source)]
-        assert source.keys is not None
-        bound = source.keys[-1]
-        while heap and heap[0][0] <= bound:
-            _, rank, source = heapq.heappop(heap)
-            taken.append((rank, source))
-            assert source.keys is not None
-            bound = min(bound, source.keys[-1])
-        taken.sort(key=itemgetter(0))  # source order: ties on seq go to the earlier one
-        window: Window = []
-        for rank, source in taken:
-            keys = source.keys
-            assert keys is not None
-            pos = source.pos
-            count = len(keys)
-            cut = count if keys[-1] <= bound else bisect_right(keys, bound, pos)
-            if cut > pos:
-                window.append(_sliced((keys, source.seqs, source.values, source.plain), pos, cut))
-                source.pos = cut
-            if cut == count:
-                source.advance()
-            if source.keys is not None:
-                heapq.heappush(heap, (source.keys[source.pos], rank, source))
-        if len(window) > 1 and sum(len(w[0]) for w in window) > MAX_WINDOW_ROWS:
-            yield from _split(window)
-        else:
-            yield window
-
-
-def _sliced(columns: WindowPart, lo: int, hi: int) -> WindowPart:
-    """Rows ``lo:hi`` of ``columns`` (the lists themselves when that is all of them) and
-    whether their values are all plain."""
-    keys, seqs, values, plain = columns
-    if lo == 0 and hi == len(keys):
-        return columns
-    part = values[lo:hi]
-    return keys[lo:hi], seqs[lo:hi], part, plain or _all_plain(part)
-
-
-def _split(window: Window) -> Iterator[Window]:
-    """A window of many rows cut into windows of about ``MAX_WINDOW_ROWS`` at keys of its
-    largest source (a key's versions stay together: each cut is after a key), so one merge
-    holds the GIL for a few ms at most."""
-    total = sum(len(w[0]) for w in window)
-    largest = max(window, key=lambda w: len(w[0]))[0]
-    parts = -(-total // MAX_WINDOW_ROWS)
-    bounds = [largest[len(largest) * i // parts - 1] for i in range(1, parts)]
-    starts = [0] * len(window)
-    for bound in [*bounds, None]:
-        sub: Window = []
-        for n, columns in enumerate(window):
-            keys, lo = columns[0], starts[n]
-            hi = len(keys) if bound is None else bisect_right(keys, bound, lo)
-            if hi > lo:
-                sub.append(_sliced(columns, lo, hi))
-                starts[n] = hi
-        if sub:
-            yield sub
-
-
-def _all_plain(values: list[bytes | None]) -> bool:
-    """Whether every value is exactly ``bytes`` (what ``compacted_entries`` writes as it
-    is): a group holding a tombstone or an entry kind may have none in this window."""
-    return set(map(type, values)) == _BYTES_ONLY
-
-
-_BYTES_ONLY = {bytes}
-
-
-def _batches(
-    sources: list[_Source], fold: Callable[[list[Entry]], Entry | None]
-) -> Iterator[_Plain | list[Entry]]:
-    """The merge of ``sources`` (``merge_folding``'s: newest version per key, ties on seq to
-    the earlier source, merge operands folded by ``fold``), a window at a time: plain
-    windows as :class:`_Plain` batches of at most ``PLAIN_BATCH_ROWS`` rows, others as
-    lists of entries for ``compacted_entries``."""
-    for window in _windows(sources):
-        if not all(plain for _, _, _, plain in window):
-            yield list(merge_folding((zip(k, s, v, strict=True) for k, s, v, _ in window), fold))
-            continue
-        if len(window) == 1:
-            keys, seqs, values, _ = window[0]
-        else:
-            keys, seqs, values = _merge_plain(window)
-        for begin in range(0, len(keys), PLAIN_BATCH_ROWS):
-            end = begin + PLAIN_BATCH_ROWS
-            yield _Plain(keys[begin:end], seqs[begin:end], values[begin:end])  # type: ignore[arg-type]
-
-
-def _merge_plain(window: Window) -> tuple[list[bytes], list[int], list[bytes | None]]:
-    """The newest version of each key of a window, in C (:func:`newest_columns`)."""
-    return newest_columns([(k, s, v) for k, s, v, _ in window])
-
-
-class _Writer:
-    """The outputs of one compaction as entries arrive: cut at ``policy.target_sst_bytes``
-    before an entry once the open output's estimated size reached it, so an output ends
-    only when another entry follows (the last output is still open for the range
-    tombstones). Entries added in bulk (:meth:`add_plain`) cut exactly where one at a time
-    (:meth:`add_entries`) would."""
-
-    def __init__(
-        self,
-        store: ObjectStore,
-        policy: CompactionPolicy,
-        *,
-        drop_tombstones: bool,
-        block_size: int,
-        bloom_bits_per_key: int,
-        compression: Compression,
-        compression_level: int,
-    ) -> None:
-        self._store = store
-        self._target = policy.target_sst_bytes
-        self._drop = drop_tombstones
-        self._block_size = block_size
-        self._bits = bloom_bits_per_key
-        self._compression: Compression = compression
-        self._level = compression_level
-        self.handles: list[SstHandle] = []
-        self.output: _Output | None = None
-        self.count = 0
-        """Entries added so far."""
-
-    def _open(self) -> _Output:
-        self.output = _Output(
-            self._store,
-            self._block_size,
-            self._bits,
-            compression=self._compression,
-            compression_level=self._level,
-        )
-        return self.output
-
-    def add_entries(self, entries: Iterable[Entry]) -> None:
-        """Add entries in key order, one at a time (tombstones go when dropping them)."""
-        count, drop, target = self.count, self._drop, self._target
-        try:
-            for key, seq, value in entries:
-                if count % YIELD_EVERY == 0:
-                    # Let the writer's threads have the GIL: a thread back from its WAL PUT
-                    # would otherwise wait out the interpreter's 5 ms switch interval (RFC 0006).
-                    time.sleep(0)
-                    if self.output is not None:
-                        self.output.send_if_due()
-                count += 1
-                if value is None and drop:
-                    continue
-                output = self.output
-                if output is not None and output.builder.estimated_size >= target:
-                    self.handles.append(output.finish())
-                    self.output = output = None
-                if output is None:
-                    output = self._open()
-                output.builder.add(key, seq, value)
-        finally:
-            self.count = count
-
-    def add_plain(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
-        """Add plain entries in key order, after those added before, in bulk."""
-        time.sleep(0)  # as add_entries does
-        output = self.output
-        if output is not None:
-            output.send_if_due()
-        target = self._target
-        begin = 0
-        while begin < len(keys):
-            if output is not None and output.builder.estimated_size >= target:
-                self.handles.append(output.finish())
-                self.output = output = None
-            if output is None:
-                output = self._open()
-            begin = output.builder.extend_below(keys, seqs, values, begin, target)
-        self.count += len(keys)
-
-    def finish(self, range_tombstones: Sequence[RangeTombstone]) -> list[SstHandle]:
-        """Finish the last output, with ``range_tombstones`` unless dropping them (an
-        output of none but them if need be); return every output's handle."""
-        if range_tombstones and not self._drop:
-            output = self.output or self._open()
-            for tombstone in range_tombstones:
-                output.builder.add_range_tombstone(tombstone)
-        if self.output is not None:
-            self.handles.append(self.output.finish())
-            self.output = None
-        return self.handles
-
-    def abort(self) -> None:
-        """Abort the output being written, if any (nothing once :meth:`finish` ran)."""
-        if self.output is not None:
-            self.output.abort()
-            self.output = None
-
-
-class _Output:
-    """One output SST on its way to ``compacted/`` under a fresh random id: finished data
-    blocks are streamed out (``ObjectStore.open_writer``) once ``SEND_BYTES`` of them are
-    buffered, so memory holds about one part of the SST, not the whole of it (RFC 0011).
-
-    Written with an overwrite: the id is a fresh uuid4, and the SST becomes part of the
-    database only when the manifest update naming it succeeds.
-    """
-
-    def __init__(
-        self,
-        store: ObjectStore,
-        block_size: int,
-        bloom_bits_per_key: int,
-        *,
-        compression: Compression = "none",
-        compression_level: int = 0,
-    ) -> None:
-        self.id = uuid.uuid4().hex
-        self.builder = SstBuilder(
-            writer_epoch=0,
-            block_size=block_size,
-            bloom_bits_per_key=bloom_bits_per_key,
-            compression=compression,
-            compression_level=compression_level,
-        )
-        self._writer = store.open_writer(compacted_path(self.id))
-
-    def send_if_due(self) -> None:
-        if self.builder.buffered_bytes >= SEND_BYTES:
-            self._writer.write(self.builder.take_data())
-
-    def finish(self) -> SstHandle:
-        encoded = self.builder.finish()
-        self._writer.write(encoded.data)
-        self._writer.commit()
-        return handle_of(self.id, encoded)
-
-    def abort(self) -> None:
-        self._writer.abort()
-
-
-def store_sst(store: ObjectStore, encoded: EncodedSst) -> SstHandle:
-    """Write ``encoded`` (whole, not empty) under a fresh id in ``compacted/``; return its
-    handle."""
-    sst_id = uuid.uuid4().hex
-    if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
-        raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
-    return handle_of(sst_id, encoded)
-
-
-def handle_of(sst_id: str, encoded: EncodedSst) -> SstHandle:
-    """The manifest's handle of the SST ``encoded`` written as ``compacted/{sst_id}``."""
-    props = encoded.meta.props
-    first, last = props.first_key, props.last_key
-    if first is None or last is None:
-        # Range tombstones only: the handle needs a key range; the tombstones' first start
-        # serves (reads find range tombstones through the handle's list, not by key).
-        assert props.range_tombstones, "an SST with neither entries nor range tombstones"
-        first = last = props.range_tombstones[0].start
-    return SstHandle(
-        sst_id,
-        encoded.meta.object_size,
-        first,
-        last,
-        props.entry_count,
-        props.max_seq,
-        range_tombstones=props.range_tombstones,
-    )

@@ -9,6 +9,14 @@ Two kinds of work, in priority order:
    whose size is at most ``size_ratio`` times what is being merged so far (size-tiered), into
    one new sorted run. Tombstones are dropped only when the output includes the oldest run,
    because only then can no older value lie underneath them.
+
+The WAL comes first, so that the writer's memtable is released soon, except once L0 holds
+``l0_max`` SSTs: then L0ToRun does. Under a sustained write load there is always new WAL
+when the compactor plans, and WAL-first alone would never merge L0 (the L0 count, and with
+it the cost of every get and scan, would grow without bound). While L0 is merged the WAL
+waits, the writer's memtable fills, and writes stall at ``max_unflushed_bytes``: that
+stall is what holds the L0 count at ``l0_max`` plus one WalToL0's outputs (issue 33,
+docs/performance.md).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ class CompactionPolicy:
     """Tunables of the planner."""
 
     l0_trigger: int = 4
+    l0_max: int = 8
+    """L0 SSTs at which merging L0 comes before compacting the WAL (see the module)."""
     size_ratio: float = 4.0
     max_wal_ssts: int = 1000
     target_sst_bytes: int = 64 * 1024 * 1024
@@ -60,7 +70,9 @@ def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> 
         wal_tail: The highest id of the contiguous WAL (None if the WAL is empty).
     """
     first = manifest.wal_id_last_compacted + 1
-    if wal_tail is not None and wal_tail >= first:
+    wal_pending = wal_tail is not None and wal_tail >= first
+    if wal_pending and len(manifest.l0) < max(policy.l0_max, policy.l0_trigger):
+        assert wal_tail is not None
         return WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
     if len(manifest.l0) < policy.l0_trigger:
         return None

@@ -31,6 +31,7 @@ from slatepy.engine.db_manifest import ManifestAdoption
 from slatepy.engine.db_reads import Reads
 from slatepy.engine.db_writes import Writes
 from slatepy.engine.embedded import LiveViews, embedded_gc
+from slatepy.engine.malloc import fix_mmap_threshold
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url
 from slatepy.engine.txn import ConflictTracker
@@ -76,6 +77,8 @@ class Db(Lifecycle, Reads, Writes, ManifestAdoption, Closing, ReadSurface, Write
         *,
         attachment: Attachment | None = None,
     ) -> None:
+        if settings.malloc_mmap_threshold is not None:
+            fix_mmap_threshold(settings.malloc_mmap_threshold)
         self._store = store
         self._attachment = attachment
         self._settings = settings

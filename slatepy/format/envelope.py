@@ -12,12 +12,12 @@ import struct
 from slatepy.errors import CorruptionError
 from slatepy.format.checksum import append_checksum, verify_checksummed
 
-_HEADER = struct.Struct("<4sH")
+HEADER = struct.Struct("<4sH")
 
 
 def seal(magic: bytes, version: int, payload: bytes) -> bytes:
     """Wrap ``payload`` with a magic, a version and a checksum."""
-    return append_checksum(_HEADER.pack(magic, version) + payload)
+    return append_checksum(HEADER.pack(magic, version) + payload)
 
 
 def unseal(data: bytes, magic: bytes, versions: tuple[int, ...], what: str) -> tuple[int, bytes]:
@@ -27,11 +27,11 @@ def unseal(data: bytes, magic: bytes, versions: tuple[int, ...], what: str) -> t
         CorruptionError: wrong magic, unsupported version or checksum mismatch.
     """
     body = verify_checksummed(data, what)
-    if len(body) < _HEADER.size:
+    if len(body) < HEADER.size:
         raise CorruptionError(f"{what}: too short for a header")
-    found_magic, version = _HEADER.unpack_from(body)
+    found_magic, version = HEADER.unpack_from(body)
     if found_magic != magic:
         raise CorruptionError(f"{what}: bad magic {bytes(found_magic)!r}")
     if version not in versions:
         raise CorruptionError(f"{what}: unsupported format version {version}")
-    return version, bytes(body[_HEADER.size :])
+    return version, bytes(body[HEADER.size :])

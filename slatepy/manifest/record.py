@@ -2,7 +2,10 @@
 
 A manifest is immutable once written; every change is a function ``Manifest -> Manifest``
 applied to the latest manifest and written to the next id (see ``store.py``).
-Encoding: msgpack (msgspec) inside a checksummed envelope with magic ``SLPM``.
+Encoding: msgpack (msgspec) inside a checksummed envelope with magic ``SLPM``. Format
+version 2 (RFC 0006, issue 33 addendum) encodes SST handles and sorted runs as msgpack
+arrays of their fields in declaration order instead of maps (field names repeated per
+handle were 40% of a large manifest); version 1 manifests still decode.
 """
 
 from __future__ import annotations
@@ -10,15 +13,22 @@ from __future__ import annotations
 import msgspec
 
 from slatepy.errors import CorruptionError
-from slatepy.format.envelope import seal, unseal
+from slatepy.format.checksum import CHECKSUM, checksum
+from slatepy.format.envelope import HEADER, unseal
 from slatepy.format.kinds import RangeTombstone
 
 MANIFEST_MAGIC = b"SLPM"
-MANIFEST_FORMAT_VERSION = 1
+MANIFEST_FORMAT_VERSION = 2
+"""The version written. 1: handles and runs as maps (still read, see ``_decode_v1``)."""
+MANIFEST_V1 = 1
 
 
-class SstHandle(msgspec.Struct, frozen=True):
+class SstHandle(msgspec.Struct, frozen=True, array_like=True):
     """A compacted SST the manifest references (under ``compacted/``).
+
+    Encoded as an array of its fields in this order (format version 2): a field added
+    later goes last, with a default, so that older arrays decode (and an older slatepy
+    ignores the extra trailing element).
 
     ``max_seq`` lets a new writer continue sequence numbers above everything compacted.
 
@@ -40,8 +50,8 @@ class SstHandle(msgspec.Struct, frozen=True):
     holds every range tombstone of its view without opening an SST."""
 
 
-class SortedRun(msgspec.Struct, frozen=True):
-    """Key-range-partitioned SSTs forming one sorted run."""
+class SortedRun(msgspec.Struct, frozen=True, array_like=True):
+    """Key-range-partitioned SSTs forming one sorted run (an array, as :class:`SstHandle`)."""
 
     id: int
     ssts: tuple[SstHandle, ...]
@@ -185,15 +195,24 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     sst_options: SstOptions | None = None
 
     def encode(self) -> bytes:
-        return seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(self))
+        """The manifest in its envelope (``slatepy.format.envelope``'s layout), encoded into
+        one buffer after the header and checksummed in place: one copy of a large
+        manifest's bytes instead of the three of ``seal`` (16 MiB at 100,000 SSTs)."""
+        buffer = bytearray(HEADER.pack(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION))
+        _ENCODER.encode_into(self, buffer, HEADER.size)
+        buffer += CHECKSUM.pack(checksum(buffer))
+        return bytes(buffer)
 
     @staticmethod
     def decode(data: bytes) -> Manifest:
-        """Decode and verify a manifest. Raises ``CorruptionError``."""
-        _, payload = unseal(data, MANIFEST_MAGIC, (MANIFEST_FORMAT_VERSION,), "manifest")
+        """Decode and verify a manifest (format version 1 or 2). Raises ``CorruptionError``."""
+        version, payload = unseal(
+            data, MANIFEST_MAGIC, (MANIFEST_V1, MANIFEST_FORMAT_VERSION), "manifest"
+        )
         try:
-            manifest = msgspec.msgpack.decode(payload, type=Manifest)
-        except msgspec.DecodeError as exc:
+            decode = _decode_v1 if version == MANIFEST_V1 else _DECODER.decode
+            manifest = decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CorruptionError(f"manifest: cannot decode: {exc}") from exc
         if manifest.wal_id_last_compacted > manifest.wal_id_last_seen:
             raise CorruptionError("manifest: wal_id_last_compacted > wal_id_last_seen")
@@ -225,3 +244,40 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
 
     def with_writer_epoch(self, epoch: int) -> Manifest:
         return msgspec.structs.replace(self, writer_epoch=epoch)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Manifest)
+_HANDLE_FIELDS = msgspec.structs.fields(SstHandle)
+
+
+def _decode_v1(payload: bytes) -> Manifest:
+    """A format version 1 manifest (handles and runs as maps), as today's types: the maps
+    are turned into the arrays version 2 encodes, then converted (with the same type checks
+    as a version 2 decode). Once per old database: its next update writes version 2.
+
+    Raises:
+        msgspec.DecodeError, msgspec.ValidationError: not a valid version 1 manifest.
+    """
+    raw = msgspec.msgpack.decode(payload)
+    if not isinstance(raw, dict):
+        raise msgspec.ValidationError("Expected `object`, got a manifest of another shape")
+    try:
+        if "l0" in raw:
+            raw["l0"] = [_handle_row(h) for h in raw["l0"]]
+        if "sorted_runs" in raw:
+            raw["sorted_runs"] = [
+                [r["id"], [_handle_row(h) for h in r["ssts"]]] for r in raw["sorted_runs"]
+            ]
+    except (KeyError, TypeError) as exc:
+        raise msgspec.ValidationError(
+            f"version 1 manifest: bad SST handle or run: {exc!r}"
+        ) from exc
+    raw["format_version"] = MANIFEST_FORMAT_VERSION
+    return msgspec.convert(raw, Manifest)
+
+
+def _handle_row(handle: dict[str, object]) -> list[object]:
+    """A version 1 handle (a map) as version 2's array; a missing required field raises
+    KeyError, a missing optional one takes its default."""
+    return [handle[f.name] if f.required or f.name in handle else f.default for f in _HANDLE_FIELDS]

@@ -12,7 +12,8 @@ from itertools import pairwise
 import pytest
 
 from slatepy import Db, Settings, WriteBatch
-from slatepy.compactor import CompactionPolicy, Compactor, executor
+from slatepy.compactor import CompactionPolicy, Compactor
+from slatepy.compactor import outputs as compaction_outputs
 from slatepy.compactor.planner import WalToL0
 from slatepy.errors import StoreUnavailable
 from slatepy.store import ObjectStore, open_store
@@ -118,7 +119,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
 ) -> None:
     """An output SST is sent while it is built, ``SEND_BYTES`` at a time, so compaction
     memory holds about one piece, not the SST (the peak RSS of issue 18)."""
-    monkeypatch.setattr(executor, "SEND_BYTES", 16 * 1024)
+    monkeypatch.setattr(compaction_outputs, "SEND_BYTES", 16 * 1024)
     store = RecordedStreams(open_store("memory://"))
     fill(store, 8000)  # over two outputs' worth of (columnar, RFC 0022) blocks
     policy = CompactionPolicy(l0_trigger=100, target_sst_bytes=128 * 1024)
@@ -135,7 +136,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
 
 
 def test_a_broken_output_stream_aborts_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(executor, "SEND_BYTES", 16 * 1024)
+    monkeypatch.setattr(compaction_outputs, "SEND_BYTES", 16 * 1024)
     memory = open_store("memory://")
     fill(memory, 6000)
     broken = RecordedStreams(memory, fail_at=3)

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slatepy.compactor import executor
-from slatepy.compactor.executor import compact_plan, handle_of
+from slatepy.compactor import columnar_merge
+from slatepy.compactor.executor import compact_plan
+from slatepy.compactor.outputs import handle_of
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
 from slatepy.format.compression import Compression
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone
@@ -269,13 +270,13 @@ class patched_rows:
         self.rows = rows
 
     def __enter__(self) -> None:
-        self.saved = [getattr(executor, name) for name in self.NAMES]
+        self.saved = [getattr(columnar_merge, name) for name in self.NAMES]
         for name in self.NAMES:
-            setattr(executor, name, self.rows)
+            setattr(columnar_merge, name, self.rows)
 
     def __exit__(self, *exc: object) -> None:
         for name, value in zip(self.NAMES, self.saved, strict=True):
-            setattr(executor, name, value)
+            setattr(columnar_merge, name, value)
 
 
 def counted_adds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -407,9 +408,9 @@ def test_input_groups_are_bounded_in_rows_and_bytes() -> None:
         ([b"k%05d" % (i * 10 + j) for j in range(10)], [1] * 10, [b"v"] * 10, True)
         for i in range(500)
     ]
-    groups = list(executor._groups(iter(blocks), 1 << 30))
+    groups = list(columnar_merge.groups(iter(blocks), 1 << 30))
     assert [len(g[0]) for g in groups] == [2050, 2050, 900]
     big: list[Piece] = [([b"k%05d" % i], [1], [b"x" * 10_000], i != 3) for i in range(50)]
-    groups = list(executor._groups(iter(big), 64 * 1024))
+    groups = list(columnar_merge.groups(iter(big), 64 * 1024))
     assert [len(g[0]) for g in groups] == [7, 7, 7, 7, 7, 7, 7, 1]
     assert [g[3] for g in groups] == [False] + [True] * 7

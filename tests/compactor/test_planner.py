@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from slatepy.compactor import CompactionPolicy, L0ToRun, WalToL0, apply_result, plan
@@ -84,3 +85,13 @@ def test_inputs_compacted_meanwhile_are_refused() -> None:
             (),
             1,
         )
+
+
+def test_l0_is_merged_before_the_wal_once_it_holds_l0_max_ssts() -> None:
+    # Under a sustained write load there is always WAL: WAL-first alone would never merge L0.
+    policy = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=10, l0_max=3)
+    l0 = (sst("x"), sst("y"), sst("z"))
+    manifest = Manifest(wal_id_last_compacted=4, wal_id_last_seen=4, l0=l0)
+    assert plan(manifest, 30, policy) == L0ToRun(("x", "y", "z"), (), 1, drop_tombstones=True)
+    fewer = msgspec.structs.replace(manifest, l0=l0[:2])
+    assert plan(fewer, 30, policy) == WalToL0(5, 14)

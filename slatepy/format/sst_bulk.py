@@ -1,0 +1,200 @@
+"""The bulk adds of :class:`slatepy.format.sst_builder.SstBuilder`: many entries at once
+with the per-entry work done by C-level maps and the block cuts found by bisecting
+cumulative sizes, the same bytes as adding them one by one (WAL SSTs, persist's batch parts,
+compaction's columnar path).
+
+:class:`BulkAdds` is the builder's base class: it declares the builder's state it uses,
+which :class:`~slatepy.format.sst_builder.SstBuilder` sets up.
+"""
+
+from __future__ import annotations
+
+import operator
+from bisect import bisect_left
+from itertools import accumulate, chain, islice, repeat
+
+from slatepy.errors import InvalidArgument
+from slatepy.format.block import (
+    BLOCK_OVERHEAD,
+    ENTRY_HEADER,
+    OFFSET,
+    BlockBuilder,
+    entry_headers,
+    finish_block,
+)
+from slatepy.format.columnar import BLOCK_OVERHEAD as COLUMN_BLOCK_OVERHEAD
+from slatepy.format.columnar import ENTRY_OVERHEAD as COLUMN_ENTRY_OVERHEAD
+from slatepy.format.columnar import ColumnBlockBuilder
+from slatepy.format.sst_index import INDEXED_BLOCKS_VERSION
+
+
+class BulkAdds:
+    """:meth:`extend` and :meth:`extend_below` of an SST builder (see the module)."""
+
+    # The builder's state these use (set by SstBuilder.__init__).
+    _version: int
+    _block_size: int
+    _columnar: bool
+    _block: BlockBuilder | ColumnBlockBuilder
+    _block_first: bytes | None
+    _first_key: bytes | None
+    _last_key: bytes | None
+    _count: int
+    _min_seq: int | None
+    _max_seq: int
+    _p_keys: list[bytes] | None
+
+    def add(self, key: bytes, seq: int, value: bytes | None) -> None:
+        raise NotImplementedError
+
+    @property
+    def estimated_size(self) -> int:
+        raise NotImplementedError
+
+    def _add_block(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def extend(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
+        """Add many entries (no tombstones) in strictly increasing key order: the same bytes
+        as :meth:`add` one by one, with the per-entry work done by C-level maps, the block
+        cuts found by bisecting cumulative sizes, and each block's bytes copied once (the
+        bulk path of persist's batch parts).
+
+        Raises:
+            InvalidArgument: the keys are not strictly increasing (after those added before).
+        """
+        last = self._last_key
+        if not keys:
+            return
+        if (last is not None and keys[0] <= last) or not all(
+            map(operator.lt, keys, islice(keys, 1, None))
+        ):
+            raise InvalidArgument("SST keys must be added in strictly increasing order")
+        if self._first_key is None:
+            self._first_key = keys[0]
+        lo_seq, hi_seq = min(seqs), max(seqs)
+        self._min_seq = lo_seq if self._min_seq is None else min(self._min_seq, lo_seq)
+        self._max_seq = max(self._max_seq, hi_seq)
+        self._last_key = keys[-1]
+        self._count += len(keys)
+        if self._columnar:
+            self._extend_columns(keys, seqs, values)
+            return
+        indexed = self._version >= INDEXED_BLOCKS_VERSION
+        sizes = list(map(operator.add, map(len, keys), map(len, values)))
+        # ends[j]: the block bytes the entries before j take, offsets included (the fixed
+        # overhead aside); a block closes at the first entry that brings it to ``room``.
+        per_entry = ENTRY_HEADER.size + (OFFSET.size if indexed else 0)
+        ends = list(accumulate(map(operator.add, sizes, repeat(per_entry)), initial=0))
+        room = self._block_size - BLOCK_OVERHEAD
+        begin = 0
+        while begin < len(keys):
+            block = self._block  # entries of add() or of an earlier extend may be open
+            assert isinstance(block, BlockBuilder)
+            end = bisect_left(ends, ends[begin] + room - block.filled, begin + 1)
+            cut = slice(begin, end)
+            if not len(block):
+                self._block_first = keys[begin]
+            if self._p_keys is not None:  # a new list once _close_block closes a partition
+                self._p_keys += keys[cut]
+            headers = entry_headers(keys[cut], seqs[cut], values[cut])
+            if end >= len(ends):  # the last entries stay in the open block for later adds
+                entries = list(map(b"".join, zip(headers, keys[cut], values[cut], strict=True)))
+                block.extend(entries, sum(map(len, entries)))
+                return
+            count = len(block) + end - begin
+            parts = block.take()
+            entry_sizes = chain(
+                list(map(len, parts)), map(operator.add, sizes[cut], repeat(ENTRY_HEADER.size))
+            )
+            parts += chain.from_iterable(zip(headers, keys[cut], values[cut], strict=True))
+            self._add_block(finish_block(parts, entry_sizes, count, indexed))
+            begin = end
+
+    def _extend_columns(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
+        """:meth:`extend` into columnar blocks: each block's slice of the lists is appended
+        to the open block whole (the encoding happens in C when it closes)."""
+        block = self._block
+        assert isinstance(block, ColumnBlockBuilder)
+        sizes = list(map(operator.add, map(len, keys), map(len, values)))
+        # ends[j]: the estimated bytes the entries before j take; a block closes at the
+        # first entry that brings it to ``room``.
+        ends = list(accumulate(map(operator.add, sizes, repeat(COLUMN_ENTRY_OVERHEAD)), initial=0))
+        room = self._block_size - COLUMN_BLOCK_OVERHEAD
+        begin = 0
+        while begin < len(keys):
+            end = bisect_left(ends, ends[begin] + room - block.filled, begin + 1)
+            cut = slice(begin, end)
+            if not len(block):
+                self._block_first = keys[begin]
+            if self._p_keys is not None:  # a new list once _close_block closes a partition
+                self._p_keys += keys[cut]
+            stop = min(end, len(keys))
+            whole = begin == 0 and stop == len(keys)
+            block.extend(
+                keys if whole else keys[cut],
+                seqs if whole else seqs[cut],
+                values if whole else values[cut],
+                ends[stop] - ends[begin] - COLUMN_ENTRY_OVERHEAD * (stop - begin),
+            )
+            if end >= len(ends):  # the last entries stay in the open block for later adds
+                return
+            self._add_block(block.finish())
+            begin = end
+
+    def extend_below(
+        self, keys: list[bytes], seqs: list[int], values: list[bytes], begin: int, limit: int
+    ) -> int:
+        """Add plain entries ``begin:`` (strictly increasing keys, after those added before)
+        as a loop of :meth:`add` would that stops before an entry once
+        :attr:`estimated_size` reaches ``limit`` (entry ``begin`` is always added); return
+        the index after the last entry added. The same bytes as that loop: a compaction
+        cuts its outputs this way (``slatepy.compactor.executor``).
+
+        Each step adds at most the rest of the open block through :meth:`extend`, so the
+        size checked before each entry is the one :meth:`add` would have seen: a closed
+        block counts as stored (compressed, framed), which only closing it tells.
+        """
+        count = len(keys)
+        if begin >= count:
+            return begin
+        if not self._columnar:  # tests and benchmarks of older formats only
+            for i in range(begin, count):
+                if i > begin and self.estimated_size >= limit:
+                    return i
+                self.add(keys[i], seqs[i], values[i])
+            return count
+        block = self._block
+        assert isinstance(block, ColumnBlockBuilder)
+        # ends[j]: the estimated bytes entries begin..begin+j-1 add to an open block.
+        ends = list(
+            accumulate(
+                map(
+                    operator.add,
+                    map(
+                        operator.add,
+                        map(len, islice(keys, begin, None)),
+                        map(len, islice(values, begin, None)),
+                    ),
+                    repeat(COLUMN_ENTRY_OVERHEAD),
+                ),
+                initial=0,
+            )
+        )
+        room = self._block_size - COLUMN_BLOCK_OVERHEAD
+        r = 0  # entries added so far
+        whole = count - begin
+        while r < whole:
+            estimate = self.estimated_size
+            if r and estimate >= limit:
+                break
+            # Where the open block closes, and where the estimate before an entry reaches
+            # ``limit`` if it does not close first (ends[e] - ends[r] is what r..e-1 add).
+            closes = bisect_left(ends, ends[r] + room - block.filled, r + 1)
+            stop = min(closes, bisect_left(ends, ends[r] + limit - estimate, r + 1), whole)
+            i, j = begin + r, begin + stop
+            self.extend(keys[i:j], seqs[i:j], values[i:j])
+            r = stop
+            if stop < closes:  # stopped by the limit inside the block: the estimate reached it
+                break
+        return begin + r
