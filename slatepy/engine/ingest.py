@@ -138,42 +138,86 @@ def write_ingest_columns(
         InvalidArgument: keys are not strictly increasing, or one is empty.
     """
     handles: list[SstHandle] = []
-    builder: SstBuilder | None = None
-    for keys, values in chunks:
-        if not all(keys):  # in C: an empty key is falsy
-            raise InvalidArgument("ingested keys must be non-empty: an empty key")
-        seqs = [0] * len(keys)
-        begin = 0
-        while begin < len(keys):
-            if builder is not None and builder.estimated_size >= target_sst_bytes:
-                handles.append(_store(store, builder))
-                builder = None
-            if builder is None:
-                builder = SstBuilder(
-                    writer_epoch=0,
-                    block_size=settings.block_size,
-                    bloom_bits_per_key=settings.bloom_bits_per_key,
-                    compression=settings.compression,
-                    compression_level=settings.compression_level,
-                )
-            try:
-                # What surely fits below the target in one extend (its block loop); the
-                # entries near the target one block at a time, cut where add would.
-                fits = begin + _fitting(
-                    keys, values, begin, target_sst_bytes - builder.estimated_size
-                )
-                if fits > begin:
-                    builder.extend(keys[begin:fits], seqs[begin:fits], values[begin:fits])
-                    begin = fits
-                    continue
-                begin = builder.extend_below(keys, seqs, values, begin, target_sst_bytes)
-            except InvalidArgument as exc:
-                raise InvalidArgument(
-                    f"ingested keys must be non-empty and strictly increasing: {exc}"
-                ) from exc
-    if builder is not None:
-        handles.append(_store(store, builder))
+    output: _StreamedSst | None = None
+    try:
+        for keys, values in chunks:
+            if not all(keys):  # in C: an empty key is falsy
+                raise InvalidArgument("ingested keys must be non-empty: an empty key")
+            seqs = [0] * len(keys)
+            begin = 0
+            while begin < len(keys):
+                if output is not None and output.builder.estimated_size >= target_sst_bytes:
+                    handles.append(output.finish())
+                    output = None
+                if output is None:
+                    output = _StreamedSst(store, settings)
+                begin = output.extend(keys, seqs, values, begin, target_sst_bytes)
+        if output is not None:
+            handles.append(output.finish())
+            output = None
+    finally:
+        if output is not None:
+            output.abort()
     return handles
+
+
+SEND_BYTES = 8 * 1024 * 1024
+"""Finished data blocks an ingested SST buffers before they are streamed to the store."""
+
+
+class _StreamedSst:
+    """One ingested SST on its way to ``compacted/`` under a fresh random id, its finished
+    data blocks streamed out (``ObjectStore.open_writer``) every ``SEND_BYTES``: a task
+    holds a part of the SST, not the whole of it (as a compaction's outputs, RFC 0011).
+    Nothing references it until a publish names it."""
+
+    def __init__(self, store: ObjectStore, settings: Settings) -> None:
+        self.id = uuid.uuid4().hex
+        self.builder = SstBuilder(
+            writer_epoch=0,
+            block_size=settings.block_size,
+            bloom_bits_per_key=settings.bloom_bits_per_key,
+            compression=settings.compression,
+            compression_level=settings.compression_level,
+        )
+        self._writer = store.open_writer(compacted_path(self.id))
+
+    def extend(
+        self, keys: list[bytes], seqs: list[int], values: list[bytes], begin: int, limit: int
+    ) -> int:
+        """Add entries from ``begin`` as a loop of ``add`` that stops before an entry once
+        the SST's estimated size reaches ``limit`` would (some at least); return the index
+        after the last one added. What surely fits below the limit (and within
+        ``SEND_BYTES``) goes in one ``extend``; entries near the limit one block at a time
+        (``extend_below``), so the cuts are ``add``'s."""
+        builder = self.builder
+        room = min(limit - builder.estimated_size, SEND_BYTES)
+        fits = begin + _fitting(keys, values, begin, room)
+        try:
+            if fits > begin:
+                builder.extend(keys[begin:fits], seqs[begin:fits], values[begin:fits])
+            else:
+                fits = builder.extend_below(keys, seqs, values, begin, limit)
+        except InvalidArgument as exc:
+            raise InvalidArgument(
+                f"ingested keys must be non-empty and strictly increasing: {exc}"
+            ) from exc
+        if builder.buffered_bytes >= SEND_BYTES:
+            self._writer.write(builder.take_data())
+        return fits
+
+    def finish(self) -> SstHandle:
+        encoded = self.builder.finish()
+        self._writer.write(encoded.data)
+        self._writer.commit()
+        props = encoded.meta.props
+        assert props.first_key is not None and props.last_key is not None
+        return SstHandle(
+            self.id, encoded.meta.object_size, props.first_key, props.last_key, props.entry_count
+        )
+
+    def abort(self) -> None:
+        self._writer.abort()
 
 
 def _fitting(keys: list[bytes], values: list[bytes], begin: int, room: int) -> int:

@@ -136,6 +136,30 @@ def sort_unique(pairs: Pairs) -> Pairs:
     return last_of_equal(keys, values)
 
 
+def sorted_chunks(pairs: Pairs, rows: int) -> Iterator[Pairs]:
+    """:func:`sort_unique` of ``pairs`` in chunks of at most ``rows`` rows, taken one at a
+    time: memory holds ``pairs``, a sorted copy of the keys and the order, not a sorted
+    copy of the values too."""
+    keys, values = pairs
+    order = sort_order(keys)
+    if order is None:
+        keys, values = last_of_equal(keys, values)
+        for start in range(0, len(keys), rows):
+            yield keys[start : start + rows], values[start : start + rows]
+        return
+    taken = pa.array(order)
+    del order
+    sorted_keys = keys.take(taken)
+    if len(sorted_keys) > 1:
+        differs = pc.not_equal(sorted_keys[:-1], sorted_keys[1:])
+        if not pc.all(differs).as_py():
+            taken = taken.filter(pa.concat_arrays([differs, pa.array([True])]))
+    del sorted_keys
+    for start in range(0, len(taken), rows):
+        part = taken[start : start + rows]
+        yield keys.take(part), values.take(part)
+
+
 def merge_sorted(runs: Sequence[Iterator[Pairs]]) -> Iterator[Pairs]:
     """The merge of sorted runs (each: chunks in key order, keys unique within the run), of
     equal keys the one of the latest run, in chunks. Memory: a chunk per run.

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from slatepy.spark.columns import Pairs, concat_pairs, in_order, merge_sorted, sort_unique
+from slatepy.spark.columns import BINARY, Pairs, concat_pairs, in_order, merge_sorted, sorted_chunks
 
 PAIR_OVERHEAD = 120
 """Bytes a buffered pair counts beyond its key and value. The Arrow columns take about 16
@@ -64,23 +64,28 @@ class SortedSpill:
             raise ValueError(f"{len(keys)} keys for {len(values)} values")
         if not len(keys):
             return
+        keys, values = keys.cast(BINARY), values.cast(BINARY)
         self._keys.append(keys)
         self._values.append(values)
         self._bytes += _data_bytes(keys) + _data_bytes(values) + PAIR_OVERHEAD * len(keys)
         if self._bytes >= self.budget:
             self._spill()
 
-    def _buffered(self) -> list[Pairs]:
-        """The buffer sorted by key, the last of equal keys only, in chunks; the buffer
-        emptied. Rows that came in strictly increasing key order are kept as they came
-        (no copy); others are concatenated and sorted."""
+    def _buffered(self) -> Iterator[Pairs]:
+        """The buffer sorted by key, the last of equal keys only, in chunks (of at most
+        :data:`OUT_ROWS`); the buffer emptied. Rows that came in strictly increasing key
+        order are kept as they came (no copy); others are concatenated and sorted, and
+        the chunks taken one at a time (``sorted_chunks``)."""
         keys, values = self._keys, self._values
         self._keys, self._values, self._bytes = [], [], 0
         if in_order(keys):
-            return list(zip(keys, values, strict=True))
-        return [sort_unique(concat_pairs(keys, values))]
+            return iter(list(zip(keys, values, strict=True)))
+        pairs = concat_pairs(keys, values)
+        keys.clear()
+        values.clear()
+        return sorted_chunks(pairs, OUT_ROWS)
 
-    def _chunks(self, chunks: list[Pairs]) -> Iterator[Pairs]:
+    def _chunks(self, chunks: Iterable[Pairs]) -> Iterator[Pairs]:
         """``chunks`` cut to at most ``CHUNK_BYTES`` (estimated, a 64th of the budget if
         that is less): what a spilled run holds in memory per chunk while runs merge."""
         limit = min(CHUNK_BYTES, max(1, self.budget // 64))
@@ -136,7 +141,7 @@ def _data_bytes(array: pa.Array) -> int:
     return int(total or 0)
 
 
-_SCHEMA = pa.schema([("key", pa.large_binary()), ("value", pa.large_binary())])
+_SCHEMA = pa.schema([("key", BINARY), ("value", BINARY)])
 
 
 def _write_run(path: str, chunks: Iterator[Pairs]) -> None:
