@@ -6,8 +6,10 @@ the publish is one manifest compare-and-set, so it is all or nothing, and it wor
 writer (any process) is open on the database.
 
 1. :func:`write_ingest_ssts` (any process, any number of them): sorted, distinct keys into
-   SSTs under fresh ids in ``compacted/``, every entry with seq 0. Nothing references them:
-   if the load is abandoned, GC deletes them once they are ``gc_min_age`` old (rule 3).
+   SSTs under fresh ids in ``compacted/``, every entry with seq 0 (:func:`write_ingest_columns`:
+   the same SSTs from chunks of key and value lists, built in bulk and streamed out).
+   Nothing references them: if the load is abandoned, GC deletes them once they are
+   ``gc_min_age`` old (rule 3).
 2. :func:`publish_ingest` (one process, once): one manifest update that puts them at the
    front of L0 with one *global seq* ``G`` in their handles, which readers and the compactor
    give to each of their entries (``table.merge.stamped``).
