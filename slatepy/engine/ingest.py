@@ -229,6 +229,10 @@ def _fitting(keys: list[bytes], values: list[bytes], begin: int, room: int) -> i
     budget = room * 7 // 8
     if budget <= 0:
         return 0
+    rest = len(keys) - begin
+    whole = sum(map(len, islice(keys, begin, None))) + sum(map(len, islice(values, begin, None)))
+    if whole + ENTRY_ALLOWANCE * rest <= budget:  # the common case: all of them, two sums
+        return rest
     sizes = map(
         operator.add, map(len, islice(keys, begin, None)), map(len, islice(values, begin, None))
     )
