@@ -72,7 +72,7 @@ from pyspark.sql.types import StructType
 
 from slatepy.config import Settings, resolve_settings
 from slatepy.engine.db import Db
-from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_ssts
+from slatepy.engine.ingest import delete_ingest_ssts, publish_ingest, write_ingest_columns
 from slatepy.engine.pinned import (
     PinnedSnapshot,
     open_pinned_store,
@@ -86,6 +86,7 @@ from slatepy.manifest.record import SstHandle
 from slatepy.manifest.store import ManifestStore
 from slatepy.spark.cleanup import commit_never_ran, left_to_gc
 from slatepy.spark.codec import Column, RowCodec, prefix_end
+from slatepy.spark.columns import binary_columns
 from slatepy.spark.registration import register_kv_database
 from slatepy.spark.spill import SortedSpill
 from slatepy.spark.table import TABLE_PATH, TableLayout, read_layout, write_layout
@@ -369,10 +370,10 @@ class KvWriter(DataSourceArrowWriter):
         settings = self.settings
         with SortedSpill(self.buffer_bytes) as rows:
             for batch in iterator:
-                rows.add(*self.codec.from_batch(batch))
+                rows.add(*binary_columns(self.codec, batch))
             store = open_stack(self.url, settings)
             try:
-                handles = write_ingest_ssts(
+                handles = write_ingest_columns(
                     store, rows.sorted_pairs(), settings, target_sst_bytes=self.target_sst_bytes
                 )
             finally:
