@@ -84,6 +84,14 @@ def data_shards_of(shard: str, outputs: Sequence[str]) -> list[str]:
     return [f"{shard}.{name}" for name in outputs]
 
 
+def holders(client: PersistClient, handle: WriteHandle) -> str:
+    """The other writers of ``handle``'s shard, as their handles describe themselves
+    (``host:pid purpose``), for an :class:`IngestConflict` message."""
+    state = client.machine(handle.shard_id).fetch()
+    others = [w.debug or wid for wid, w in state.writers.items() if wid != handle.writer_id]
+    return "writers: " + ", ".join(sorted(others)) if others else "its writer has expired"
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -211,7 +219,8 @@ class Ingest:
         except UpperMismatch as exc:
             raise IngestConflict(
                 f"remap shard {self.remap_shard!r} moved to {exc.current} under this ingest "
-                f"(expected {upper}): another ingest of the same source is running"
+                f"(expected {upper}): another ingest of the same shards is running "
+                f"({holders(self._client, self._remap)}); this one stops"
             ) from exc
         self.bindings.mint(ts, self.progress)
         self._hook("remap-appended")
@@ -243,7 +252,8 @@ class Ingest:
             except UpperMismatch as exc:
                 raise IngestConflict(
                     f"data shard {handle.shard_id!r} moved to {exc.current} under this ingest "
-                    f"(expected {lower}): another ingest of the same source is running"
+                    f"(expected {lower}): another ingest of the same shards is running "
+                    f"({holders(self._client, handle)}); this one stops"
                 ) from exc
             self._uppers[i] = target
             self.rows += len(updates)

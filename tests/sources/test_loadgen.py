@@ -8,7 +8,7 @@ import pytest
 
 from slatepy.persist import PersistClient
 from slatepy.persist.codec import consolidate
-from slatepy.sources import Ingest, LoadGen, OffsetOutOfRange
+from slatepy.sources import Ingest, IngestConflict, LoadGen, OffsetOutOfRange
 from slatepy.sources.base import Chunk, Progress
 from slatepy.sources.loadgen import contents, event
 
@@ -138,4 +138,33 @@ def test_a_restart_commits_its_resumption_offsets(client: PersistClient) -> None
     again.step()
     again.commit()
     assert upstream.committed == again.progress == (20, 20)
+    again.close()
+
+
+def test_a_second_concurrent_ingest_stops_naming_the_shard_and_holder(
+    client: PersistClient,
+) -> None:
+    """Two ingests of the same shards at once: the one whose append finds the shard moved
+    stops with IngestConflict naming the shard and the other writer; the first carries on,
+    and a later start (as after the first died) resumes where the shards say."""
+    gen = LoadGen(2, batch=20)
+    first = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    second = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    first.start()
+    second.start()
+    first.step()
+    with pytest.raises(IngestConflict, match=r"remap shard 'g.remap' moved .* ingest remap"):
+        second.step()
+    second.close()
+    for _ in range(3):
+        first.step()
+    first.commit()
+    upper = first.stats().data_uppers[0]
+    first.close()
+    assert collection(client, "g", upper - 1) == contents(first.bindings.before(upper))
+    again = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    again.start()
+    again.step()
+    again.commit()
+    assert again.stats().data_uppers[0] > upper
     again.close()
