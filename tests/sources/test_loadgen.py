@@ -168,3 +168,24 @@ def test_a_second_concurrent_ingest_stops_naming_the_shard_and_holder(
     again.commit()
     assert again.stats().data_uppers[0] > upper
     again.close()
+
+
+def test_an_idle_source_still_advances_the_uppers(client: PersistClient) -> None:
+    """No events upstream: the remap and data shards' uppers still follow the clock (progress
+    without data), so a reader's frontier moves; no binding and no upstream commit change."""
+    gen = LoadGen(1, rate=0.001)  # its first event in ~1,000 s
+    ingest = Ingest(
+        client, gen, data_shards=["idle"], remap_shard="idle.remap", tick=0, idle_interval=0
+    )
+    ingest.start()
+    before = ingest.stats()
+    deadline = time.monotonic() + 5
+    while ingest.stats().data_uppers[0] <= max(before.data_uppers[0], 1):
+        assert time.monotonic() < deadline, ingest.stats()
+        ingest.step(0.01)
+    ingest.commit()
+    stats = ingest.stats()
+    assert stats.remap_upper >= stats.data_uppers[0] > 1
+    assert ingest.bindings.latest == (0,) and stats.committed == (0,)
+    assert client.machine("idle").fetch().upper == stats.data_uppers[0]
+    ingest.close()
