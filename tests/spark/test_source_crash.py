@@ -64,6 +64,7 @@ def drive(store: str, pg: str, checkpoint: Path, mode: str, crash: str) -> tuple
     return child.returncode, out
 
 
+@pytest.mark.slow  # four Spark drivers (a JVM each): 1-4 minutes on a 2-core machine
 def test_sigkill_of_a_spark_ingest_at_every_step(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
     reason = _missing()
     if reason is not None:
