@@ -15,7 +15,9 @@ file store, the in-process ingest (the embedded default: ``tick`` 0.1 s, commits
 * **WAL retained**: ``pg_current_wal_lsn() - restart_lsn`` of the slot each second of the lag
   run (max, last) and how far ``confirmed_flush_lsn`` advanced.
 * **loadgen**: the load generator (4 partitions, no rate limit) into a data shard: updates/s.
-* with ``--spark``, on Spark ``local[2]``: ``slatepy.loadgen`` into ``slatepy.persist``
+* with ``--spark``, on Spark ``local[2]``: the **lag** as above, with ``slatepy.postgres``
+  (a publication of ``history`` alone) into ``slatepy.persist`` as a running stream
+  (a micro-batch every 0.2 s); ``slatepy.loadgen`` into ``slatepy.persist``
   (4 partitions x 25,000 offsets, ``trigger(availableNow=True)``, 5,000 offsets a partition
   per batch) and ``slatepy.postgres`` (the bulk table's rows read again, through a new
   slot's snapshot): updates/s.
@@ -113,9 +115,21 @@ def lag(url: str, client: PersistClient, seconds: float) -> dict[str, Any]:
     ingest = Ingest(client, source, data_shards=shards, remap_shard="pgbench.remap")
     stop, thread = _running(ingest)
     time.sleep(1.0)
+    try:
+        return pgbench_lag(url, client, "pgbench.public.history", "bench_lag", seconds)
+    finally:
+        stop.set()
+        thread.join()
+
+
+def pgbench_lag(
+    url: str, client: PersistClient, shard: str, slot: str, seconds: float
+) -> dict[str, Any]:
+    """The pgbench-style load for ``seconds`` while an ingest (of any kind) writes the
+    ``history`` table into ``shard``: COMMIT to persist listen lag, WAL retained by ``slot``."""
     commits: dict[bytes, float] = {}
     lags: list[float] = []
-    reader = client.open_leased_reader("pgbench.public.history")
+    reader = client.open_leased_reader(shard)
     listen = reader.listen(0)
     done = threading.Event()
 
@@ -133,12 +147,12 @@ def lag(url: str, client: PersistClient, seconds: float) -> dict[str, Any]:
     retained: list[int] = []
     slot_sql = (
         "SELECT pg_current_wal_lsn() - restart_lsn, confirmed_flush_lsn - '0/0'::pg_lsn "
-        "FROM pg_replication_slots WHERE slot_name = 'bench_lag'"
+        f"FROM pg_replication_slots WHERE slot_name = '{slot}'"
     )
     first_flush = int(_sql(url, slot_sql)[0][1])
+    hid = first = int(_sql(url, "SELECT coalesce(max(hid), 0) FROM history")[0][0])
     conn = psycopg2.connect(url)
     start = last_sample = time.monotonic()
-    hid = 0
     with conn.cursor() as cur:
         while time.monotonic() - start < seconds:
             hid += 1
@@ -153,8 +167,9 @@ def lag(url: str, client: PersistClient, seconds: float) -> dict[str, Any]:
                 last_sample = time.monotonic()
             time.sleep(0.004)
     conn.close()
+    count = hid - first
     deadline = time.monotonic() + 30
-    while len(lags) < hid and time.monotonic() < deadline:
+    while len(lags) < count and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.5)  # one more commit upstream
     last_flush = int(_sql(url, slot_sql)[0][1])
@@ -162,12 +177,10 @@ def lag(url: str, client: PersistClient, seconds: float) -> dict[str, Any]:
     watcher.join()
     listen.close()
     reader.expire()
-    stop.set()
-    thread.join()
     ms = sorted(x * 1000 for x in lags)
     return {
-        "transactions": hid,
-        "transactions_per_s": hid / seconds,
+        "transactions": count,
+        "transactions_per_s": count / seconds,
         "delivered": len(ms),
         "p50_ms": statistics.median(ms),
         "p99_ms": ms[int(0.99 * (len(ms) - 1))],
@@ -175,6 +188,40 @@ def lag(url: str, client: PersistClient, seconds: float) -> dict[str, Any]:
         "wal_retained_last_bytes": retained[-1] if retained else 0,
         "slot_advanced_bytes": last_flush - first_flush,
     }
+
+
+def spark_lag(spark: Any, url: str, tmp: str, seconds: float) -> dict[str, Any]:
+    """``slatepy.postgres`` (a one-table publication of ``history``) into ``slatepy.persist``
+    as a running stream (a micro-batch every 0.2 s) under the pgbench-style load: the lag from
+    COMMIT to a persist listen in this process."""
+    _sql(url, "CREATE PUBLICATION historypub FOR TABLE history")
+    store = f"file://{tmp}/spark-store"
+    query = (
+        spark.readStream.format("slatepy.postgres")
+        .option("connection", url)
+        .option("publication", "historypub")
+        .option("slot", "bench_spark_lag")
+        .option("pollSeconds", "0.1")
+        .option("url", store)
+        .option("shard", "history")
+        .load()
+        .writeStream.format("slatepy.persist")
+        .option("url", store)
+        .option("shard", "history")
+        .option("timeColumn", "time")
+        .option("checkpointLocation", f"{tmp}/ckpt-history")
+        .trigger(processingTime="0.2 seconds")
+        .start()
+    )
+    try:
+        with PersistClient.open(store) as client:
+            deadline = time.monotonic() + 120
+            while (client.machine("history").fetch().upper or 0) == 0:  # the snapshot
+                assert query.exception() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            return pgbench_lag(url, client, "history", "bench_spark_lag", seconds)
+    finally:
+        query.stop()
 
 
 def loadgen(client: PersistClient, seconds: float) -> dict[str, Any]:
@@ -186,7 +233,7 @@ def loadgen(client: PersistClient, seconds: float) -> dict[str, Any]:
     return {"updates": ingest.rows, "seconds": seconds, "updates_per_s": ingest.rows / seconds}
 
 
-def spark_runs(url: str, tmp: str) -> dict[str, Any]:
+def spark_runs(url: str, tmp: str, seconds: float) -> dict[str, Any]:
     from slatepy.spark.session import local_session
 
     spark = local_session("bench-ingest")
@@ -194,6 +241,8 @@ def spark_runs(url: str, tmp: str) -> dict[str, Any]:
     try:
         store = f"file://{tmp}/spark-store"
         Path(f"{tmp}/spark-store").mkdir()
+        out["lag"] = spark_lag(spark, url, tmp, seconds)
+        print("spark lag", out["lag"], flush=True)
         for name, reader, events in (
             (
                 "loadgen",
@@ -257,7 +306,7 @@ def main() -> None:
             results["loadgen"] = loadgen(client, seconds)
             print("loadgen", results["loadgen"], flush=True)
         if args.spark:
-            results["spark"] = spark_runs(url, tmp)
+            results["spark"] = spark_runs(url, tmp, seconds)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2))
     (RESULTS / f"{args.name}.md").write_text(render(results, args))
@@ -288,6 +337,14 @@ def render(results: dict[str, Any], args: argparse.Namespace) -> str:
                 f"| Spark local[2]: slatepy.{name} into slatepy.persist ({r['updates']:,} "
                 f"updates) | {r['updates_per_s']:,.0f} updates/s |"
                 for name, r in results.get("spark", {}).items()
+                if name != "lag"
+            ),
+            *(
+                f"| Spark local[2]: lag, COMMIT to persist listen ({r['transactions']:,} "
+                f"transactions, 0.2 s trigger) | p50 {r['p50_ms']:.0f} ms, p99 "
+                f"{r['p99_ms']:.0f} ms |"
+                for r in [results.get("spark", {}).get("lag")]
+                if r is not None
             ),
             "",
         ]

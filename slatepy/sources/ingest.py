@@ -84,6 +84,14 @@ def data_shards_of(shard: str, outputs: Sequence[str]) -> list[str]:
     return [f"{shard}.{name}" for name in outputs]
 
 
+def holders(client: PersistClient, handle: WriteHandle) -> str:
+    """The other writers of ``handle``'s shard, as their handles describe themselves
+    (``host:pid purpose``), for an :class:`IngestConflict` message."""
+    state = client.machine(handle.shard_id).fetch()
+    others = [w.debug or wid for wid, w in state.writers.items() if wid != handle.writer_id]
+    return "writers: " + ", ".join(sorted(others)) if others else "its writer has expired"
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -101,6 +109,7 @@ class Ingest:
         hook: Hook | None = None,
         tick: float = 0.1,
         commit_interval: float = 1.0,
+        idle_interval: float = 1.0,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         if len(data_shards) != len(source.outputs):
@@ -112,6 +121,7 @@ class Ingest:
         self._hook = hook or (lambda point: None)
         self._tick = tick
         self._commit_interval = commit_interval
+        self._idle_interval = idle_interval
         self._clock = clock
         self._remap: WriteHandle = client.open_writer(remap_shard, purpose="ingest remap")
         self._data = [client.open_writer(s, purpose="ingest data") for s in data_shards]
@@ -152,6 +162,7 @@ class Ingest:
         # commit() sends it, whether or not the frontier moved since.
         self.committed = zero(parts)
         self._last_mint = 0.0
+        self._last_idle = time.monotonic()
         self._last_commit = time.monotonic()
         log.info(
             "ingest %s resumes at time %d, offsets %s", self.remap_shard, self.resumption, resume
@@ -201,20 +212,39 @@ class Ingest:
 
     def _mint(self) -> None:
         latest = self.bindings.latest
-        if latest == self.progress or not frontier_le(latest, self.progress):
-            return  # nothing new, or still catching up with bindings made before a restart
+        if latest == self.progress:
+            self._idle()
+            return
+        if not frontier_le(latest, self.progress):
+            return  # still catching up with bindings made before a restart
         upper = self.bindings.upper
         ts = max(upper, self._clock())
-        updates = remap.bind_updates(ts, latest, self.progress)
+        self._append_remap(remap.bind_updates(ts, latest, self.progress), upper, ts + 1)
+        self.bindings.mint(ts, self.progress)
+        self._hook("remap-appended")
+
+    def _idle(self) -> None:
+        """Nothing new upstream: every ``idle_interval`` seconds, close the times up to now
+        with no new binding (progress without data, as Materialize's sources do), so the
+        data shards' uppers, and their readers' frontiers, follow the clock."""
+        now = time.monotonic()
+        ts = self._clock()
+        upper = self.bindings.upper
+        if now - self._last_idle < self._idle_interval or ts < upper:
+            return
+        self._append_remap([], upper, ts + 1)
+        self.bindings.advance(ts + 1)
+        self._last_idle = now
+
+    def _append_remap(self, updates: list[Update], upper: int, new_upper: int) -> None:
         try:
-            self._remap.compare_and_append(updates, upper, ts + 1)
+            self._remap.compare_and_append(updates, upper, new_upper)
         except UpperMismatch as exc:
             raise IngestConflict(
                 f"remap shard {self.remap_shard!r} moved to {exc.current} under this ingest "
-                f"(expected {upper}): another ingest of the same source is running"
+                f"(expected {upper}): another ingest of the same shards is running "
+                f"({holders(self._client, self._remap)}); this one stops"
             ) from exc
-        self.bindings.mint(ts, self.progress)
-        self._hook("remap-appended")
 
     def _append(self) -> None:
         target = self.bindings.complete_upper(self.progress)
@@ -243,7 +273,8 @@ class Ingest:
             except UpperMismatch as exc:
                 raise IngestConflict(
                     f"data shard {handle.shard_id!r} moved to {exc.current} under this ingest "
-                    f"(expected {lower}): another ingest of the same source is running"
+                    f"(expected {lower}): another ingest of the same shards is running "
+                    f"({holders(self._client, handle)}); this one stops"
                 ) from exc
             self._uppers[i] = target
             self.rows += len(updates)

@@ -22,6 +22,7 @@ long a trigger waits for the stream).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,8 @@ from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
 from slatepy.sources.errors import SourceUnavailable
 from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
 from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
+
+_REPLAY_TIMEOUT = 120.0
 
 OPTIONS = frozenset(
     {"url", "path", "shard", "consensus", "connection", "publication", "slot", "pollseconds"}
@@ -166,20 +169,33 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # read again from the batch's start; nothing below it is needed.
             self._at = (-1,)
             events = self._read_from(lo).poll(self.config.poll)
-        for event in events:
-            if isinstance(event, Progress):
-                self._progress = frontier_join(self._progress, event.frontier)
-            else:
-                self._chunks.append(event)
+        self._take(events)
         bound = state.bindings.aligned(lo, self._progress)
         if bound is not None and bound[0] > self._progress[0]:
             return {"offsets": list(lo)}  # catching up: the bound LSN is not read yet
         return {"offsets": list(state.end(lo, self._progress))}
 
+    def _take(self, events: Sequence[Chunk | Progress]) -> None:
+        for event in events:
+            if isinstance(event, Progress):
+                self._progress = frontier_join(self._progress, event.frontier)
+            else:
+                self._chunks.append(event)
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         state = self._open()
         lo, hi = offsets_of(start), offsets_of(end)
-        self._read_from(lo)
+        stream = self._read_from(lo)
+        # A batch replayed after a restart (Spark plans it from its offset log, with no
+        # latestOffset first) is read again from its start, to its end.
+        deadline = time.monotonic() + _REPLAY_TIMEOUT
+        while self._progress[0] < hi[0]:
+            if time.monotonic() > deadline:
+                raise SourceUnavailable(
+                    f"slot {self.config.slot!r}: the batch [{lo[0]}, {hi[0]}) was not read "
+                    f"again within {_REPLAY_TIMEOUT:.0f} s (at {self._progress[0]})"
+                )
+            self._take(stream.poll(self.config.poll))
         rows: list[tuple[bytes, bytes, int, int]] = []
         keep: list[Chunk] = []
         for chunk in self._chunks:

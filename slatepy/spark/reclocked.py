@@ -16,7 +16,7 @@ from slatepy.persist.frontier import meet
 from slatepy.sources import remap
 from slatepy.sources.base import OffsetFrontier
 from slatepy.sources.errors import IngestConflict
-from slatepy.sources.ingest import SINCE_HOLDER, remap_shard_of
+from slatepy.sources.ingest import SINCE_HOLDER, holders, remap_shard_of
 
 
 class Reclocked:
@@ -66,9 +66,11 @@ class Reclocked:
         try:
             self.remap.compare_and_append(remap.bind_updates(ts, latest, candidate), upper, ts + 1)
         except UpperMismatch as exc:
+            assert self.client is not None
             raise IngestConflict(
-                f"remap shard {self.remap_shard!r} moved under this stream: another ingest "
-                "of the same shards is running"
+                f"remap shard {self.remap_shard!r} moved to {exc.current} under this stream "
+                f"(expected {upper}): another ingest of the same shards is running "
+                f"({holders(self.client, self.remap)}); this one stops"
             ) from exc
         self.bindings.mint(ts, candidate)
         return candidate

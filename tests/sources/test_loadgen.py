@@ -8,7 +8,7 @@ import pytest
 
 from slatepy.persist import PersistClient
 from slatepy.persist.consolidation import consolidate
-from slatepy.sources import Ingest, LoadGen, OffsetOutOfRange
+from slatepy.sources import Ingest, IngestConflict, LoadGen, OffsetOutOfRange
 from slatepy.sources.base import Chunk, Progress
 from slatepy.sources.loadgen import contents, event
 
@@ -139,3 +139,53 @@ def test_a_restart_commits_its_resumption_offsets(client: PersistClient) -> None
     again.commit()
     assert upstream.committed == again.progress == (20, 20)
     again.close()
+
+
+def test_a_second_concurrent_ingest_stops_naming_the_shard_and_holder(
+    client: PersistClient,
+) -> None:
+    """Two ingests of the same shards at once: the one whose append finds the shard moved
+    stops with IngestConflict naming the shard and the other writer; the first carries on,
+    and a later start (as after the first died) resumes where the shards say."""
+    gen = LoadGen(2, batch=20)
+    first = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    second = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    first.start()
+    second.start()
+    first.step()
+    with pytest.raises(IngestConflict, match=r"remap shard 'g.remap' moved .* ingest remap"):
+        second.step()
+    second.close()
+    for _ in range(3):
+        first.step()
+    first.commit()
+    upper = first.stats().data_uppers[0]
+    first.close()
+    assert collection(client, "g", upper - 1) == contents(first.bindings.before(upper))
+    again = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
+    again.start()
+    again.step()
+    again.commit()
+    assert again.stats().data_uppers[0] > upper
+    again.close()
+
+
+def test_an_idle_source_still_advances_the_uppers(client: PersistClient) -> None:
+    """No events upstream: the remap and data shards' uppers still follow the clock (progress
+    without data), so a reader's frontier moves; no binding and no upstream commit change."""
+    gen = LoadGen(1, rate=0.001)  # its first event in ~1,000 s
+    ingest = Ingest(
+        client, gen, data_shards=["idle"], remap_shard="idle.remap", tick=0, idle_interval=0
+    )
+    ingest.start()
+    before = ingest.stats()
+    deadline = time.monotonic() + 5
+    while ingest.stats().data_uppers[0] <= max(before.data_uppers[0], 1):
+        assert time.monotonic() < deadline, ingest.stats()
+        ingest.step(0.01)
+    ingest.commit()
+    stats = ingest.stats()
+    assert stats.remap_upper >= stats.data_uppers[0] > 1
+    assert ingest.bindings.latest == (0,) and stats.committed == (0,)
+    assert client.machine("idle").fetch().upper == stats.data_uppers[0]
+    ingest.close()
