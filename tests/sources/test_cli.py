@@ -32,8 +32,11 @@ class Running:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
+        try:
+            for line in self.proc.stdout:
+                self.lines.put(line)
+        except ValueError:  # stop()'s communicate() closed the pipe under us
+            pass
 
     def progress(self, count: int = 1, timeout: float = 30.0) -> list[str]:
         got = []
