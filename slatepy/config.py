@@ -193,13 +193,16 @@ class Settings(
         default_ttl: Seconds a value put without ``ttl=`` lives (RFC 0019); None (default):
             values do not expire. Runtime-only options that are not data (the clock TTLs are
             measured with) are ``Db.open`` keyword arguments instead.
-        malloc_mmap_threshold: Linux with glibc: a writer's open fixes the process's malloc
-            mmap threshold at this many bytes (128 KiB, glibc's initial value), so that
-            the large buffers writes and compaction free go back to the system instead of
-            staying in the heap (``slatepy.engine.malloc``: peak RSS of a writer -20% or
-            more). Process-wide and once per process (the first writer's value); ``None``
-            leaves the allocator alone, as does ``MALLOC_MMAP_THRESHOLD_`` in the
-            environment.
+        malloc_mmap_threshold: Linux with glibc, opt-in: a writer's open fixes the
+            process's malloc mmap threshold at this many bytes (131072, glibc's initial
+            value, is the useful one), so that the large buffers writes and compaction free
+            go back to the system instead of staying in the heap (``slatepy.engine.malloc``:
+            peak RSS of a writer -20% or more). Process-wide and once per process (the first
+            writer's value): every allocation of the host application at or above it then
+            costs an ``mmap``/``munmap`` (numpy temporaries of 2 MiB ran 14x slower), which
+            is why ``None`` (default) leaves the allocator alone; so does
+            ``MALLOC_MMAP_THRESHOLD_`` in the environment, the same knob for the whole
+            process.
     """
 
     flush_interval: float = 0.1
@@ -257,7 +260,7 @@ class Settings(
     compression: Literal["none", "zstd", "lz4"] = "none"
     compression_level: int = 0
     default_ttl: float | None = None
-    malloc_mmap_threshold: int | None = 128 * 1024
+    malloc_mmap_threshold: int | None = None
 
     def __post_init__(self) -> None:
         # The constructor does not check types (only decoding does): a misspelt Literal

@@ -16,7 +16,10 @@ when the compactor plans, and WAL-first alone would never merge L0 (the L0 count
 it the cost of every get and scan, would grow without bound). While L0 is merged the WAL
 waits, the writer's memtable fills, and writes stall at ``max_unflushed_bytes``: that
 stall is what holds the L0 count at ``l0_max`` plus one WalToL0's outputs (issue 33,
-docs/performance.md).
+docs/performance.md). Except while L0 holds an ingested SST: the WAL may still hold writes
+older than the ingestion, and only in L0 do reads order versions by seq (an ingested SST
+moved to a run first would be shadowed by them once they reach L0), so the WAL stays first
+until it is drained and the ingestion merged with the rest of L0.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> 
     """
     first = manifest.wal_id_last_compacted + 1
     wal_pending = wal_tail is not None and wal_tail >= first
-    if wal_pending and len(manifest.l0) < max(policy.l0_max, policy.l0_trigger):
+    l0_full = len(manifest.l0) >= max(policy.l0_max, policy.l0_trigger)
+    if wal_pending and (not l0_full or manifest.l0_has_ingested()):
         assert wal_tail is not None
         return WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
     if len(manifest.l0) < policy.l0_trigger:

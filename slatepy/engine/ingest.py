@@ -152,6 +152,12 @@ def write_ingest_columns(
                     handles.append(output.finish())
                     output = None
                 if output is None:
+                    # Each SST's builder checks the order of its own keys: across a cut, here.
+                    if handles and keys[begin] <= handles[-1].last_key:
+                        raise InvalidArgument(
+                            f"ingested keys must be strictly increasing: {keys[begin]!r} "
+                            f"after {handles[-1].last_key!r}"
+                        )
                     output = _StreamedSst(store, settings)
                 begin = output.extend(keys, seqs, values, begin, target_sst_bytes)
         if output is not None:

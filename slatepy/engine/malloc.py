@@ -29,7 +29,8 @@ _fixed: int | None = None
 
 def fix_mmap_threshold(threshold: int) -> bool:
     """Fix glibc malloc's mmap threshold at ``threshold`` bytes for this process (the first
-    call decides; later calls change nothing). Returns whether it is fixed.
+    call decides; later calls change nothing). Returns whether it is fixed at
+    ``threshold``.
 
     Does nothing (False) off Linux, under another C library (musl has no dynamic
     threshold), or when the environment sets ``MALLOC_MMAP_THRESHOLD_`` (the process's
@@ -40,7 +41,7 @@ def fix_mmap_threshold(threshold: int) -> bool:
         return False
     with _lock:
         if _fixed is not None:
-            return True
+            return _fixed == threshold
         try:
             libc = ctypes.CDLL(None)
             libc.gnu_get_libc_version  # noqa: B018 (an AttributeError unless glibc)

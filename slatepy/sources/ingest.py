@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from slatepy.errors import SlatepyError
 from slatepy.persist import PersistClient, SinceHandle, Update, UpperMismatch, WriteHandle
 from slatepy.persist.frontier import meet
 from slatepy.sources import remap
@@ -86,8 +87,12 @@ def data_shards_of(shard: str, outputs: Sequence[str]) -> list[str]:
 
 def holders(client: PersistClient, handle: WriteHandle) -> str:
     """The other writers of ``handle``'s shard, as their handles describe themselves
-    (``host:pid purpose``), for an :class:`IngestConflict` message."""
-    state = client.machine(handle.shard_id).fetch()
+    (``host:pid purpose``), for an :class:`IngestConflict` message: best effort, as it is
+    read while that error is raised (a failing read must not replace it)."""
+    try:
+        state = client.machine(handle.shard_id).fetch()
+    except SlatepyError:
+        return "holders unknown"
     others = [w.debug or wid for wid, w in state.writers.items() if wid != handle.writer_id]
     return "writers: " + ", ".join(sorted(others)) if others else "its writer has expired"
 

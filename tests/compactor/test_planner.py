@@ -1,13 +1,23 @@
-"""The pure planner and result transition."""
+"""The pure planner and result transition (and one end-to-end ordering case)."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from slatepy.compactor import CompactionPolicy, L0ToRun, WalToL0, apply_result, plan
+from slatepy import Db, Settings
+from slatepy.compactor import (
+    CompactionPolicy,
+    Compactor,
+    L0ToRun,
+    WalToL0,
+    apply_result,
+    plan,
+)
+from slatepy.engine.ingest import publish_ingest, write_ingest_ssts
 from slatepy.errors import FencedError
 from slatepy.manifest import Manifest, SortedRun, SstHandle
+from slatepy.store import open_store
 
 POLICY = CompactionPolicy(l0_trigger=2, size_ratio=2.0, max_wal_ssts=10)
 
@@ -95,3 +105,32 @@ def test_l0_is_merged_before_the_wal_once_it_holds_l0_max_ssts() -> None:
     assert plan(manifest, 30, policy) == L0ToRun(("x", "y", "z"), (), 1, drop_tombstones=True)
     fewer = msgspec.structs.replace(manifest, l0=l0[:2])
     assert plan(fewer, 30, policy) == WalToL0(5, 14)
+
+
+def test_the_wal_stays_first_while_l0_holds_an_ingested_sst() -> None:
+    # The WAL may hold writes older than the ingestion; moved to a run first, the ingested
+    # SST would be shadowed by them once they reach L0 (reads order L0 before every run).
+    policy = CompactionPolicy(l0_trigger=2, max_wal_ssts=10, l0_max=3)
+    ingested = msgspec.structs.replace(sst("z"), global_seq=7)
+    manifest = Manifest(
+        wal_id_last_compacted=4, wal_id_last_seen=4, l0=(sst("x"), sst("y"), ingested)
+    )
+    assert plan(manifest, 30, policy) == WalToL0(5, 14)
+    assert isinstance(plan(manifest, 4, policy), L0ToRun)  # the WAL drained: L0 merges
+
+
+def test_a_write_older_than_an_ingestion_never_shadows_it_after_l0_reaches_l0_max() -> None:
+    store = open_store("memory://")
+    settings = Settings(compactor="off")
+    with Db.open(store, settings=settings) as db:
+        compactor = Compactor(store, policy=CompactionPolicy(l0_trigger=2, l0_max=2))
+        for key in (b"a", b"b"):  # L0 at l0_max
+            db.put(key, b"1")
+            assert isinstance(compactor.run_once(), WalToL0)
+        db.put(b"k", b"old")  # acknowledged, still in the WAL
+        handles = write_ingest_ssts(store, [(b"k", b"new")], settings, target_sst_bytes=1 << 20)
+        publish_ingest(store, settings, handles)  # newer than every acknowledged write
+        for _ in range(3):
+            compactor.run_once()
+    with Db.open(store, settings=settings) as db:
+        assert db.get(b"k") == b"new"

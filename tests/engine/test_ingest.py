@@ -150,3 +150,11 @@ def test_ingesting_columns_writes_the_same_ssts_as_pairs(tmp_path: Path) -> None
         with pytest.raises(InvalidArgument, match="ingested keys must be non-empty"):
             write_ingest_columns(store, [(bad, [b"x"] * 2)], settings, target_sst_bytes=1 << 20)
     assert {m.path for m in store.list("compacted/")} == before  # the aborted output left nothing
+    # A key out of order right at a cut: each SST's own keys are in order, together not.
+    cut = expected[0].entry_count
+    unordered = [k for k, _ in rows]
+    unordered[cut] = b"a"
+    with pytest.raises(InvalidArgument, match="strictly increasing"):
+        write_ingest_columns(
+            store, [(unordered, [v for _, v in rows])], settings, target_sst_bytes=64 * 1024
+        )

@@ -1,5 +1,5 @@
-"""A writer fixes glibc malloc's mmap threshold (slatepy.engine.malloc), once per process,
-unless told not to: in child processes, as the setting is process-wide."""
+"""A writer fixes glibc malloc's mmap threshold (slatepy.engine.malloc) when told to, once
+per process: in child processes, as the setting is process-wide."""
 
 from __future__ import annotations
 
@@ -39,10 +39,11 @@ def child(extra: str, **env: str) -> str:
     return done.stdout.strip()
 
 
-def test_a_writer_fixes_the_threshold_by_default() -> None:
-    assert child("") == "131072"  # the default: 128 KiB
+def test_a_writer_fixes_the_threshold_when_told_to() -> None:
+    assert child(", malloc_mmap_threshold=131072") == "131072"
 
 
-def test_none_or_the_environment_leave_the_allocator_alone() -> None:
-    assert child(", malloc_mmap_threshold=None") == "None"
+def test_by_default_or_with_the_environment_the_allocator_is_left_alone() -> None:
+    # Process-wide: a host application's large allocations would all become mmap/munmap.
+    assert child("") == "None"
     assert child(", malloc_mmap_threshold=65536", MALLOC_MMAP_THRESHOLD_="262144") == "None"
