@@ -84,8 +84,13 @@ def doctor(
     or damaged only where opening does not look), 1 when it needs ``--repair`` or cannot be
     repaired.
 
+    A manifest a newer slatepy wrote is never damage: the report says to upgrade, and a
+    repair that would fall back past it is refused.
+
     Raises:
         NotASlatepyDatabase: the location holds someone else's data.
+        UnsupportedFormatVersion: with ``repair``, a newer slatepy wrote the newest manifest;
+            nothing was written.
     """
     settings = settings or Settings()
     # A clone's shared SSTs live in its source: not damage (RFC 0017).
@@ -97,6 +102,14 @@ def doctor(
         return "\n".join(lines), 1
     if found.healthy:
         return "\n".join(lines), 0
+    if found.needs_upgrade:
+        if repair:
+            raise found.needs_upgrade[-1].error()
+        lines.append(
+            "no repair: a repair by this slatepy would fall back to an older manifest and give "
+            "up the newer one's state; upgrade slatepy and run `slatepy doctor` again"
+        )
+        return "\n".join(lines), 1
     lines += ["", "what this means:", *(f"  {line}" for line in explain(found))]
     try:
         plan = plan_repair(found)
