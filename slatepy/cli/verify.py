@@ -17,7 +17,7 @@ from slatepy.engine.fencing import wal_gaps
 from slatepy.errors import CorruptionError, NotFound, UnsupportedFormatVersion
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, SstHandle
-from slatepy.manifest.repair import Damage, NewerManifest, Survey, WalSst, handles, plural
+from slatepy.manifest.repair import Damage, Newer, Survey, WalSst, handles, plural
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX, ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore
@@ -44,7 +44,7 @@ def survey(store: ObjectStore) -> Survey:
     ids = tuple(manifests.ids())
     damage: list[Damage] = []
     decoded: dict[int, Manifest] = {}
-    newer: list[NewerManifest] = []
+    newer: list[Newer] = []
     for manifest_id in ids:
         path = manifests.path(manifest_id)
         try:
@@ -52,10 +52,10 @@ def survey(store: ObjectStore) -> Survey:
         except NotFound:
             continue  # collected by GC since the listing: not damage
         except UnsupportedFormatVersion as exc:
-            newer.append(NewerManifest(manifest_id, path, exc.found, exc.newest))
+            newer.append(Newer("manifest", path, manifest_id, exc.found, exc.newest))
         except CorruptionError as exc:
             damage.append(Damage("manifest", path, str(exc), manifest_id))
-    if newer and (not decoded or newer[-1].id > max(decoded)):
+    if newer and (not decoded or int(newer[-1].object_id) > max(decoded)):
         base_id = max(decoded) if decoded else None
         base = decoded[base_id] if base_id is not None else None
         checked = (("manifest", "manifests", len(ids)),)
@@ -78,7 +78,9 @@ def survey(store: ObjectStore) -> Survey:
     ssts = handles(base)
     for handle in ssts:
         problem = check_compacted(store, handle)
-        if problem is not None:
+        if isinstance(problem, Newer):
+            newer.append(problem)
+        elif problem is not None:
             damage.append(problem)
     wal = survey_wal(store, base)
     damage += [
@@ -86,6 +88,7 @@ def survey(store: ObjectStore) -> Survey:
         for w in wal
         if w.reason
     ]
+    newer += [w.newer for w in wal if w.newer is not None]
     referenced = {h.id for h in ssts}
     unreferenced = tuple(
         meta.path
@@ -111,8 +114,9 @@ def survey(store: ObjectStore) -> Survey:
     )
 
 
-def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | None:
-    """Read a compacted SST whole and check it against its handle; None when intact."""
+def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | Newer | None:
+    """Read a compacted SST whole and check it against its handle; None when intact, a
+    :class:`Newer` when a newer slatepy wrote it (this one cannot check it)."""
     path = compacted_path(handle.id)
     try:
         data = store.get(path)
@@ -124,6 +128,8 @@ def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | None:
     try:
         meta, entries = decode_sst(data)
         count = sum(1 for _ in entries)
+    except UnsupportedFormatVersion as exc:
+        return Newer("compacted", path, handle.id, exc.found, exc.newest)
     except CorruptionError as exc:
         return Damage("compacted", path, str(exc), handle.id)
     if count != handle.entry_count or meta.props.first_key != handle.first_key:
@@ -139,10 +145,12 @@ LOST = (
 
 @dataclass(frozen=True, slots=True)
 class WalRead:
-    """One WAL slot as read: the pure record, and why it is bad ("" when it is not)."""
+    """One WAL slot as read: the pure record, why it is bad ("" when it is not), and
+    whether a newer slatepy wrote it (then its contents are unknown, but it is no damage)."""
 
     sst: WalSst
     reason: str = ""
+    newer: Newer | None = None
 
     @property
     def path(self) -> str:
@@ -180,6 +188,9 @@ def read_wal_slot(wal: NumberedObjects, wal_id: int) -> WalRead:
     try:
         meta, entries = decode_sst(data)
         sum(1 for _ in entries)  # every block's checksum
+    except UnsupportedFormatVersion as exc:
+        newer = Newer("wal", path, wal_id, exc.found, exc.newest)
+        return WalRead(WalSst(wal_id, path, "ok"), newer=newer)
     except CorruptionError as exc:
         return WalRead(_described(wal_id, path, "damaged", meta), str(exc))
     return WalRead(_described(wal_id, path, "ok", meta))
@@ -207,7 +218,7 @@ def describe(s: Survey) -> list[str]:
     checked = ", ".join(plural(n, one, many) for one, many, n in s.checked) or "nothing"
     lines = [f"verified {s.url}: read and checked {checked}"]
     lines += [n.describe() for n in s.newer]
-    if s.needs_upgrade:
+    if any(n.kind == "manifest" for n in s.needs_upgrade):
         lines.append(
             "the database's newest state is in a format this slatepy cannot read: its WAL "
             "and SSTs were not checked; upgrade slatepy and run this again (that is no "
@@ -216,8 +227,13 @@ def describe(s: Survey) -> list[str]:
     if s.base_id is not None and s.latest_id is not None and s.base_id != s.latest_id:
         newest = "manifest this slatepy reads" if s.needs_upgrade else "intact manifest"
         lines.append(f"newest {newest}: {s.base_id} (newest listed: {s.latest_id})")
+    if s.needs_upgrade and not any(n.kind == "manifest" for n in s.needs_upgrade):
+        lines.append(
+            "objects this database needs are in a format this slatepy cannot read; upgrade "
+            "slatepy to check them (that is no damage: do not repair it with this slatepy)"
+        )
     if not s.damage:
-        if not s.needs_upgrade:
+        if not s.newer:
             lines.append("every checksum matched: no damage found")
         return lines
     lines.append(f"{plural(len(s.damage), 'bad object', 'bad objects')}:")

@@ -56,26 +56,27 @@ class Damage:
 
 
 @dataclass(frozen=True, slots=True)
-class NewerManifest:
-    """A manifest a newer slatepy wrote (its format version is above the newest this one
+class Newer:
+    """An object a newer slatepy wrote (its format version is above the newest this one
     reads): not damage, and never given up by a repair.
 
     Attributes:
-        id: The manifest id.
+        kind: Which sequence it belongs to.
         path: The object.
+        object_id: The manifest or WAL id, or the compacted SST's id.
         found: Its format version.
-        newest: The newest format version this slatepy reads.
+        newest: The newest format version this slatepy reads (of that kind of object).
     """
 
-    id: int
+    kind: ObjectKind
     path: str
+    object_id: int | str
     found: int
     newest: int
 
     def error(self) -> UnsupportedFormatVersion:
-        return UnsupportedFormatVersion(
-            "manifest", found=self.found, newest=self.newest, path=self.path
-        )
+        what = "manifest" if self.kind == "manifest" else "SST"
+        return UnsupportedFormatVersion(what, found=self.found, newest=self.newest, path=self.path)
 
     def describe(self) -> str:
         return (
@@ -120,8 +121,9 @@ class Survey:
         unreferenced: Compacted SSTs ``base`` does not reference (GC's garbage, or what a
             lost newer manifest had published).
         checked: How many objects were read and checked, by kind (singular, plural, count).
-        newer: Manifests a newer slatepy wrote. When one is newer than ``base_id``, ``base``
-            is not the database's state: nothing past the manifests was checked.
+        newer: Objects a newer slatepy wrote. When a manifest among them is newer than
+            ``base_id``, ``base`` is not the database's state: nothing past the manifests
+            was checked.
     """
 
     url: str
@@ -133,7 +135,7 @@ class Survey:
     max_wal_epoch: int = 0
     unreferenced: tuple[str, ...] = ()
     checked: tuple[tuple[str, str, int], ...] = ()
-    newer: tuple[NewerManifest, ...] = ()
+    newer: tuple[Newer, ...] = ()
 
     @property
     def latest_id(self) -> int | None:
@@ -144,10 +146,17 @@ class Survey:
         return not self.damage and not self.newer
 
     @property
-    def needs_upgrade(self) -> tuple[NewerManifest, ...]:
-        """The newer-format manifests after the newest one this slatepy reads: the state
-        is theirs, and only a newer slatepy can check or repair it."""
-        return tuple(n for n in self.newer if self.base_id is None or n.id > self.base_id)
+    def needs_upgrade(self) -> tuple[Newer, ...]:
+        """What only a newer slatepy can read and a repair by this one would give up: the
+        newer-format manifests after the newest one this slatepy reads (the state is
+        theirs), and every newer-format WAL or compacted SST the database still needs."""
+        return tuple(
+            n
+            for n in self.newer
+            if n.kind != "manifest"
+            or self.base_id is None
+            or (isinstance(n.object_id, int) and n.object_id > self.base_id)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +234,10 @@ def plan_repair(survey: Survey) -> RepairPlan | None:
     larger, so no live writer or compactor can hold its epoch or a newer one.
 
     Raises:
-        UnsupportedFormatVersion: a manifest newer than every one this slatepy reads was
-            written by a newer slatepy; falling back past it would give up its state (and,
-            once GC ran, SSTs only it names). Upgrade instead.
+        UnsupportedFormatVersion: a newer slatepy wrote the newest manifest (falling back
+            past it would give up its state and, once GC ran, SSTs only it names) or an SST
+            the database needs (cutting or dropping it would give up acknowledged writes).
+            Upgrade instead.
         Unrepairable: no manifest decodes.
     """
     if survey.needs_upgrade:

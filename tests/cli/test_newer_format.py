@@ -11,14 +11,27 @@ import pytest
 
 from slatepy import Db
 from slatepy.errors import CorruptionError, UnsupportedFormatVersion
+from slatepy.format.checksum import checksum
 from slatepy.format.envelope import seal, unseal
+from slatepy.format.sst import decode_sst
+from slatepy.format.sst_index import FOOTER, FOOTER_CHECKSUM, FOOTER_SIZE, SUPPORTED_VERSIONS
 from slatepy.manifest import Manifest, ManifestStore
 from slatepy.manifest.record import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC
 from slatepy.store import open_store
 from tests.cli.test_doctor import Capture, run
-from tests.engine.damaged import OFF, compact, key, listing, manifest_path, put_all
+from tests.engine.damaged import (
+    OFF,
+    compact,
+    key,
+    listing,
+    manifest_path,
+    only_compacted,
+    put_all,
+    wal_path,
+)
 
 NEWER = MANIFEST_FORMAT_VERSION + 1
+NEWER_SST = max(SUPPORTED_VERSIONS) + 1
 
 
 def newer_database(root: Path) -> tuple[str, int]:
@@ -67,7 +80,7 @@ def test_verify_and_doctor_say_upgrade_not_damage(tmp_path: Path, capsys: Captur
     status, out = run(capsys, "doctor", url)
     assert status == 1
     assert upgrade in out and "no repair" in out
-    assert "would give up" not in out and "damaged" not in out
+    assert "and give up:" not in out and "damaged" not in out  # no repair plan
     assert listing(root) == before
 
 
@@ -100,3 +113,48 @@ def test_inspect_shows_the_version_a_manifest_is_stored_as() -> None:
     rewritten = Manifest.decode(old.encode())  # the next update writes the current version
     assert rewritten.format_version == MANIFEST_FORMAT_VERSION
     assert int.from_bytes(old.encode()[4:6], "little") == MANIFEST_FORMAT_VERSION
+
+
+def as_newer_sst(path: Path) -> None:
+    """Make the SST at ``path`` claim the next SST format version (an intact footer)."""
+    data = bytearray(path.read_bytes())
+    fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
+    fields[1] = NEWER_SST
+    footer = FOOTER.pack(*fields)
+    data[-FOOTER_SIZE:] = footer + FOOTER_CHECKSUM.pack(checksum(footer))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("kind", ["wal", "compacted"])
+def test_an_sst_of_a_newer_format_is_no_damage_and_no_repair_gives_it_up(
+    tmp_path: Path, capsys: Capture, kind: str
+) -> None:
+    # A newer writer's WAL SST after the manifest's compacted prefix (or a newer compactor's
+    # output under a manifest this slatepy reads): a repair would cut the WAL there (or drop
+    # the SST), giving up acknowledged writes.
+    root = tmp_path / "db"
+    url = f"file://{root}"
+    put_all(url, {key(i): b"v%d" % i for i in range(3)})
+    if kind == "compacted":
+        compact(url)
+        newer = only_compacted(root)
+    else:
+        newer = wal_path(3)
+    as_newer_sst(root / newer)
+    with pytest.raises(UnsupportedFormatVersion, match=f"SST: format version {NEWER_SST}"):
+        decode_sst((root / newer).read_bytes())
+    before = listing(root)
+    upgrade = (
+        f"{newer}: written by a newer slatepy (format {NEWER_SST}; this one reads up to "
+        f"{max(SUPPORTED_VERSIONS)}): upgrade slatepy"
+    )
+
+    status, out = run(capsys, "inspect", url, "--verify")
+    assert status == 1 and upgrade in out and "bad object" not in out
+
+    status, out = run(capsys, "doctor", url)
+    assert status == 1 and upgrade in out and "no repair" in out and "and give up:" not in out
+
+    status, out = run(capsys, "doctor", url, "--repair")
+    assert status == 1 and "UnsupportedFormatVersion" in out and newer in out
+    assert listing(root) == before
