@@ -105,14 +105,26 @@ def test_every_envelope_says_upgrade_for_a_newer_version_and_damage_for_an_unkno
         unseal(seal(b"SLPR", 0, b""), b"SLPR", (1, 2), "persist rollup")
 
 
-def test_inspect_shows_the_version_a_manifest_is_stored_as() -> None:
+def test_inspect_shows_the_version_a_manifest_is_stored_as(tmp_path: Path, capsys: Capture) -> None:
     from tests.manifest.test_manifest_versions import as_version_1
 
-    old = Manifest.decode(as_version_1(Manifest(writer_epoch=3)))
+    url = f"file://{tmp_path / 'db'}"
+    put_all(url, {key(0): b"v"})
+    manifests = ManifestStore(open_store(url))
+    stored = manifests.load()
+    assert stored is not None
+    assert manifests.objects.create(stored.id + 1, as_version_1(stored.manifest)) is None
+    status, out = run(capsys, "inspect", url)
+    assert status == 0 and f"manifest {stored.id + 1} (format 1)" in out
+    old = Manifest.decode(as_version_1(stored.manifest))
     assert old.format_version == 1
-    rewritten = Manifest.decode(old.encode())  # the next update writes the current version
-    assert rewritten.format_version == MANIFEST_FORMAT_VERSION
+    # The next update writes (and says) the current version.
     assert int.from_bytes(old.encode()[4:6], "little") == MANIFEST_FORMAT_VERSION
+    assert Manifest.decode(old.encode()).format_version == MANIFEST_FORMAT_VERSION
+    with Db.open(url, settings=OFF):
+        pass
+    status, out = run(capsys, "inspect", url)
+    assert status == 0 and f"(format {MANIFEST_FORMAT_VERSION})" in out
 
 
 def as_newer_sst(path: Path) -> None:
