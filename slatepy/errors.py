@@ -61,6 +61,43 @@ class NotASlatepyDatabase(SlatepyError):
         self.path = path
 
 
+class UpgradeRequired(SlatepyError):
+    """What was read was written by a newer slatepy than this one: nothing is damaged, and
+    the answer is to upgrade slatepy, never a repair.
+
+    Deliberately not a :class:`CorruptionError`: a caller that answers corruption by falling
+    back to older state (``slatepy doctor --repair``) would give up everything the newer
+    slatepy wrote. Nothing was written.
+    """
+
+
+class UnsupportedFormatVersion(UpgradeRequired):
+    """A record (manifest, persist state, batch) carries a format version newer than the
+    newest this slatepy reads.
+
+    Attributes:
+        what: The kind of record ("manifest", "persist rollup", ...).
+        found: The format version it carries.
+        newest: The newest format version this slatepy reads.
+        path: The object, when known.
+    """
+
+    def __init__(self, what: str, *, found: int, newest: int, path: str | None = None) -> None:
+        where = path or what
+        super().__init__(
+            f"{where}: format version {found}, this slatepy reads up to {newest}: written by "
+            "a newer slatepy; upgrade slatepy (nothing is damaged; do not repair)"
+        )
+        self.what = what
+        self.found = found
+        self.newest = newest
+        self.path = path
+
+    def at(self, path: str) -> UnsupportedFormatVersion:
+        """The same error naming the object ``path``."""
+        return UnsupportedFormatVersion(self.what, found=self.found, newest=self.newest, path=path)
+
+
 class FencedError(SlatepyError):
     """A newer writer (or compactor) took over; this instance must stop.
 

@@ -84,8 +84,13 @@ def doctor(
     or damaged only where opening does not look), 1 when it needs ``--repair`` or cannot be
     repaired.
 
+    A manifest a newer slatepy wrote is never damage: the report says to upgrade, and a
+    repair that would fall back past it is refused.
+
     Raises:
         NotASlatepyDatabase: the location holds someone else's data.
+        UnsupportedFormatVersion: with ``repair``, a newer slatepy wrote the newest manifest
+            or an SST the database needs; nothing was written.
     """
     settings = settings or Settings()
     # A clone's shared SSTs live in its source: not damage (RFC 0017).
@@ -97,6 +102,15 @@ def doctor(
         return "\n".join(lines), 1
     if found.healthy:
         return "\n".join(lines), 0
+    if found.needs_upgrade:
+        if repair:
+            raise found.needs_upgrade[-1].error()
+        lines.append(
+            "no repair: a repair by this slatepy would give up what a newer slatepy wrote "
+            "(fall back to an older manifest, or cut the WAL or drop SSTs at objects it "
+            "cannot read); upgrade slatepy and run `slatepy doctor` again"
+        )
+        return "\n".join(lines), 1
     lines += ["", "what this means:", *(f"  {line}" for line in explain(found))]
     try:
         plan = plan_repair(found)
@@ -252,7 +266,11 @@ def _repair(
             theirs = decode_sst(existing)[0].props.writer_epoch
             if resolve_conflict(epoch, theirs) is not Conflict.TRY_NEXT:
                 raise fenced(slot, epoch, theirs)
-    final = replan_wal(plan, tuple(r.sst for r in verify.survey_wal(store, base, end=fences[0])))
+    reads = verify.survey_wal(store, base, end=fences[0])
+    newer = [r.newer for r in reads if r.newer is not None]
+    if newer:  # a newer writer wrote since the survey: give up none of it
+        raise newer[0].error()
+    final = replan_wal(plan, tuple(r.sst for r in reads))
     new_l0: tuple[SstHandle, ...] = ()
     deadline = time.time() + settings.gc_min_age / 2
     if final.wal_cut is not None and final.wal_cut > first:

@@ -178,7 +178,7 @@ def verify(store: ObjectStore, *, settings: Settings | None = None) -> tuple[str
     if not found.manifest_ids:
         lines.append("no manifest: this location holds no slatepy database")
         return "\n".join(lines), 1
-    if not found.healthy:
+    if found.damage:  # not for a newer slatepy's manifest: upgrading is the answer
         lines.append("run `slatepy doctor URL` for what this means and what a repair would give up")
     return "\n".join(lines), 0 if found.healthy else 1
 

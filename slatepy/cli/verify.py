@@ -14,10 +14,10 @@ import contextlib
 from dataclasses import dataclass
 
 from slatepy.engine.fencing import wal_gaps
-from slatepy.errors import CorruptionError, NotFound
+from slatepy.errors import CorruptionError, NotFound, UnsupportedFormatVersion
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, SstHandle
-from slatepy.manifest.repair import Damage, Survey, WalSst, handles, plural
+from slatepy.manifest.repair import Damage, Newer, Survey, WalSst, handles, plural
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX, ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore
@@ -33,6 +33,10 @@ def uncached(store: ObjectStore) -> ObjectStore:
 def survey(store: ObjectStore) -> Survey:
     """Read and check everything reachable; see the module docstring.
 
+    A manifest a newer slatepy wrote is listed in ``newer``, not as damage; when it is
+    newer than every manifest this slatepy reads, the survey stops at the manifests (the
+    WAL and SSTs are the newer manifest's, which this slatepy cannot read).
+
     Raises:
         NotASlatepyDatabase: the manifest directory holds only foreign objects.
     """
@@ -40,14 +44,24 @@ def survey(store: ObjectStore) -> Survey:
     ids = tuple(manifests.ids())
     damage: list[Damage] = []
     decoded: dict[int, Manifest] = {}
+    newer: list[Newer] = []
     for manifest_id in ids:
         path = manifests.path(manifest_id)
         try:
             decoded[manifest_id] = Manifest.decode(manifests.read(manifest_id))
         except NotFound:
             continue  # collected by GC since the listing: not damage
+        except UnsupportedFormatVersion as exc:
+            newer.append(Newer("manifest", path, manifest_id, exc.found, exc.newest))
         except CorruptionError as exc:
             damage.append(Damage("manifest", path, str(exc), manifest_id))
+    if newer and (not decoded or int(newer[-1].object_id) > max(decoded)):
+        base_id = max(decoded) if decoded else None
+        base = decoded[base_id] if base_id is not None else None
+        checked = (("manifest", "manifests", len(ids)),)
+        return Survey(
+            store.url, ids, base_id, base, tuple(damage), checked=checked, newer=tuple(newer)
+        )
     if ids and not decoded:
         # Ours but damaged, or someone else's data? The manifest store tells them apart.
         with contextlib.suppress(CorruptionError, NotFound):
@@ -64,7 +78,9 @@ def survey(store: ObjectStore) -> Survey:
     ssts = handles(base)
     for handle in ssts:
         problem = check_compacted(store, handle)
-        if problem is not None:
+        if isinstance(problem, Newer):
+            newer.append(problem)
+        elif problem is not None:
             damage.append(problem)
     wal = survey_wal(store, base)
     damage += [
@@ -72,6 +88,7 @@ def survey(store: ObjectStore) -> Survey:
         for w in wal
         if w.reason
     ]
+    newer += [w.newer for w in wal if w.newer is not None]
     referenced = {h.id for h in ssts}
     unreferenced = tuple(
         meta.path
@@ -93,11 +110,13 @@ def survey(store: ObjectStore) -> Survey:
             ("WAL SST", "WAL SSTs", sum(1 for w in wal if w.sst.state in ("ok", "damaged"))),
             ("compacted SST", "compacted SSTs", len(ssts)),
         ),
+        tuple(newer),
     )
 
 
-def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | None:
-    """Read a compacted SST whole and check it against its handle; None when intact."""
+def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | Newer | None:
+    """Read a compacted SST whole and check it against its handle; None when intact, a
+    :class:`Newer` when a newer slatepy wrote it (this one cannot check it)."""
     path = compacted_path(handle.id)
     try:
         data = store.get(path)
@@ -109,6 +128,8 @@ def check_compacted(store: ObjectStore, handle: SstHandle) -> Damage | None:
     try:
         meta, entries = decode_sst(data)
         count = sum(1 for _ in entries)
+    except UnsupportedFormatVersion as exc:
+        return Newer("compacted", path, handle.id, exc.found, exc.newest)
     except CorruptionError as exc:
         return Damage("compacted", path, str(exc), handle.id)
     if count != handle.entry_count or meta.props.first_key != handle.first_key:
@@ -124,10 +145,12 @@ LOST = (
 
 @dataclass(frozen=True, slots=True)
 class WalRead:
-    """One WAL slot as read: the pure record, and why it is bad ("" when it is not)."""
+    """One WAL slot as read: the pure record, why it is bad ("" when it is not), and
+    whether a newer slatepy wrote it (then its contents are unknown, but it is no damage)."""
 
     sst: WalSst
     reason: str = ""
+    newer: Newer | None = None
 
     @property
     def path(self) -> str:
@@ -165,6 +188,9 @@ def read_wal_slot(wal: NumberedObjects, wal_id: int) -> WalRead:
     try:
         meta, entries = decode_sst(data)
         sum(1 for _ in entries)  # every block's checksum
+    except UnsupportedFormatVersion as exc:
+        newer = Newer("wal", path, wal_id, exc.found, exc.newest)
+        return WalRead(WalSst(wal_id, path, "ok"), newer=newer)
     except CorruptionError as exc:
         return WalRead(_described(wal_id, path, "damaged", meta), str(exc))
     return WalRead(_described(wal_id, path, "ok", meta))
@@ -191,10 +217,24 @@ def describe(s: Survey) -> list[str]:
     """The verification report: what was checked and every bad object with the reason."""
     checked = ", ".join(plural(n, one, many) for one, many, n in s.checked) or "nothing"
     lines = [f"verified {s.url}: read and checked {checked}"]
+    lines += [n.describe() for n in s.newer]
+    if any(n.kind == "manifest" for n in s.needs_upgrade):
+        lines.append(
+            "the database's newest state is in a format this slatepy cannot read: its WAL "
+            "and SSTs were not checked; upgrade slatepy and run this again (that is no "
+            "damage: do not repair it with this slatepy)"
+        )
     if s.base_id is not None and s.latest_id is not None and s.base_id != s.latest_id:
-        lines.append(f"newest intact manifest: {s.base_id} (newest listed: {s.latest_id})")
-    if s.healthy:
-        lines.append("every checksum matched: no damage found")
+        newest = "manifest this slatepy reads" if s.needs_upgrade else "intact manifest"
+        lines.append(f"newest {newest}: {s.base_id} (newest listed: {s.latest_id})")
+    if s.needs_upgrade and not any(n.kind == "manifest" for n in s.needs_upgrade):
+        lines.append(
+            "objects this database needs are in a format this slatepy cannot read; upgrade "
+            "slatepy to check them (that is no damage: do not repair it with this slatepy)"
+        )
+    if not s.damage:
+        if not s.newer:
+            lines.append("every checksum matched: no damage found")
         return lines
     lines.append(f"{plural(len(s.damage), 'bad object', 'bad objects')}:")
     lines += [f"  {d.path}: {d.reason}" for d in s.damage]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from slatepy.errors import CorruptionError
+from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.checksum import append_checksum, verify_checksummed
 
 HEADER = struct.Struct("<4sH")
@@ -24,7 +24,9 @@ def unseal(data: bytes, magic: bytes, versions: tuple[int, ...], what: str) -> t
     """Check and strip the envelope; return ``(version, payload)``.
 
     Raises:
-        CorruptionError: wrong magic, unsupported version or checksum mismatch.
+        CorruptionError: wrong magic, an unknown older version, or checksum mismatch.
+        UnsupportedFormatVersion: a version newer than every one in ``versions`` (checked
+            after the checksum, so it is the version written, not a damaged byte).
     """
     body = verify_checksummed(data, what)
     if len(body) < HEADER.size:
@@ -32,6 +34,8 @@ def unseal(data: bytes, magic: bytes, versions: tuple[int, ...], what: str) -> t
     found_magic, version = HEADER.unpack_from(body)
     if found_magic != magic:
         raise CorruptionError(f"{what}: bad magic {bytes(found_magic)!r}")
+    if version > max(versions):
+        raise UnsupportedFormatVersion(what, found=version, newest=max(versions))
     if version not in versions:
         raise CorruptionError(f"{what}: unsupported format version {version}")
     return version, bytes(body[HEADER.size :])

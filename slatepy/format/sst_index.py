@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from slatepy.errors import CorruptionError
+from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.bloom import BloomFilter
 from slatepy.format.checksum import CHECKSUM_SIZE, checksum, verify_checksummed
 from slatepy.format.compression import CODEC_IDS
@@ -270,7 +270,8 @@ def decode_footer(tail: bytes | memoryview) -> Footer:
     """Decode the footer from the last ``FOOTER_SIZE`` bytes of ``tail``.
 
     Raises:
-        CorruptionError: checksum, magic or an unsupported version.
+        CorruptionError: checksum, magic or an unknown older version.
+        UnsupportedFormatVersion: a newer slatepy wrote the SST (nothing is damaged).
     """
     if len(tail) < FOOTER_SIZE:
         raise CorruptionError(f"SST: {len(tail)} bytes is too short for a footer")
@@ -283,6 +284,8 @@ def decode_footer(tail: bytes | memoryview) -> Footer:
     )
     if magic != SST_MAGIC:
         raise CorruptionError("SST: bad magic; this is not a slatepy SST")
+    if version > max(SUPPORTED_VERSIONS):  # after the checksum: the version written
+        raise UnsupportedFormatVersion("SST", found=version, newest=max(SUPPORTED_VERSIONS))
     if version not in SUPPORTED_VERSIONS:
         raise CorruptionError(
             f"SST: unsupported format version {version} (this slatepy reads "

@@ -197,15 +197,26 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     def encode(self) -> bytes:
         """The manifest in its envelope (``slatepy.format.envelope``'s layout), encoded into
         one buffer after the header and checksummed in place: one copy of a large
-        manifest's bytes instead of the three of ``seal`` (16 MiB at 100,000 SSTs)."""
+        manifest's bytes instead of the three of ``seal`` (16 MiB at 100,000 SSTs).
+
+        Always the current format version, whatever version ``self`` was read from."""
+        current = self
+        if current.format_version != MANIFEST_FORMAT_VERSION:
+            current = msgspec.structs.replace(self, format_version=MANIFEST_FORMAT_VERSION)
         buffer = bytearray(HEADER.pack(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION))
-        _ENCODER.encode_into(self, buffer, HEADER.size)
+        _ENCODER.encode_into(current, buffer, HEADER.size)
         buffer += CHECKSUM.pack(checksum(buffer))
         return bytes(buffer)
 
     @staticmethod
     def decode(data: bytes) -> Manifest:
-        """Decode and verify a manifest (format version 1 or 2). Raises ``CorruptionError``."""
+        """Decode and verify a manifest (format version 1 or 2); ``format_version`` is the
+        version it was stored as.
+
+        Raises:
+            CorruptionError: it is damaged.
+            UnsupportedFormatVersion: a newer slatepy wrote it (nothing is damaged).
+        """
         version, payload = unseal(
             data, MANIFEST_MAGIC, (MANIFEST_V1, MANIFEST_FORMAT_VERSION), "manifest"
         )
@@ -273,7 +284,7 @@ def _decode_v1(payload: bytes) -> Manifest:
         raise msgspec.ValidationError(
             f"version 1 manifest: bad SST handle or run: {exc!r}"
         ) from exc
-    raw["format_version"] = MANIFEST_FORMAT_VERSION
+    raw["format_version"] = MANIFEST_V1  # as stored (``encode`` writes the current one)
     return msgspec.convert(raw, Manifest)
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 import msgspec
 
-from slatepy.errors import FencedError, SlatepyError
+from slatepy.errors import FencedError, SlatepyError, UnsupportedFormatVersion
 from slatepy.manifest.record import Manifest, Snapshot, SortedRun, SstHandle
 
 ObjectKind = Literal["manifest", "wal", "compacted"]
@@ -53,6 +53,36 @@ class Damage:
     reason: str
     object_id: int | str
     missing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Newer:
+    """An object a newer slatepy wrote (its format version is above the newest this one
+    reads): not damage, and never given up by a repair.
+
+    Attributes:
+        kind: Which sequence it belongs to.
+        path: The object.
+        object_id: The manifest or WAL id, or the compacted SST's id.
+        found: Its format version.
+        newest: The newest format version this slatepy reads (of that kind of object).
+    """
+
+    kind: ObjectKind
+    path: str
+    object_id: int | str
+    found: int
+    newest: int
+
+    def error(self) -> UnsupportedFormatVersion:
+        what = "manifest" if self.kind == "manifest" else "SST"
+        return UnsupportedFormatVersion(what, found=self.found, newest=self.newest, path=self.path)
+
+    def describe(self) -> str:
+        return (
+            f"{self.path}: written by a newer slatepy (format {self.found}; this one reads up "
+            f"to {self.newest}): upgrade slatepy"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +121,9 @@ class Survey:
         unreferenced: Compacted SSTs ``base`` does not reference (GC's garbage, or what a
             lost newer manifest had published).
         checked: How many objects were read and checked, by kind (singular, plural, count).
+        newer: Objects a newer slatepy wrote. When a manifest among them is newer than
+            ``base_id``, ``base`` is not the database's state: nothing past the manifests
+            was checked.
     """
 
     url: str
@@ -102,6 +135,7 @@ class Survey:
     max_wal_epoch: int = 0
     unreferenced: tuple[str, ...] = ()
     checked: tuple[tuple[str, str, int], ...] = ()
+    newer: tuple[Newer, ...] = ()
 
     @property
     def latest_id(self) -> int | None:
@@ -109,7 +143,20 @@ class Survey:
 
     @property
     def healthy(self) -> bool:
-        return not self.damage
+        return not self.damage and not self.newer
+
+    @property
+    def needs_upgrade(self) -> tuple[Newer, ...]:
+        """What only a newer slatepy can read and a repair by this one would give up: the
+        newer-format manifests after the newest one this slatepy reads (the state is
+        theirs), and every newer-format WAL or compacted SST the database still needs."""
+        return tuple(
+            n
+            for n in self.newer
+            if n.kind != "manifest"
+            or self.base_id is None
+            or (isinstance(n.object_id, int) and n.object_id > self.base_id)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +234,14 @@ def plan_repair(survey: Survey) -> RepairPlan | None:
     larger, so no live writer or compactor can hold its epoch or a newer one.
 
     Raises:
+        UnsupportedFormatVersion: a newer slatepy wrote the newest manifest (falling back
+            past it would give up its state and, once GC ran, SSTs only it names) or an SST
+            the database needs (cutting or dropping it would give up acknowledged writes).
+            Upgrade instead.
         Unrepairable: no manifest decodes.
     """
+    if survey.needs_upgrade:
+        raise survey.needs_upgrade[-1].error()
     base, base_id, latest_id = survey.base, survey.base_id, survey.latest_id
     if base is None or base_id is None or latest_id is None:
         raise Unrepairable(

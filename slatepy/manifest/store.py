@@ -30,8 +30,9 @@ from slatepy.errors import (
     NotASlatepyDatabase,
     NotFound,
     SlatepyError,
+    UnsupportedFormatVersion,
 )
-from slatepy.manifest.record import MANIFEST_MAGIC, Manifest
+from slatepy.manifest.record import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects
 
@@ -133,6 +134,8 @@ class ManifestStore:
             known += 1
             try:
                 self._cached = StoredManifest(known, Manifest.decode(data))
+            except UnsupportedFormatVersion as exc:
+                raise exc.at(self.path(known)) from exc
             except CorruptionError as exc:
                 raise self._damaged(known, data, exc) from exc
             self._known = known
@@ -144,6 +147,7 @@ class ManifestStore:
         Raises:
             NotFound: there is no such manifest.
             CorruptionError: it is damaged; ``path`` names it.
+            UnsupportedFormatVersion: a newer slatepy wrote it; ``path`` names it.
             NotASlatepyDatabase: it, and every other manifest-named object here, is not a
                 slatepy manifest at all (another program's data).
         """
@@ -156,6 +160,8 @@ class ManifestStore:
         data = self.objects.read(manifest_id)
         try:
             manifest = Manifest.decode(data)
+        except UnsupportedFormatVersion as exc:
+            raise exc.at(self.path(manifest_id)) from exc
         except CorruptionError as exc:
             raise self._damaged(manifest_id, data, exc) from exc
         self._cached = StoredManifest(manifest_id, manifest)
@@ -216,7 +222,9 @@ class ManifestStore:
         For a repair, which cannot read the latest manifest (it is damaged) and so cannot use
         :meth:`update`. Returns None when another process took that id first.
         """
-        new = msgspec.structs.replace(manifest, update_id=uuid.uuid4().hex)
+        new = msgspec.structs.replace(
+            manifest, update_id=uuid.uuid4().hex, format_version=MANIFEST_FORMAT_VERSION
+        )
         started = time.monotonic()
         if self.objects.create(latest_id + 1, new.encode()) is not None:
             return None
@@ -242,7 +250,9 @@ class ManifestStore:
                 if current is None:
                     return StoredManifest(0, base)
                 return current
-            new = msgspec.structs.replace(new, update_id=uuid.uuid4().hex)
+            new = msgspec.structs.replace(
+                new, update_id=uuid.uuid4().hex, format_version=MANIFEST_FORMAT_VERSION
+            )
             started = time.monotonic()
             existing = self.objects.create(next_id, new.encode())
             if existing is None:

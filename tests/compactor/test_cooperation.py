@@ -325,12 +325,13 @@ def test_old_manifests_decode_without_a_lease_and_new_ones_round_trip() -> None:
     import msgspec
 
     from slatepy.format.envelope import seal
-    from slatepy.manifest.record import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC
+    from slatepy.manifest.record import MANIFEST_MAGIC
+    from tests.manifest.test_manifest_versions import version_1_fields
 
-    # A manifest as written before the lease existed: no such key at all.
-    fields = msgspec.to_builtins(Manifest(compactor_epoch=4))
+    # A manifest as written (format version 1) before the lease existed: no such key at all.
+    fields = version_1_fields(Manifest(compactor_epoch=4))
     del fields["compactor_lease"]
-    legacy = seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(fields))
+    legacy = seal(MANIFEST_MAGIC, 1, msgspec.msgpack.encode(fields))
     decoded = Manifest.decode(legacy)
     assert decoded.compactor_epoch == 4 and decoded.compactor_lease is None
     lease = CompactorLease(4, "h", 2, 1.5, 30.0)

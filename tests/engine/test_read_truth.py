@@ -23,10 +23,11 @@ from slatepy.engine.memtable import Memtable, Version
 from slatepy.errors import StoreUnavailable
 from slatepy.format.envelope import seal
 from slatepy.format.sst import decode_sst
-from slatepy.manifest.record import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, Manifest
+from slatepy.manifest.record import MANIFEST_MAGIC, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import ObjectStore, open_store
 from slatepy.testing.intercept import InterceptStore
+from tests.manifest.test_manifest_versions import version_1_fields
 
 OFF = Settings(flush_interval=60, compactor="off", memtable_retain_bytes=0)
 ONE = CompactionPolicy(l0_trigger=1)
@@ -390,9 +391,9 @@ def test_a_manifest_without_sst_options_reads_and_compacts_by_settings() -> None
     manifests = ManifestStore(store)
     stored = manifests.load()
     assert stored is not None and stored.manifest.sst_options is not None
-    fields = msgspec.structs.asdict(stored.manifest)
+    fields = version_1_fields(stored.manifest)  # as the older slatepy wrote it
     del fields["sst_options"]
-    old = seal(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, msgspec.msgpack.encode(fields))
+    old = seal(MANIFEST_MAGIC, 1, msgspec.msgpack.encode(fields))
     decoded = Manifest.decode(old)
     assert decoded.sst_options is None and decoded.writer_epoch == stored.manifest.writer_epoch
     compactor = Compactor(store, settings=Settings(compression="lz4"))
