@@ -34,7 +34,7 @@ from slatepy.config import Settings
 from slatepy.engine.fencing import describe_gap, epoch_verifier, fence_wal, fenced, wal_gaps
 from slatepy.engine.memtable import Memtable, Version
 from slatepy.engine.view import get_compacted
-from slatepy.errors import CorruptionError, NotFound
+from slatepy.errors import CorruptionError, NotFound, UnsupportedFormatVersion
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, Snapshot, SstOptions
@@ -182,6 +182,8 @@ def decode_wal_sst(path: str, data: bytes) -> tuple[SstMeta, list[Entry]]:
     try:
         meta, entries = decode_sst(data)
         return meta, list(entries)
+    except UnsupportedFormatVersion as exc:
+        raise exc.at(path) from None
     except CorruptionError as exc:
         raise CorruptionError(f"{path}: {exc}", path=path) from exc
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from slatepy.errors import CorruptionError
+from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.block import Block, IndexedBlock
 from slatepy.format.columnar import RawColumnarBlock
 from slatepy.format.sst import (
@@ -196,6 +196,8 @@ class SstTops:
                 tail, start = head + tail, footer.top_offset
             section = memoryview(tail)[footer.top_offset - start : len(tail) - FOOTER_SIZE]
             top = decode_top(footer, section)
+        except UnsupportedFormatVersion as exc:
+            raise exc.at(path) from None
         except CorruptionError as exc:
             raise _named(path, exc) from exc
         self._count("ssts_opened")

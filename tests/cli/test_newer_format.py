@@ -170,3 +170,15 @@ def test_an_sst_of_a_newer_format_is_no_damage_and_no_repair_gives_it_up(
     status, out = run(capsys, "doctor", url, "--repair")
     assert status == 1 and "UnsupportedFormatVersion" in out and newer in out
     assert listing(root) == before
+
+
+def test_a_read_of_a_newer_compacted_sst_names_it(tmp_path: Path) -> None:
+    root = tmp_path / "db"
+    url = f"file://{root}"
+    put_all(url, {key(i): b"v%d" % i for i in range(3)})
+    compact(url)
+    newer = only_compacted(root)
+    as_newer_sst(root / newer)
+    with Db.open(url, settings=OFF) as db, pytest.raises(UnsupportedFormatVersion) as caught:
+        db.get(key(0))
+    assert caught.value.path == newer and newer in str(caught.value)

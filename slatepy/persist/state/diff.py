@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from slatepy.errors import CorruptionError, InvalidArgument
+from slatepy.errors import CorruptionError, InvalidArgument, UnsupportedFormatVersion
 from slatepy.format.checksum import checksum
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist.state.records import (
@@ -235,6 +235,8 @@ def decode_state_diff(data: bytes, *, path: str | None = None) -> StateDiff:
         return _diff_decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise CorruptionError(f"persist diff: cannot decode: {exc}", path=path) from exc
+    except UnsupportedFormatVersion as exc:
+        raise (exc if path is None else exc.at(path)) from None
     except CorruptionError as exc:
         raise CorruptionError(str(exc), path=path) from exc
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from slatepy.errors import CorruptionError
+from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.envelope import seal, unseal
 from slatepy.persist import frontier
 from slatepy.persist.errors import UsageError
@@ -437,6 +437,8 @@ def decode_rollup(data: bytes, *, path: str | None = None) -> State:
         state.validate()
     except msgspec.DecodeError as exc:
         raise CorruptionError(f"persist rollup: cannot decode: {exc}", path=path) from exc
+    except UnsupportedFormatVersion as exc:
+        raise (exc if path is None else exc.at(path)) from None
     except CorruptionError as exc:
         raise CorruptionError(str(exc), path=path) from exc
     return state
