@@ -9,7 +9,8 @@ file at its final name, which obstore creates whole.
 
 Compacted SSTs are never rewritten (their names are random ids), so their descriptors are
 kept open, a bounded number of them in LRU order: a point get that misses the block cache is
-then one ``pread``, without an ``open``/``fstat``/``close`` around it. A descriptor of an SST
+then one ``pread``, without an ``open``/``fstat``/``close`` around it, nor a lock (see
+:class:`LocalReads`). A descriptor of an SST
 that GC deleted still reads its old bytes, which is what the reader holding it expects, and
 holds the file's disk space until it is evicted.
 """
