@@ -79,7 +79,12 @@ class LocalReads:
                 pass  # evicted by another thread since the lookup: this read still has it
             return handle
         fd = self._open(path)
-        handle = _Handle(fd, os.fstat(fd).st_size)
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            os.close(fd)
+            raise StoreUnavailable(f"reading {path} on {self._url}: {exc}", path=path) from exc
+        handle = _Handle(fd, size)
         with self._lock:
             kept = self._handles.get(path)
             if kept is not None:  # another thread opened it meanwhile: use theirs (ours closes)
