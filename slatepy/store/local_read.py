@@ -9,7 +9,8 @@ file at its final name, which obstore creates whole.
 
 Compacted SSTs are never rewritten (their names are random ids), so their descriptors are
 kept open, a bounded number of them in LRU order: a point get that misses the block cache is
-then one ``pread``, without an ``open``/``fstat``/``close`` around it. A descriptor of an SST
+then one ``pread``, without an ``open``/``fstat``/``close`` around it, nor a lock (see
+:class:`LocalReads`). A descriptor of an SST
 that GC deleted still reads its old bytes, which is what the reader holding it expects, and
 holds the file's disk space until it is evicted.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -32,19 +34,27 @@ MAX_OPEN = 64
 
 
 class _Handle:
-    """An open descriptor and the object's size, closed once evicted and no read uses it."""
+    """An open descriptor and the object's size; the descriptor is closed when the last
+    reference to the handle goes (CPython frees it then): once it is evicted, and no read
+    that took it from the table is still using it."""
 
-    __slots__ = ("evicted", "fd", "size", "users")
+    __slots__ = ("__weakref__", "fd", "size")
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd = fd
         self.size = size
-        self.users = 0
-        self.evicted = False
+        weakref.finalize(self, os.close, fd)
 
 
 class LocalReads:
-    """Reads objects of a ``LocalStore`` rooted at ``root`` directly from its files."""
+    """Reads objects of a ``LocalStore`` rooted at ``root`` directly from its files.
+
+    Thread-safe. A read of a kept descriptor takes no lock: it looks the handle up (one
+    dict operation, atomic) and holds a reference to it while it reads, so an eviction by
+    another thread meanwhile only drops the table's reference and the descriptor closes
+    after the read (see :class:`_Handle`). Opening, inserting and evicting are serialised
+    by a lock.
+    """
 
     def __init__(self, root: str, url: str, *, max_open: int = MAX_OPEN) -> None:
         self._root = os.path.abspath(root)
@@ -54,48 +64,35 @@ class LocalReads:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Close the kept descriptors (reads still in flight close theirs when done)."""
+        """Drop the kept descriptors: each closes now, or when the read using it ends."""
         with self._lock:
-            handles = list(self._handles.values())
             self._handles.clear()
-            for handle in handles:
-                handle.evicted = True
-                if handle.users == 0:
-                    os.close(handle.fd)
 
-    def __del__(self) -> None:
-        self.close()
-
-    def _acquire(self, path: str) -> _Handle:
+    def _handle(self, path: str) -> _Handle:
         """A kept descriptor of the immutable object at ``path``, opened on first use."""
-        with self._lock:
-            handle = self._handles.get(path)
-            if handle is not None:
+        handle = self._handles.get(path)
+        if handle is not None:
+            # Not contextlib.suppress: this is every read's path, and a ``with`` costs more.
+            try:  # noqa: SIM105
                 self._handles.move_to_end(path)
-                handle.users += 1
-                return handle
+            except KeyError:
+                pass  # evicted by another thread since the lookup: this read still has it
+            return handle
         fd = self._open(path)
-        handle = _Handle(fd, os.fstat(fd).st_size)
-        handle.users = 1
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            os.close(fd)
+            raise StoreUnavailable(f"reading {path} on {self._url}: {exc}", path=path) from exc
+        handle = _Handle(fd, size)
         with self._lock:
-            if path in self._handles:  # another thread opened it meanwhile: use theirs
-                os.close(fd)
-                handle = self._handles[path]
-                handle.users += 1
-                return handle
+            kept = self._handles.get(path)
+            if kept is not None:  # another thread opened it meanwhile: use theirs (ours closes)
+                return kept
             self._handles[path] = handle
             while len(self._handles) > self._max_open:
-                _, old = self._handles.popitem(last=False)
-                old.evicted = True
-                if old.users == 0:
-                    os.close(old.fd)
+                self._handles.popitem(last=False)
         return handle
-
-    def _release(self, handle: _Handle) -> None:
-        with self._lock:
-            handle.users -= 1
-            if handle.evicted and handle.users == 0:
-                os.close(handle.fd)
 
     def _open(self, path: str) -> int:
         parts = path.split("/")
@@ -115,6 +112,23 @@ class LocalReads:
         finally:
             os.close(fd)
 
+    def get_range(self, path: str, start: int, end: int) -> bytes:
+        """One non-empty byte range ``[start, end)``; see :meth:`get_ranges`. A point get
+        that misses the block cache is one of these: a kept descriptor's is one ``pread``."""
+        handle = self._handles.get(path)
+        if handle is None:
+            return self.get_ranges(path, [(start, end)])[0]
+        try:  # noqa: SIM105 (as in _handle)
+            self._handles.move_to_end(path)
+        except KeyError:
+            pass  # evicted since the lookup: the reference held here keeps it open
+        size = handle.size
+        if not 0 <= start < size:
+            raise self._outside(path, start, size)
+        end = min(end, size)
+        data = os.pread(handle.fd, end - start, start)
+        return data if len(data) == end - start else _read(handle.fd, start, end, path)
+
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Byte ranges ``[start, end)`` (non-empty), as a ranged GET answers them: a range that
         runs past the end is cut short; one that starts at or past the end is an error.
@@ -124,11 +138,8 @@ class LocalReads:
             StoreUnavailable: a range starts outside the object (``definite``: nothing read).
         """
         if path.startswith(IMMUTABLE_PREFIX):
-            handle = self._acquire(path)
-            try:
-                return self._read_ranges(path, handle.fd, handle.size, ranges)
-            finally:
-                self._release(handle)
+            handle = self._handle(path)
+            return self._read_ranges(path, handle.fd, handle.size, ranges)
         fd = self._open(path)
         try:
             return self._read_ranges(path, fd, os.fstat(fd).st_size, ranges)
@@ -140,12 +151,14 @@ class LocalReads:
     ) -> list[bytes]:
         for start, _ in ranges:
             if not 0 <= start < size:
-                raise StoreUnavailable(
-                    f"range from {start} of {path} on {self._url} starts outside the "
-                    f"object ({size} bytes)",
-                    path=path,
-                )
+                raise self._outside(path, start, size)
         return [_read(fd, start, min(end, size), path) for start, end in ranges]
+
+    def _outside(self, path: str, start: int, size: int) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"range from {start} of {path} on {self._url} starts outside the object ({size} bytes)",
+            path=path,
+        )
 
     def get_suffix(self, path: str, length: int) -> bytes:
         fd = self._open(path)

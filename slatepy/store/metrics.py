@@ -8,9 +8,8 @@ hits, misses and bytes here, beside the requests it saved or made.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from slatepy.store.base import (
     ObjectMeta,
@@ -20,8 +19,6 @@ from slatepy.store.base import (
     PutMode,
     WrappingStore,
 )
-
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -103,12 +100,33 @@ class StoreMetrics:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, kind: str, *, sent: int = 0, received: int = 0, error: bool = False) -> None:
-        with self._lock:
-            stats = self.ops.setdefault(kind, OpStats())
+        # acquire/release around a try is cheaper than ``with`` on this path, which every
+        # request takes (RFC 0006, issue 33 addendum).
+        lock = self._lock
+        lock.acquire()
+        try:
+            stats = self.ops.get(kind)
+            if stats is None:
+                stats = self.ops[kind] = OpStats()
             stats.requests += 1
-            stats.errors += int(error)
+            stats.errors += error
             stats.bytes_out += sent
             stats.bytes_in += received
+        finally:
+            lock.release()
+
+    def record_reads(self, kind: str, requests: int, received: int) -> None:
+        """Count ``requests`` successful reads of ``received`` bytes in all (one update)."""
+        lock = self._lock
+        lock.acquire()
+        try:
+            stats = self.ops.get(kind)
+            if stats is None:
+                stats = self.ops[kind] = OpStats()
+            stats.requests += requests
+            stats.bytes_in += received
+        finally:
+            lock.release()
 
     def snapshot(self) -> dict[str, OpStats]:
         """A copy of the counters at this moment."""
@@ -176,20 +194,26 @@ class MetricsStore(WrappingStore):
         super().__init__(inner)
         self.metrics = metrics or StoreMetrics()
 
-    def _count(self, kind: str, fn: Callable[[], T], *, sent: int = 0) -> T:
-        try:
-            result = fn()
-        except Exception:
-            self.metrics.record(kind, sent=sent, error=True)
-            raise
-        self.metrics.record(kind, sent=sent, received=_received(result))
-        return result
+    # Each request calls the inner store directly and counts in a try/except: no closure
+    # per request, as every read of a file:// database goes through here.
 
     def get(self, path: str) -> bytes:
-        return self._count("get", lambda: self.inner.get(path))
+        try:
+            data = self.inner.get(path)
+        except Exception:
+            self.metrics.record("get", error=True)
+            raise
+        self.metrics.record_reads("get", 1, len(data))
+        return data
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
-        return self._count("get_range", lambda: self.inner.get_range(path, start, end))
+        try:
+            data = self.inner.get_range(path, start, end)
+        except Exception:
+            self.metrics.record("get_range", error=True)
+            raise
+        self.metrics.record_reads("get_range", 1, len(data))
+        return data
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         try:
@@ -197,34 +221,68 @@ class MetricsStore(WrappingStore):
         except Exception:
             self.metrics.record("get_range", error=True)
             raise
-        for data in datas:
-            if data:
-                self.metrics.record("get_range", received=len(data))
+        sizes = [len(data) for data in datas if data]
+        if sizes:
+            self.metrics.record_reads("get_range", len(sizes), sum(sizes))
         return datas
 
     def get_suffix(self, path: str, length: int) -> bytes:
         if not self.inner.supports_suffix:
             # The backend sends a HEAD for the size first (Azure): count what is billed.
             self.metrics.record("head")
-        return self._count("get_range", lambda: self.inner.get_suffix(path, length))
+        try:
+            data = self.inner.get_suffix(path, length)
+        except Exception:
+            self.metrics.record("get_range", error=True)
+            raise
+        self.metrics.record_reads("get_range", 1, len(data))
+        return data
 
     def head(self, path: str) -> ObjectMeta:
-        return self._count("head", lambda: self.inner.head(path))
+        try:
+            meta = self.inner.head(path)
+        except Exception:
+            self.metrics.record("head", error=True)
+            raise
+        self.metrics.record("head")
+        return meta
 
     def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
-        return self._count("put", lambda: self.inner.put(path, data, mode=mode), sent=len(data))
+        try:
+            e_tag = self.inner.put(path, data, mode=mode)
+        except Exception:
+            self.metrics.record("put", sent=len(data), error=True)
+            raise
+        self.metrics.record("put", sent=len(data))
+        return e_tag
 
     def open_writer(self, path: str) -> ObjectWriter:
         return _CountedWriter(self.inner.open_writer(path), self.metrics)
 
     def delete(self, path: str) -> None:
-        self._count("delete", lambda: self.inner.delete(path))
+        try:
+            self.inner.delete(path)
+        except Exception:
+            self.metrics.record("delete", error=True)
+            raise
+        self.metrics.record("delete")
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
-        return self._count("list", lambda: self.inner.list(prefix, offset=offset))
+        try:
+            listed = self.inner.list(prefix, offset=offset)
+        except Exception:
+            self.metrics.record("list", error=True)
+            raise
+        self.metrics.record("list")
+        return listed
 
     def copy(self, source: str, destination: str) -> None:
-        self._count("copy", lambda: self.inner.copy(source, destination))
+        try:
+            self.inner.copy(source, destination)
+        except Exception:
+            self.metrics.record("copy", error=True)
+            raise
+        self.metrics.record("copy")
 
 
 class _CountedWriter(ObjectWriter):
@@ -260,11 +318,3 @@ class _CountedWriter(ObjectWriter):
     @property
     def requests(self) -> int:
         return self._inner.requests
-
-
-def _received(result: object) -> int:
-    if isinstance(result, bytes):
-        return len(result)
-    if isinstance(result, list) and result and isinstance(result[0], bytes):
-        return sum(len(p) for p in result)
-    return 0

@@ -94,7 +94,7 @@ class ObstoreStore(ObjectStore):
         if end <= start:
             return b""
         if self._local is not None:
-            return self._local.get_ranges(path, [(start, end)])[0]
+            return self._local.get_range(path, start, end)
         return self._call(
             path, False, lambda: obstore.get_range(self._raw, path, start=start, end=end).to_bytes()
         )
@@ -105,6 +105,8 @@ class ObstoreStore(ObjectStore):
         if not wanted:
             return [b""] * len(ranges)
         if self._local is not None:
+            if len(wanted) == len(ranges):
+                return self._local.get_ranges(path, wanted)
             local = iter(self._local.get_ranges(path, wanted))
             return [next(local) if e > s else b"" for s, e in ranges]
         starts = [s for s, _ in wanted]

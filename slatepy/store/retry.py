@@ -57,39 +57,51 @@ class RetryingStore(WrappingStore):
         self.attempts = attempts
         self.give_up_after = give_up_after
 
-    def _retry(self, fn: Callable[[], T], what: str, *args: object) -> T:
-        """``fn()``, tried again on ``StoreUnavailable`` within the attempt and time budget;
-        ``what % args`` names the request in logs and errors (formatted only on a failure,
-        as this wraps every read).
+    def _retry(
+        self,
+        fn: Callable[[], T],
+        failed: StoreUnavailable,
+        started: float,
+        what: str,
+        *args: object,
+    ) -> T:
+        """``fn()`` tried again after its first try (at ``started``) failed with ``failed``,
+        within the attempt and time budget; ``what % args`` names the request in logs and
+        errors (formatted only on a failure).
+
+        Every request's first try is a direct call in the method itself, so a request that
+        succeeds (nearly all of them) pays no closure and no loop: on a ``file://`` read
+        that is a good part of the request (RFC 0006, issue 33 addendum).
 
         Raises:
             StoreUnavailable: the last failure; when more than one try was made, its message
                 says how many and over how long (same ``path`` and ``definite``).
         """
-        started = time.monotonic()
-        for attempt in range(1, self.attempts + 1):
+        attempt = 1
+        while True:
+            elapsed = time.monotonic() - started
+            out_of_time = self.give_up_after is not None and elapsed >= self.give_up_after
+            if attempt >= self.attempts or out_of_time:
+                failure = self._gave_up(what % args, attempt, elapsed, failed)
+                if failure is failed:
+                    raise failed
+                raise failure from failed
+            log.info(
+                "retrying %s on %s: attempt %d of %d failed after %.1f s: %s",
+                what % args,
+                self.url,
+                attempt,
+                self.attempts,
+                elapsed,
+                failed,
+            )
+            delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1))
+            time.sleep(random.uniform(delay / 2, delay))
+            attempt += 1
             try:
                 return fn()
             except StoreUnavailable as exc:
-                elapsed = time.monotonic() - started
-                out_of_time = self.give_up_after is not None and elapsed >= self.give_up_after
-                if attempt == self.attempts or out_of_time:
-                    failure = self._gave_up(what % args, attempt, elapsed, exc)
-                    if failure is exc:
-                        raise
-                    raise failure from exc
-                log.info(
-                    "retrying %s on %s: attempt %d of %d failed after %.1f s: %s",
-                    what % args,
-                    self.url,
-                    attempt,
-                    self.attempts,
-                    elapsed,
-                    exc,
-                )
-                delay = min(BACKOFF_MAX, BACKOFF_START * 2 ** (attempt - 1))
-                time.sleep(random.uniform(delay / 2, delay))
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                failed = exc
 
     def _gave_up(
         self, what: str, attempts: int, elapsed: float, exc: StoreUnavailable
@@ -111,31 +123,74 @@ class RetryingStore(WrappingStore):
             definite=exc.definite,
         )
 
+    # Each request: its first try called directly (see ``_retry``), the tries after it
+    # through ``_retry``.
+
     def get(self, path: str) -> bytes:
-        return self._retry(lambda: self.inner.get(path), "GET %s", path)
+        started = time.monotonic()
+        try:
+            return self.inner.get(path)
+        except StoreUnavailable as exc:
+            return self._retry(lambda: self.inner.get(path), exc, started, "GET %s", path)
 
     def get_range(self, path: str, start: int, end: int) -> bytes:
-        return self._retry(
-            lambda: self.inner.get_range(path, start, end), "GET %s [%d, %d)", path, start, end
-        )
+        started = time.monotonic()
+        try:
+            return self.inner.get_range(path, start, end)
+        except StoreUnavailable as exc:
+            return self._retry(
+                lambda: self.inner.get_range(path, start, end),
+                exc,
+                started,
+                "GET %s [%d, %d)",
+                path,
+                start,
+                end,
+            )
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return self._retry(
-            lambda: self.inner.get_ranges(path, ranges), "GET %s (%d ranges)", path, len(ranges)
-        )
+        started = time.monotonic()
+        try:
+            return self.inner.get_ranges(path, ranges)
+        except StoreUnavailable as exc:
+            return self._retry(
+                lambda: self.inner.get_ranges(path, ranges),
+                exc,
+                started,
+                "GET %s (%d ranges)",
+                path,
+                len(ranges),
+            )
 
     def get_suffix(self, path: str, length: int) -> bytes:
-        return self._retry(
-            lambda: self.inner.get_suffix(path, length), "GET %s (last %d bytes)", path, length
-        )
+        started = time.monotonic()
+        try:
+            return self.inner.get_suffix(path, length)
+        except StoreUnavailable as exc:
+            return self._retry(
+                lambda: self.inner.get_suffix(path, length),
+                exc,
+                started,
+                "GET %s (last %d bytes)",
+                path,
+                length,
+            )
 
     def head(self, path: str) -> ObjectMeta:
-        return self._retry(lambda: self.inner.head(path), "HEAD %s", path)
+        started = time.monotonic()
+        try:
+            return self.inner.head(path)
+        except StoreUnavailable as exc:
+            return self._retry(lambda: self.inner.head(path), exc, started, "HEAD %s", path)
 
     def put(self, path: str, data: PutData, *, mode: PutMode = "overwrite") -> str | None:
         if mode != "overwrite":
             return self.inner.put(path, data, mode=mode)
-        return self._retry(lambda: self.inner.put(path, data), "PUT %s", path)
+        started = time.monotonic()
+        try:
+            return self.inner.put(path, data)
+        except StoreUnavailable as exc:
+            return self._retry(lambda: self.inner.put(path, data), exc, started, "PUT %s", path)
 
     def open_writer(self, path: str) -> ObjectWriter:
         """Passed through: a stream cannot be sent again from here (the backend client
@@ -143,15 +198,38 @@ class RetryingStore(WrappingStore):
         return self.inner.open_writer(path)
 
     def delete(self, path: str) -> None:
-        self._retry(lambda: self.inner.delete(path), "DELETE %s", path)
+        started = time.monotonic()
+        try:
+            self.inner.delete(path)
+        except StoreUnavailable as exc:
+            self._retry(lambda: self.inner.delete(path), exc, started, "DELETE %s", path)
 
     def list(self, prefix: str, *, offset: str | None = None) -> list[ObjectMeta]:
-        return self._retry(lambda: self.inner.list(prefix, offset=offset), "LIST %s", prefix or "/")
+        started = time.monotonic()
+        try:
+            return self.inner.list(prefix, offset=offset)
+        except StoreUnavailable as exc:
+            return self._retry(
+                lambda: self.inner.list(prefix, offset=offset),
+                exc,
+                started,
+                "LIST %s",
+                prefix or "/",
+            )
 
     def copy(self, source: str, destination: str) -> None:
-        self._retry(
-            lambda: self.inner.copy(source, destination), "COPY %s to %s", source, destination
-        )
+        started = time.monotonic()
+        try:
+            self.inner.copy(source, destination)
+        except StoreUnavailable as exc:
+            self._retry(
+                lambda: self.inner.copy(source, destination),
+                exc,
+                started,
+                "COPY %s to %s",
+                source,
+                destination,
+            )
 
 
 def with_retries(
