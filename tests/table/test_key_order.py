@@ -6,7 +6,9 @@ descending."""
 
 from __future__ import annotations
 
+from array import array
 from itertools import chain, pairwise
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -52,12 +54,17 @@ def seqs_rise_in_source_order(parts: list[Part]) -> bool:
 
 
 @settings(max_examples=300, deadline=None)
-@given(fixed_width_parts(), st.booleans())
+@given(fixed_width_parts(), st.booleans(), st.booleans())
 def test_the_numpy_merge_keeps_what_the_entry_merge_keeps(
-    parts: list[Part], descending: bool
+    parts: list[Part], descending: bool, seq_arrays: bool
 ) -> None:
+    """Seqs as lists (the memtable's) or as ``array('Q')`` (a decoded block's)."""
     model = expected(parts)
-    given_parts = [(k[::-1], s[::-1], v[::-1]) for k, s, v in parts] if descending else parts
+    given_parts: list[Any] = parts
+    if descending:
+        given_parts = [(k[::-1], s[::-1], v[::-1]) for k, s, v in parts]
+    if seq_arrays:
+        given_parts = [(k, array("Q", s), v) for k, s, v in given_parts]
     given_parts = [p for p in given_parts if p[0]]
     if not given_parts:
         return
