@@ -2,6 +2,7 @@
 optionally A/B between source trees, each measurement a fresh process (a reopened reader).
 
     python -m bench.l0_reads --keys 200000 --l0 20 --repeat 3 [--trees /work/main .]
+        [--preload numpy] [--dir DIR]
 
 Builds two ``file://`` databases of the same keys (16-byte keys, 100-byte values): ``l0``,
 the keys shuffled into ``--l0`` flushes, each compacted to an L0 SST of its own (so every
@@ -35,8 +36,10 @@ OFF = Settings(compactor="off")
 
 CHILD = """
 import json, random, sys, time
-from slatepy import DbReader, Settings
 url, keys, gets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for module in sys.argv[4:]:
+    __import__(module)  # already loaded by the application (numpy: slatepy merges with it)
+from slatepy import DbReader, Settings
 sample = random.Random(1).sample([b"key-%012d" % i for i in range(keys)], gets)
 started = time.perf_counter()
 reader = DbReader.open(url, settings=Settings(compactor="off"))
@@ -80,10 +83,10 @@ def build(root: Path, keys: int, l0: int) -> dict[str, str]:
     return urls
 
 
-def measure(tree: str, url: str, keys: int) -> dict[str, float]:
+def measure(tree: str, url: str, keys: int, preload: list[str]) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, url, str(keys), str(min(GETS, keys))],
+        [sys.executable, "-c", CHILD, url, str(keys), str(min(GETS, keys)), *preload],
         env=env,
         check=True,
         capture_output=True,
@@ -104,6 +107,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--trees", nargs="+", default=["."])
     parser.add_argument("--dir", help="reuse (or build in) this directory")
+    parser.add_argument(
+        "--preload",
+        nargs="*",
+        default=[],
+        help="modules each child imports before opening (e.g. numpy, as an application may)",
+    )
     args = parser.parse_args()
     root = Path(args.dir or tempfile.mkdtemp(prefix="l0-reads-"))
     if (root / "run").exists():
@@ -114,7 +123,9 @@ def main() -> None:
     for _ in range(args.repeat):
         for tree in args.trees:
             for layout, url in urls.items():
-                samples.setdefault((tree, layout), []).append(measure(tree, url, args.keys))
+                samples.setdefault((tree, layout), []).append(
+                    measure(tree, url, args.keys, args.preload)
+                )
     figures = ["open_ms", "gets/s", "scan rows/s"]
     print("| tree | layout | " + " | ".join(figures) + " |")
     print("|---|---|" + "---|" * len(figures))

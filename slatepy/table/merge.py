@@ -22,6 +22,7 @@ from typing import TypeVar
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands
+from slatepy.table.key_order import newest_fixed_width, worth_numpy
 
 Combine = Callable[[Sequence[Entry]], Entry | None]
 """What the entries of one key (at least one, newest first) become: one entry to emit, or
@@ -189,9 +190,16 @@ def newest_columns(
     newest seq first, source order) and the first of each key kept, as ``merge_folding``
     keeps it. Compaction's columnar path and every ordered read of the engine (windows of
     overlapping L0 SSTs, sorted runs and the memtable) share it.
+
+    A window of keys of one length is ordered by numpy instead when that pays (see
+    :mod:`slatepy.table.key_order`), with the same result.
     """
     parts = list(parts)
     keys = list(chain.from_iterable(p[0] for p in parts))
+    if worth_numpy(len(keys)):
+        fast = newest_fixed_width(parts, keys)
+        if fast is not None:
+            return fast
     seqs = list(chain.from_iterable(p[1] for p in parts))
     values = list(chain.from_iterable(p[2] for p in parts))
     index = sorted(range(len(keys)), key=keys.__getitem__)
