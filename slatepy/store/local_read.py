@@ -126,7 +126,7 @@ class LocalReads:
         if not 0 <= start < size:
             raise self._outside(path, start, size)
         end = min(end, size)
-        data = os.pread(handle.fd, end - start, start)
+        data = _pread(handle.fd, end - start, start, path)
         return data if len(data) == end - start else _read(handle.fd, start, end, path)
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -174,9 +174,20 @@ def _read(fd: int, start: int, end: int, path: str) -> bytes:
     chunks: list[bytes] = []
     offset = start
     while offset < end:
-        chunk = os.pread(fd, end - offset, offset)
+        chunk = _pread(fd, end - offset, offset, path)
         if not chunk:
             raise StoreUnavailable(f"{path} shrank while it was read", path=path)
         chunks.append(chunk)
         offset += len(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _pread(fd: int, length: int, offset: int, path: str) -> bytes:
+    """``os.pread``, its failures typed: a directory is no object (``NotFound``, as a GET of
+    it answers); any other (EIO, ...) is ``StoreUnavailable``, which the stack retries."""
+    try:
+        return os.pread(fd, length, offset)
+    except IsADirectoryError:
+        raise NotFound(f"object not found: {path} (a directory)", path=path) from None
+    except OSError as exc:
+        raise StoreUnavailable(f"reading {path}: {exc}", path=path) from exc

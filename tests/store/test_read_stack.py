@@ -229,3 +229,16 @@ def test_a_descriptor_evicted_under_single_range_reads_is_closed_after_them(
     assert open_fds() == baseline + 1
     reads.close()
     assert open_fds() == baseline
+
+
+def test_a_read_that_fails_in_the_kernel_is_a_typed_error(tmp_path: Path) -> None:
+    # A directory opens read-only on Linux, and then pread fails (EISDIR): a GET of it
+    # answers NotFound, never a bare OSError.
+    (tmp_path / "compacted" / "dir.sst").mkdir(parents=True)
+    (tmp_path / "plain").mkdir()
+    reads = LocalReads(str(tmp_path), "file://x")
+    for path in ("compacted/dir.sst", "plain"):
+        with pytest.raises(NotFound, match="a directory"):
+            reads.get(path)
+        with pytest.raises(NotFound, match="a directory"):
+            reads.get_ranges(path, [(0, 10)])
