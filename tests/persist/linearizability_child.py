@@ -14,15 +14,17 @@ deletion, also of passes an injected fault stopped later), its lost races and it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from slatepy.config import Settings
-from slatepy.errors import StoreUnavailable
+from slatepy.errors import SlatepyError, StoreUnavailable
 from slatepy.persist import PersistClient, UpperMismatch, maintenance
 from slatepy.persist import gc as gc_module
 from slatepy.persist.config import PersistSettings
@@ -98,6 +100,15 @@ def main(config: dict[str, object]) -> None:
         # A failed pass (most meet an injected fault) is retried after 1 s, not 30 s.
         client._maintenance.retry_after = 1.0
         write = _retried(lambda: client.open_writer("race"))
+        # GC passes of this process's own every half second besides those maintenance
+        # starts after appends: those depend on who wins the races (one CI run completed 4
+        # passes in all, none while a merged part was old enough, and deleted no part).
+        running = threading.Event()
+        running.set()
+        collector = threading.Thread(
+            target=_collect_while, args=(running, client.machine("race"), counted_collect, pid)
+        )
+        collector.start()
         started = time.monotonic()
         lost = 0
         for n in range(ops):
@@ -126,6 +137,8 @@ def main(config: dict[str, object]) -> None:
             else:
                 raise SystemExit(f"writer {pid}: operation {n} found no free upper in {TRIES}")
         appended = time.monotonic()
+        running.clear()
+        collector.join()
         client.wait_maintenance(10.0)
         drained = time.monotonic()
         consensus.close()
@@ -142,6 +155,20 @@ def main(config: dict[str, object]) -> None:
             },
             f,
         )
+
+
+def _collect_while(
+    running: threading.Event,
+    machine: ShardMachine,
+    collect_pass: Callable[..., GcReport],
+    pid: int,
+) -> None:
+    """A GC pass every 0.5 s while ``running`` is set; a pass failing on an injected fault
+    is simply the next one's to redo."""
+    while running.is_set():
+        with contextlib.suppress(SlatepyError):
+            collect_pass(machine, claimant=f"race-gc-{pid}")
+        time.sleep(0.5)
 
 
 def _retried(call: Callable[[], T]) -> T:
