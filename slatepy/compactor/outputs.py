@@ -1,30 +1,27 @@
 """Compaction outputs: the SSTs one compaction writes, cut at ``target_sst_bytes`` and
 streamed to the store while they are built (``slatepy.compactor.executor`` feeds them).
 
-An output holds about ``SEND_BYTES`` of finished blocks before they are sent, so memory
-holds about one part of an SST, not the whole of it (RFC 0011). Outputs are written under
-``compacted/`` with fresh random ids; they become part of the database only when the
-manifest update publishing them succeeds.
+Each output is a :class:`~slatepy.table.sst_output.StreamedSst`: it holds about
+``SEND_BYTES`` of finished blocks before they are sent, so memory holds about one part of an
+SST, not the whole of it (RFC 0011). Outputs are written under ``compacted/`` with fresh
+random ids; they become part of the database only when the manifest update publishing them
+succeeds.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 
 from slatepy.compactor.planner import CompactionPolicy
 from slatepy.format.block import Entry
 from slatepy.format.compression import Compression
 from slatepy.format.kinds import RangeTombstone
-from slatepy.format.sst import EncodedSst, SstBuilder
-from slatepy.manifest.record import SstHandle
+from slatepy.format.sst import EncodedSst
+from slatepy.manifest.record import SstHandle, handle_of
 from slatepy.store.base import ObjectStore
-from slatepy.store.cas import create_if_absent
-from slatepy.table.layout import compacted_path
+from slatepy.table.sst_output import StreamedSst, put_new_sst
 
-SEND_BYTES = 8 * 1024 * 1024
-"""Finished data blocks an output SST buffers before they are streamed to the store."""
 YIELD_EVERY = 128
 
 
@@ -54,15 +51,15 @@ class OutputWriter:
         self._compression: Compression = compression
         self._level = compression_level
         self.handles: list[SstHandle] = []
-        self.output: _Output | None = None
+        self.output: StreamedSst | None = None
         self.count = 0
         """Entries added so far."""
 
-    def _open(self) -> _Output:
-        self.output = _Output(
+    def _open(self) -> StreamedSst:
+        self.output = StreamedSst(
             self._store,
-            self._block_size,
-            self._bits,
+            block_size=self._block_size,
+            bloom_bits_per_key=self._bits,
             compression=self._compression,
             compression_level=self._level,
         )
@@ -84,7 +81,7 @@ class OutputWriter:
                     continue
                 output = self.output
                 if output is not None and output.builder.estimated_size >= target:
-                    self.handles.append(output.finish())
+                    self.handles.append(_handle(output))
                     self.output = output = None
                 if output is None:
                     output = self._open()
@@ -102,7 +99,7 @@ class OutputWriter:
         begin = 0
         while begin < len(keys):
             if output is not None and output.builder.estimated_size >= target:
-                self.handles.append(output.finish())
+                self.handles.append(_handle(output))
                 self.output = output = None
             if output is None:
                 output = self._open()
@@ -117,7 +114,7 @@ class OutputWriter:
             for tombstone in range_tombstones:
                 output.builder.add_range_tombstone(tombstone)
         if self.output is not None:
-            self.handles.append(self.output.finish())
+            self.handles.append(_handle(self.output))
             self.output = None
         return self.handles
 
@@ -128,72 +125,11 @@ class OutputWriter:
             self.output = None
 
 
-class _Output:
-    """One output SST on its way to ``compacted/`` under a fresh random id: finished data
-    blocks are streamed out (``ObjectStore.open_writer``) once ``SEND_BYTES`` of them are
-    buffered, so memory holds about one part of the SST, not the whole of it (RFC 0011).
-
-    Written with an overwrite: the id is a fresh uuid4, and the SST becomes part of the
-    database only when the manifest update naming it succeeds.
-    """
-
-    def __init__(
-        self,
-        store: ObjectStore,
-        block_size: int,
-        bloom_bits_per_key: int,
-        *,
-        compression: Compression = "none",
-        compression_level: int = 0,
-    ) -> None:
-        self.id = uuid.uuid4().hex
-        self.builder = SstBuilder(
-            writer_epoch=0,
-            block_size=block_size,
-            bloom_bits_per_key=bloom_bits_per_key,
-            compression=compression,
-            compression_level=compression_level,
-        )
-        self._writer = store.open_writer(compacted_path(self.id))
-
-    def send_if_due(self) -> None:
-        if self.builder.buffered_bytes >= SEND_BYTES:
-            self._writer.write(self.builder.take_data())
-
-    def finish(self) -> SstHandle:
-        encoded = self.builder.finish()
-        self._writer.write(encoded.data)
-        self._writer.commit()
-        return handle_of(self.id, encoded)
-
-    def abort(self) -> None:
-        self._writer.abort()
-
-
 def store_sst(store: ObjectStore, encoded: EncodedSst) -> SstHandle:
     """Write ``encoded`` (whole, not empty) under a fresh id in ``compacted/``; return its
     handle."""
-    sst_id = uuid.uuid4().hex
-    if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
-        raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
-    return handle_of(sst_id, encoded)
+    return handle_of(put_new_sst(store, encoded.data), encoded)
 
 
-def handle_of(sst_id: str, encoded: EncodedSst) -> SstHandle:
-    """The manifest's handle of the SST ``encoded`` written as ``compacted/{sst_id}``."""
-    props = encoded.meta.props
-    first, last = props.first_key, props.last_key
-    if first is None or last is None:
-        # Range tombstones only: the handle needs a key range; the tombstones' first start
-        # serves (reads find range tombstones through the handle's list, not by key).
-        assert props.range_tombstones, "an SST with neither entries nor range tombstones"
-        first = last = props.range_tombstones[0].start
-    return SstHandle(
-        sst_id,
-        encoded.meta.object_size,
-        first,
-        last,
-        props.entry_count,
-        props.max_seq,
-        range_tombstones=props.range_tombstones,
-    )
+def _handle(output: StreamedSst) -> SstHandle:
+    return handle_of(output.id, output.finish())

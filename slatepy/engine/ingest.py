@@ -49,7 +49,6 @@ inside the update and followed by its CAS, is what GC's fence manifest relies on
 from __future__ import annotations
 
 import operator
-import uuid
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -62,12 +61,12 @@ from slatepy.config import Settings
 from slatepy.engine.startup import read_wal_sst
 from slatepy.errors import InvalidArgument, NotFound, SlatepyError
 from slatepy.format.sst import SstBuilder
-from slatepy.manifest.record import Manifest, SstHandle
+from slatepy.manifest.record import Manifest, SstHandle, handle_of
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
-from slatepy.store.cas import create_if_absent
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX, compacted_path
+from slatepy.table.sst_output import SEND_BYTES, StreamedSst, put_new_sst
 
 
 class IngestAbandoned(SlatepyError):
@@ -117,10 +116,10 @@ def write_ingest_ssts(
             )
         builder.add(key, 0, value)
         if builder.estimated_size >= target_sst_bytes:
-            handles.append(_store(store, builder))
+            handles.append(_put_whole(store, builder))
             builder = None
     if builder is not None:
-        handles.append(_store(store, builder))
+        handles.append(_put_whole(store, builder))
     return handles
 
 
@@ -140,7 +139,7 @@ def write_ingest_columns(
         InvalidArgument: keys are not strictly increasing, or one is empty.
     """
     handles: list[SstHandle] = []
-    output: _StreamedSst | None = None
+    output: StreamedSst | None = None
     try:
         for keys, values in chunks:
             if not all(keys):  # in C: an empty key is falsy
@@ -149,7 +148,7 @@ def write_ingest_columns(
             begin = 0
             while begin < len(keys):
                 if output is not None and output.builder.estimated_size >= target_sst_bytes:
-                    handles.append(output.finish())
+                    handles.append(handle_of(output.id, output.finish()))
                     output = None
                 if output is None:
                     # Each SST's builder checks the order of its own keys: across a cut, here.
@@ -158,10 +157,16 @@ def write_ingest_columns(
                             f"ingested keys must be strictly increasing: {keys[begin]!r} "
                             f"after {handles[-1].last_key!r}"
                         )
-                    output = _StreamedSst(store, settings)
-                begin = output.extend(keys, seqs, values, begin, target_sst_bytes)
+                    output = StreamedSst(
+                        store,
+                        block_size=settings.block_size,
+                        bloom_bits_per_key=settings.bloom_bits_per_key,
+                        compression=settings.compression,
+                        compression_level=settings.compression_level,
+                    )
+                begin = _extend(output, keys, seqs, values, begin, limit=target_sst_bytes)
         if output is not None:
-            handles.append(output.finish())
+            handles.append(handle_of(output.id, output.finish()))
             output = None
     finally:
         if output is not None:
@@ -169,63 +174,34 @@ def write_ingest_columns(
     return handles
 
 
-SEND_BYTES = 8 * 1024 * 1024
-"""Finished data blocks an ingested SST buffers before they are streamed to the store."""
-
-
-class _StreamedSst:
-    """One ingested SST on its way to ``compacted/`` under a fresh random id, its finished
-    data blocks streamed out (``ObjectStore.open_writer``) every ``SEND_BYTES``: a task
-    holds a part of the SST, not the whole of it (as a compaction's outputs, RFC 0011).
-    Nothing references it until a publish names it."""
-
-    def __init__(self, store: ObjectStore, settings: Settings) -> None:
-        self.id = uuid.uuid4().hex
-        self.builder = SstBuilder(
-            writer_epoch=0,
-            block_size=settings.block_size,
-            bloom_bits_per_key=settings.bloom_bits_per_key,
-            compression=settings.compression,
-            compression_level=settings.compression_level,
-        )
-        self._writer = store.open_writer(compacted_path(self.id))
-
-    def extend(
-        self, keys: list[bytes], seqs: list[int], values: list[bytes], begin: int, limit: int
-    ) -> int:
-        """Add entries from ``begin`` as a loop of ``add`` that stops before an entry once
-        the SST's estimated size reaches ``limit`` would (some at least); return the index
-        after the last one added. What surely fits below the limit (and within
-        ``SEND_BYTES``) goes in one ``extend``; entries near the limit one block at a time
-        (``extend_below``), so the cuts are ``add``'s."""
-        builder = self.builder
-        room = min(limit - builder.estimated_size, SEND_BYTES)
-        fits = begin + _fitting(keys, values, begin, room)
-        try:
-            if fits > begin:
-                builder.extend(keys[begin:fits], seqs[begin:fits], values[begin:fits])
-            else:
-                fits = builder.extend_below(keys, seqs, values, begin, limit)
-        except InvalidArgument as exc:
-            raise InvalidArgument(
-                f"ingested keys must be non-empty and strictly increasing: {exc}"
-            ) from exc
-        if builder.buffered_bytes >= SEND_BYTES:
-            self._writer.write(builder.take_data())
-        return fits
-
-    def finish(self) -> SstHandle:
-        encoded = self.builder.finish()
-        self._writer.write(encoded.data)
-        self._writer.commit()
-        props = encoded.meta.props
-        assert props.first_key is not None and props.last_key is not None
-        return SstHandle(
-            self.id, encoded.meta.object_size, props.first_key, props.last_key, props.entry_count
-        )
-
-    def abort(self) -> None:
-        self._writer.abort()
+def _extend(
+    output: StreamedSst,
+    keys: list[bytes],
+    seqs: list[int],
+    values: list[bytes],
+    begin: int,
+    *,
+    limit: int,
+) -> int:
+    """Add entries from ``begin`` to ``output`` as a loop of ``add`` that stops before an
+    entry once the SST's estimated size reaches ``limit`` would (some at least); return the
+    index after the last one added. What surely fits below the limit (and within
+    ``SEND_BYTES``) goes in one ``extend``; entries near the limit one block at a time
+    (``extend_below``), so the cuts are ``add``'s."""
+    builder = output.builder
+    room = min(limit - builder.estimated_size, SEND_BYTES)
+    fits = begin + _fitting(keys, values, begin, room)
+    try:
+        if fits > begin:
+            builder.extend(keys[begin:fits], seqs[begin:fits], values[begin:fits])
+        else:
+            fits = builder.extend_below(keys, seqs, values, begin, limit)
+    except InvalidArgument as exc:
+        raise InvalidArgument(
+            f"ingested keys must be non-empty and strictly increasing: {exc}"
+        ) from exc
+    output.send_if_due()
+    return fits
 
 
 def _fitting(keys: list[bytes], values: list[bytes], begin: int, room: int) -> int:
@@ -250,16 +226,9 @@ ENTRY_ALLOWANCE = 32
 """Bytes an entry is reckoned to add to an SST beyond its key and value, at most."""
 
 
-def _store(store: ObjectStore, builder: SstBuilder) -> SstHandle:
+def _put_whole(store: ObjectStore, builder: SstBuilder) -> SstHandle:
     encoded = builder.finish()
-    sst_id = uuid.uuid4().hex
-    if create_if_absent(store, compacted_path(sst_id), encoded.data) is not None:
-        raise RuntimeError(f"compacted SST id collision: {sst_id}")  # a uuid4 collision
-    props = encoded.meta.props
-    assert props.first_key is not None and props.last_key is not None
-    return SstHandle(
-        sst_id, encoded.meta.object_size, props.first_key, props.last_key, props.entry_count
-    )
+    return handle_of(put_new_sst(store, encoded.data), encoded)
 
 
 def delete_ingest_ssts(store: ObjectStore, handles: Sequence[SstHandle]) -> None:

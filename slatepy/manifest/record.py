@@ -16,6 +16,7 @@ from slatepy.errors import CorruptionError
 from slatepy.format.checksum import CHECKSUM, checksum
 from slatepy.format.envelope import HEADER, unseal
 from slatepy.format.kinds import RangeTombstone
+from slatepy.format.sst import EncodedSst
 
 MANIFEST_MAGIC = b"SLPM"
 MANIFEST_FORMAT_VERSION = 2
@@ -48,6 +49,26 @@ class SstHandle(msgspec.Struct, frozen=True, array_like=True):
     range_tombstones: tuple[RangeTombstone, ...] = ()
     """The SST's range tombstones (a copy of its properties'; RFC 0019), so that a reader
     holds every range tombstone of its view without opening an SST."""
+
+
+def handle_of(sst_id: str, encoded: EncodedSst) -> SstHandle:
+    """The handle of the SST ``encoded`` written as ``compacted/{sst_id}``."""
+    props = encoded.meta.props
+    first, last = props.first_key, props.last_key
+    if first is None or last is None:
+        # Range tombstones only: the handle needs a key range; the tombstones' first start
+        # serves (reads find range tombstones through the handle's list, not by key).
+        assert props.range_tombstones, "an SST with neither entries nor range tombstones"
+        first = last = props.range_tombstones[0].start
+    return SstHandle(
+        sst_id,
+        encoded.meta.object_size,
+        first,
+        last,
+        props.entry_count,
+        props.max_seq,
+        range_tombstones=props.range_tombstones,
+    )
 
 
 class SortedRun(msgspec.Struct, frozen=True, array_like=True):

@@ -13,11 +13,11 @@ import pytest
 
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
-from slatepy.compactor import outputs as compaction_outputs
 from slatepy.compactor.planner import WalToL0
 from slatepy.errors import StoreUnavailable
 from slatepy.store import ObjectStore, open_store
 from slatepy.store.base import ObjectWriter, PutData, WrappingStore
+from slatepy.table import sst_output
 
 QUIET = Settings(flush_interval=60, block_size=512, compactor="off")
 POLICY = CompactionPolicy(l0_trigger=100, max_wal_ssts=1000, target_sst_bytes=8 * 1024)
@@ -119,7 +119,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
 ) -> None:
     """An output SST is sent while it is built, ``SEND_BYTES`` at a time, so compaction
     memory holds about one piece, not the SST (the peak RSS of issue 18)."""
-    monkeypatch.setattr(compaction_outputs, "SEND_BYTES", 16 * 1024)
+    monkeypatch.setattr(sst_output, "SEND_BYTES", 16 * 1024)
     store = RecordedStreams(open_store("memory://"))
     fill(store, 8000)  # over two outputs' worth of (columnar, RFC 0022) blocks
     policy = CompactionPolicy(l0_trigger=100, target_sst_bytes=128 * 1024)
@@ -136,7 +136,7 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
 
 
 def test_a_broken_output_stream_aborts_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compaction_outputs, "SEND_BYTES", 16 * 1024)
+    monkeypatch.setattr(sst_output, "SEND_BYTES", 16 * 1024)
     memory = open_store("memory://")
     fill(memory, 6000)
     broken = RecordedStreams(memory, fail_at=3)
