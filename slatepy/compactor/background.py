@@ -101,7 +101,8 @@ class BackgroundCompactor:
                     self.fenced = False
                     self.taken_back += 1
                 if not self.fenced:
-                    worked = self._compact(self._idle_passes % IDLE_MANIFEST_LOOK == 0) > 0
+                    recheck = self._idle_passes % IDLE_MANIFEST_LOOK == 0
+                    worked = self._compact(recheck, draining) > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
             except FencedError as exc:
@@ -131,14 +132,16 @@ class BackgroundCompactor:
             self._idle_passes = self._idle_passes + 1 if self.backoff.idle else 0
             self.passes += 1
 
-    def _compact(self, recheck_manifest: bool = True) -> int:
-        """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran."""
+    def _compact(self, recheck_manifest: bool = True, closing: bool = False) -> int:
+        """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran (``closing``: see
+        :meth:`Compactor.run_once`)."""
         # Hand each published manifest to the writer at once: it prunes its memtable then,
         # which keeps the writer under max_unflushed_bytes while writes go on.
         for done in range(MAX_ROUNDS_PER_PASS):
             if self._stop.is_set():
                 return done
-            if self.compactor.run_once(recheck_manifest=recheck_manifest or done > 0) is None:
+            recheck = recheck_manifest or done > 0
+            if self.compactor.run_once(recheck_manifest=recheck, closing=closing) is None:
                 return done
             if self._on_publish:
                 self._on_publish(self.compactor.last_published.manifest)
@@ -175,9 +178,9 @@ class BackgroundCompactor:
 
         With ``drain`` seconds (``Settings.close_compaction_wait``), passes first run back
         to back until one finds nothing to do (what the writer flushed last is compacted,
-        and the L0 SSTs it makes too once they reach the trigger), for at most that long:
-        the next open then reads SSTs, not a WAL to replay and overlapping L0 SSTs left by
-        an abandoned compaction. Without it (or past it), close returns in moments however
+        and L0 merged into a sorted run once it holds two SSTs: ``CLOSE_L0_TRIGGER``), for
+        at most that long: the next open then reads sorted runs, not a WAL to replay and
+        overlapping L0 SSTs. Without it (or past it), close returns in moments however
         much was written before."""
         if drain > 0 and not self.fenced and self._thread.is_alive():
             self._drained.clear()

@@ -37,6 +37,7 @@ from slatepy.compactor.lease import (
     watch,
 )
 from slatepy.compactor.planner import (
+    CLOSE_L0_TRIGGER,
     CompactionPolicy,
     Plan,
     WalToL0,
@@ -183,7 +184,7 @@ class Compactor:
         than a few thousand merged entries, however large the compaction."""
         self._cancel.set()
 
-    def run_once(self, *, recheck_manifest: bool = True) -> Plan | None:
+    def run_once(self, *, recheck_manifest: bool = True, closing: bool = False) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do.
 
         Args:
@@ -191,6 +192,9 @@ class Compactor:
                 newest one seen, which is enough to find new WAL SSTs (the background loop
                 skips most manifest looks while idle: only ingestions and other compactors
                 change what there is to do without writing WAL).
+            closing: The writer is closing (:meth:`BackgroundCompactor.close` draining): L0
+                is merged once it holds ``CLOSE_L0_TRIGGER`` SSTs rather than
+                ``l0_trigger``, so the next open reads sorted runs, not overlapping L0 SSTs.
 
         Raises:
             FencedError: another compactor holds the epoch now (this one may stand by:
@@ -202,7 +206,7 @@ class Compactor:
         )
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        todo, wal_sizes = self._plan(manifest)
+        todo, wal_sizes = self._plan(manifest, closing)
         if todo is None:
             return None
         self._check_cancelled(todo)
@@ -261,7 +265,9 @@ class Compactor:
         )
         return todo
 
-    def _plan(self, manifest: Manifest) -> tuple[Plan | None, dict[int, int]]:
+    def _plan(
+        self, manifest: Manifest, closing: bool = False
+    ) -> tuple[Plan | None, dict[int, int]]:
         """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it: one HEAD
         of the next WAL SST, and a LIST only if it exists (an idle database costs no LIST)."""
         if self._wal.exists(manifest.wal_id_last_compacted + 1):
@@ -273,6 +279,10 @@ class Compactor:
         # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
         # behind converges instead of retrying an ever larger (ever slower) merge.
         policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
+        if closing:
+            policy = dataclasses.replace(
+                policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
+            )
         return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
 
     def _renewed(self, manifest: Manifest) -> Manifest:

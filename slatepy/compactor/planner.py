@@ -31,6 +31,13 @@ import msgspec
 from slatepy.errors import FencedError
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 
+CLOSE_L0_TRIGGER = 2
+"""The L0 count at which a closing writer's compactor merges L0 (``Db.close()`` drains it,
+``Settings.close_compaction_wait``). Every L0 SST is one more source a get asks and a scan
+merges, and after a close nothing adds to L0 until the next open: merging them once, on the
+way out, is cheaper than every read of the next process paying for them. One L0 SST is left
+as it is: it reads like a sorted run of one SST."""
+
 
 @dataclass(frozen=True, slots=True)
 class CompactionPolicy:
