@@ -57,7 +57,6 @@ def test_the_wait_is_checked() -> None:
         Settings(close_compaction_wait=-1).validate()
 
 
-
 def test_close_merges_l0_below_the_trigger(tmp_path: Path) -> None:
     """Three L0 SSTs, fewer than ``l0_trigger`` (4): a running writer leaves them, but a close
     merges them into one sorted run, so the next process's gets and scans ask one source
