@@ -56,7 +56,11 @@ class Settings(
     Attributes:
         flush_interval: Seconds between WAL flushes of writes not awaited for durability.
         flush_bytes: Buffered WAL bytes that trigger a flush before the interval ends.
-        block_size: Target size in bytes of an SST data block.
+        block_size: Target size in bytes of an SST data block. 16 KiB by default, where
+            RocksDB and SlateDB use 4 KiB: in Python a block costs about 25 µs to read and
+            decode whatever its size, so larger blocks make scans and cold gets cheaper per
+            entry (RFC 0006, stop 37 addendum); 4 KiB suits values of a few bytes read at
+            random from a dataset much larger than the block cache.
         bloom_bits_per_key: Bloom filter bits per key (10 gives about 1% false positives).
         manifest_update_attempts: Compare-and-swap attempts before a manifest update gives up.
         writer_snapshot_ttl: Seconds the writer's start-up snapshot protects the WAL.
@@ -207,7 +211,7 @@ class Settings(
 
     flush_interval: float = 0.1
     flush_bytes: int = 4 * 1024 * 1024
-    block_size: int = 4096
+    block_size: int = 16 * 1024
     bloom_bits_per_key: int = 10
     manifest_update_attempts: int = 64
     writer_snapshot_ttl: float = 300.0
