@@ -69,8 +69,9 @@ def run(batches: int, file_sync: str) -> str:
 
 SEQUENCE = """
 import json, os, statistics, sys, tempfile, threading, time
+from bench.engines import ENGINES
 from slatepy import Db, Settings, WriteBatch
-keys = [b"key-%012d" % i for i in range(int(sys.argv[1]))]
+keys = [b"key%013d" % i for i in range(int(sys.argv[1]))]  # as bench.__main__.key
 
 def thread_cpu(name):
     ids = [t.native_id for t in threading.enumerate() if t.name == name]
@@ -82,9 +83,9 @@ def thread_cpu(name):
     return total
 
 with tempfile.TemporaryDirectory() as tmp:
-    db = Db.open(f"file://{tmp}/db", settings=Settings())
-    for key in keys:
-        db.put(key, b"v" * 100, await_durable=False)
+    engine = ENGINES["slatepy"](f"file://{tmp}/db", Settings())  # as the benchmark opens it
+    db = engine.db
+    engine.put_many(keys, b"v" * 100)
     compactor = thread_cpu("slatepy-compactor")
     latencies, writer = [], []
     cpu, start = time.process_time(), time.perf_counter()
@@ -127,6 +128,7 @@ def sequence(trees: list[str], keys: int, repeat: int) -> None:
             env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
             out = subprocess.run(
                 [sys.executable, "-c", SEQUENCE, str(keys)],
+                cwd=tree,  # ``-c`` puts the working directory first on sys.path
                 env=env,
                 check=True,
                 capture_output=True,
