@@ -36,8 +36,11 @@ def test_background_waits_while_the_gate_is_held_and_resumes_when_it_ends() -> N
     with gate:
         thread = threading.Thread(target=background)
         thread.start()
-        assert not resumed.wait(0.2)  # paused while the foreground wait is open
+        deadline = time.monotonic() + 30.0
+        while gate.pauses == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert gate.pauses == 1
+        assert not resumed.wait(0.2)  # paused while the foreground wait is open
     assert resumed.wait(5.0)  # and resumes as soon as it ends, long before 30 s
     thread.join()
     assert gate.active == 0
