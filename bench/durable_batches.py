@@ -1,16 +1,31 @@
 """Awaited batches of 1,000 on ``file://``: rate, CPU, fsyncs and PUTs per batch (issue 33).
 
     python -m bench.durable_batches --batches 100 --file-sync fsync fsync-file
+    python -m bench.durable_batches --sequence --repeat 5 --trees /work/main .
 
 Compactor off; 16-byte keys, 100-byte values. fsyncs are counted by wrapping ``os.fsync``
 (every fsync slatepy issues goes through it), PUTs by the store's metrics. To compare two
 trees, run it alternately with each tree first on ``PYTHONPATH`` (RFC 0006, issue 33).
+
+``--sequence`` runs ``python -m bench --workload reopen``'s write phases instead, with the
+in-process compactor at its defaults: 200,000 unawaited puts, then the same keys rewritten in
+awaited batches of 1,000, then ``close()``; a fresh process per run, ``--trees`` interleaved
+(each tree first on ``PYTHONPATH``). It reports the batch phase's rate, the median and p90
+of one ``Db.write``, CPU per batch (the process, and the writer's thread alone), the
+compactor thread's CPU during the phase (from ``/proc``, so Linux only), the close's time,
+the process's CPU over the phase and the close together (work the compactor put off is done
+by the close's drain), and where the data is after it: what competes with an awaited batch
+for the GIL.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -52,6 +67,89 @@ def run(batches: int, file_sync: str) -> str:
     )
 
 
+SEQUENCE = """
+import json, os, statistics, sys, tempfile, threading, time
+from bench.engines import ENGINES
+from slatepy import Db, Settings, WriteBatch
+keys = [b"key%013d" % i for i in range(int(sys.argv[1]))]  # as bench.__main__.key
+
+def thread_cpu(name):
+    ids = [t.native_id for t in threading.enumerate() if t.name == name]
+    total = 0.0
+    for tid in ids:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+with tempfile.TemporaryDirectory() as tmp:
+    engine = ENGINES["slatepy"](f"file://{tmp}/db", Settings())  # as the benchmark opens it
+    db = engine.db
+    engine.put_many(keys, b"v" * 100)
+    compactor = thread_cpu("slatepy-compactor")
+    latencies, writer = [], []
+    cpu, start = time.process_time(), time.perf_counter()
+    for first in range(0, len(keys), 1000):
+        batch = WriteBatch()
+        for key in keys[first : first + 1000]:
+            batch.put(key, b"w" * 100)
+        began, mine = time.perf_counter(), time.thread_time()
+        db.write(batch)
+        latencies.append(time.perf_counter() - began)
+        writer.append(time.thread_time() - mine)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    compactor = thread_cpu("slatepy-compactor") - compactor
+    began, total = time.perf_counter(), time.process_time()
+    db.close()
+    closed, total = time.perf_counter() - began, time.process_time() - total + cpu
+    with Db.open(f"file://{tmp}/db", settings=Settings(compactor="off")) as again:
+        view = again._view
+        layout = f"L0 {len(view.l0)}, runs {len(view.sorted_runs)}"
+batches = len(latencies)
+print(json.dumps({
+    "rows/s": len(keys) / elapsed,
+    "write ms": statistics.median(latencies) * 1e3,
+    "p90 ms": sorted(latencies)[int(batches * 0.9)] * 1e3,
+    "CPU ms/batch": cpu / batches * 1e3,
+    "writer CPU ms/batch": sum(writer) / batches * 1e3,
+    "compactor CPU s": compactor,
+    "close s": closed,
+    "CPU s, batches + close": total,
+    "after close": layout,
+}))
+"""
+
+
+def sequence(trees: list[str], keys: int, repeat: int) -> None:
+    """``--sequence``: the reopen benchmark's write phases, trees interleaved (module doc)."""
+    runs: dict[str, list[dict[str, float | str]]] = {tree: [] for tree in trees}
+    for _ in range(repeat):
+        for tree in trees:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+            out = subprocess.run(
+                [sys.executable, "-c", SEQUENCE, str(keys)],
+                cwd=tree,  # ``-c`` puts the working directory first on sys.path
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            runs[tree].append(json.loads(out.strip().splitlines()[-1]))
+            print(tree, runs[tree][-1], flush=True)
+    figures = [k for k in runs[trees[0]][0] if k != "after close"]
+    print("| tree | " + " | ".join(figures) + " | after close |")
+    print("|---|" + "---|" * (len(figures) + 1))
+    for tree, results in runs.items():
+        cells = []
+        for figure in figures:
+            values = [float(r[figure]) for r in results]
+            cells.append(
+                f"{statistics.median(values):,.2f} [{min(values):,.2f}-{max(values):,.2f}]"
+            )
+        layouts = sorted({str(r["after close"]) for r in results})
+        print(f"| {tree} | " + " | ".join(cells) + f" | {'; '.join(layouts)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, default=100)
@@ -59,7 +157,13 @@ def main() -> None:
     parser.add_argument(
         "--file-sync", nargs="+", default=["fsync"], choices=["fsync", "fsync-file", "off"]
     )
+    parser.add_argument("--sequence", action="store_true", help="see the module's doc")
+    parser.add_argument("--keys", type=int, default=200_000, help="--sequence: keys written")
+    parser.add_argument("--trees", nargs="+", default=["."], help="--sequence: source trees")
     args = parser.parse_args()
+    if args.sequence:
+        sequence(args.trees, args.keys, args.repeat)
+        return
     print("| file_sync | batches/s | ms/batch | CPU ms/batch | fsyncs/batch | PUTs/batch |")
     print("|---|---|---|---|---|---|")
     for _ in range(args.repeat):

@@ -10,7 +10,6 @@ succeeds.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 
 from slatepy.compactor.planner import CompactionPolicy
@@ -20,6 +19,7 @@ from slatepy.format.kinds import RangeTombstone
 from slatepy.format.sst import EncodedSst
 from slatepy.manifest.record import SstHandle, handle_of
 from slatepy.store.base import ObjectStore
+from slatepy.table.priority import FOREGROUND
 from slatepy.table.sst_output import StreamedSst, put_new_sst
 
 YIELD_EVERY = 128
@@ -72,8 +72,9 @@ class OutputWriter:
             for key, seq, value in entries:
                 if count % YIELD_EVERY == 0:
                     # Let the writer's threads have the GIL: a thread back from its WAL PUT
-                    # would otherwise wait out the interpreter's 5 ms switch interval (RFC 0006).
-                    time.sleep(0)
+                    # would otherwise wait out the interpreter's 5 ms switch interval (RFC 0006),
+                    # and a durable write in progress goes first (table/priority.py).
+                    FOREGROUND.yield_to()
                     if self.output is not None:
                         self.output.send_if_due()
                 count += 1
@@ -91,7 +92,7 @@ class OutputWriter:
 
     def add_plain(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
         """Add plain entries in key order, after those added before, in bulk."""
-        time.sleep(0)  # as add_entries does
+        FOREGROUND.yield_to()  # as add_entries does
         output = self.output
         if output is not None:
             output.send_if_due()

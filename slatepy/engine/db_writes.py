@@ -25,6 +25,7 @@ from slatepy.errors import (
 )
 from slatepy.format.block import Entry
 from slatepy.format.kinds import Operands, RangeTombstone
+from slatepy.table.priority import FOREGROUND
 from slatepy.table.visibility import now_ms
 
 _KEY, _VALUE = itemgetter(0), itemgetter(1)
@@ -150,7 +151,8 @@ class Writes(DbState):
         finally:
             self._lock.release()
         if await_durable:
-            self._wal.flush(generation, only_this=True)
+            with FOREGROUND:  # background compaction yields the GIL meanwhile
+                self._wal.flush(generation, only_this=True)
 
     def _append_puts(
         self, ops: Sequence[tuple[bytes, bytes | None]], seq: int, await_durable: bool
@@ -203,7 +205,8 @@ class Writes(DbState):
         finally:
             lock.release()
         if await_durable:
-            self._wal.flush(generation, only_this=True)
+            with FOREGROUND:  # background compaction yields the GIL meanwhile
+                self._wal.flush(generation, only_this=True)
 
     def _backpressure(self) -> None:
         """Before a write: keep the compactor busy while writes come, and wait while the
