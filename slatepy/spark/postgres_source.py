@@ -22,6 +22,7 @@ long a trigger waits for the stream).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
 from slatepy.sources.errors import SourceUnavailable
 from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
 from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
+
+log = logging.getLogger(__name__)
 
 _REPLAY_TIMEOUT = 120.0
 
@@ -133,6 +136,17 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._state.open(1, self._source.shapes())
         return self._state
 
+    def _reopen(self, start: OffsetFrontier, deadline: float) -> PostgresReader:
+        """A new stream from ``start`` after the last one failed: retried every second
+        while the server cannot be reached, until ``deadline``."""
+        while True:
+            try:
+                return self._read_from(start)
+            except SourceUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+
     def _read_from(self, start: OffsetFrontier) -> PostgresReader:
         if self._stream is None or self._at != start:
             if self._stream is not None:
@@ -195,7 +209,14 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"slot {self.config.slot!r}: the batch [{lo[0]}, {hi[0]}) was not read "
                     f"again within {_REPLAY_TIMEOUT:.0f} s (at {self._progress[0]})"
                 )
-            self._take(stream.poll(self.config.poll))
+            try:
+                self._take(stream.poll(self.config.poll))
+            except SourceUnavailable as exc:
+                # The stream was dropped (as in latestOffset): read the batch again from its
+                # start on a new one, until the deadline; what was taken is dropped with it.
+                log.warning("%s; reading the batch again from its start", exc)
+                self._at = (-1,)
+                stream = self._reopen(lo, deadline)
         rows: list[tuple[bytes, bytes, int, int]] = []
         keep: list[Chunk] = []
         for chunk in self._chunks:

@@ -4,11 +4,14 @@ from the checkpoint, and the slot is committed at the shards' resumption frontie
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from slatepy.persist import PersistClient
 from slatepy.sources import remap
+from slatepy.spark.postgres_source import PostgresStreamReader, postgres_config
+from slatepy.spark.reclocked import offsets_of
 from tests.sources.conftest import logical_postgres, pg_url  # noqa: F401 - fixtures
 from tests.sources.pgkit import expected, setup_orders, snapshot, sql
 
@@ -58,3 +61,51 @@ def test_postgres_stream_into_persist(spark: Any, pg_url: str, tmp_path: Path) -
             "WHERE slot_name = 'slatepy_orders'",
         )[0][0]
         assert 0 < int(flush) <= bindings.before(t)[0]
+
+
+def test_a_replayed_batch_survives_a_dropped_stream(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """A batch planned again after a restart (``partitions`` with no ``latestOffset`` first)
+    reads the slot from the batch's start; a stream the server drops meanwhile (an idle
+    walsender past ``wal_sender_timeout``, a server restart) is opened again from there, as
+    ``latestOffset`` does, and the batch holds the same rows. The driver-side reader is
+    driven directly: no Spark session is needed."""
+    (tmp_path / "store").mkdir()
+    options = {
+        "url": f"file://{tmp_path / 'store'}",
+        "shard": "orders",
+        "connection": pg_url,
+        "publication": "pub",
+        "pollSeconds": "0.2",
+    }
+    setup_orders(pg_url, rows=8)
+    first = PostgresStreamReader(postgres_config(options))
+
+    def next_batch(start: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        end = first.latestOffset(start)
+        while end == start:
+            assert time.monotonic() < deadline, "no new offset"
+            end = first.latestOffset(start)
+        return end
+
+    snapshot_end = next_batch(first.initialOffset())
+    sql(pg_url, "INSERT INTO orders VALUES (20, 'x', 1), (21, 'y', 2)")  # one transaction
+    end = next_batch(snapshot_end)
+    planned = [p.rows for p in first.partitions(snapshot_end, end)]
+    first.stop()
+    assert planned and len(planned[0]) == 2
+
+    replay = PostgresStreamReader(postgres_config(options))
+    replay._open()
+    replay._read_from(offsets_of(snapshot_end))  # a restarted driver's stream, then dropped
+    slot = replay.config.slot
+    where = f"FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    sql(pg_url, f"SELECT pg_terminate_backend(active_pid) {where}")
+    deadline = time.monotonic() + 30
+    while sql(pg_url, f"SELECT active {where}")[0][0]:
+        assert time.monotonic() < deadline, "the walsender did not end"
+        time.sleep(0.05)
+    try:
+        assert [p.rows for p in replay.partitions(snapshot_end, end)] == planned
+    finally:
+        replay.stop()
