@@ -196,6 +196,26 @@ def open_columnar(data: bytes | memoryview) -> tuple[Block, RawColumnarBlock]:
     return _decode_searchable(body), RawColumnarBlock(body)
 
 
+def open_searchable(data: bytes) -> Block:
+    """Verify and decode a version 5 block read for point lookups, its keys checked to be
+    strictly increasing (see :func:`_decode_searchable`): :func:`open_columnar` without the
+    copy of its body to cache raw (the reader makes that only when it caches it so).
+
+    Raises:
+        CorruptionError: checksum mismatch, or columns that are not a block's.
+    """
+    view = memoryview(data)
+    end = len(view) - CHECKSUM_SIZE
+    body = view[:end]
+    if end < 0 or _xxh3(body) != _unpack_checksum(view, end)[0]:
+        verify_checksummed(view, "data block")  # raises, with the reason
+    block = _decode_body(body)
+    keys = block.keys
+    if not all(map(_lt, keys, islice(keys, 1, None))):  # in C
+        raise CorruptionError("data block: keys not strictly increasing")
+    return block
+
+
 def _decode_searchable(body: bytes) -> Block:
     """:func:`_decode_body`, with its keys checked to be strictly increasing: a block read
     for point lookups is bisected, and unordered keys would make a lookup miss silently.
