@@ -70,7 +70,8 @@ class PointReads(SstTops):
         if block is None:
             # The filter is asked only before a block would be read: in Python its hashing
             # and probing cost more than a bisect of a cached block.
-            if not part.may_contain(key):
+            bloom = part.bloom  # Partition.may_contain, inline
+            if bloom is not None and not bloom.may_contain(key):
                 return None
             return self._cold_get(path, top, part, j, key)
         return self._block(path, top, part, j, block).get(key)
@@ -276,15 +277,11 @@ class PointReads(SstTops):
         keys = block.keys
         if keys[0] != part.first_keys[j]:
             raise _block_error(path, index, start, "disagrees with the index")
-        # Kept decoded while the cache has room for it (it evicts nothing, give or take a
-        # concurrent miss), else as its bytes (half the memory) until it is hit again.
-        blocks = self._blocks
-        size = block.size_in_memory
-        if blocks.size + size <= blocks.capacity:
-            blocks.put((path, index), block, size)
-        else:
+        # Kept decoded while the cache has room for it (it evicts nothing), else as its
+        # bytes (half the memory) until it is hit again.
+        if not self._blocks.put_if_room((path, index), block, block.size_in_memory):
             raw = RawColumnarBlock(data[:-CHECKSUM_SIZE])
-            blocks.put((path, index), raw, raw.size_in_memory)
+            self._blocks.put((path, index), raw, raw.size_in_memory)
         i = bisect_left(keys, key)
         if i < len(keys) and keys[i] == key:
             return block.seqs[i], block.values[i]

@@ -19,6 +19,7 @@ from slatepy.store import MetricsStore, ObjectStore, open_store
 from slatepy.store.base import WrappingStore
 from slatepy.store.local_read import LocalReads
 from slatepy.store.retry import RetryingStore
+from slatepy.table.cache import LruCache
 from slatepy.table.external import ExternalSsts
 from slatepy.table.reader import TableReader
 
@@ -183,3 +184,43 @@ def test_only_immutable_local_objects_have_a_shortcut(tmp_path: Path) -> None:
     kept = local.kept_reads(PATH)
     assert kept is not None and kept.read(PATH, 0, 10) is None  # nothing kept yet
     assert MetricsStore(local).kept_reads(PATH) is None  # counted twice: left to the stack
+
+
+def test_put_if_room_inserts_or_replaces_only_without_evicting() -> None:
+    cache: LruCache[str] = LruCache(100)
+    assert cache.put_if_room("a", "A", 60)
+    assert not cache.put_if_room("b", "B", 41) and cache.values() == ["A"]
+    assert cache.put_if_room("b", "B", 40) and cache.size == 100
+    assert not cache.put_if_room("a", "A2", 61)  # 60 of its own freed, still too large
+    assert cache.values() == ["B", "A"] and cache.size == 100
+    assert cache.put_if_room("a", "A3", 10) and cache.size == 50
+    assert cache.get("a") == "A3" and cache.get("b") == "B"
+
+
+def test_blocks_cached_by_gets_serve_every_scan_as_lists() -> None:
+    """A get caches a version 5 block with its columns as tuples (the GC stops tracking
+    them); scans that find it, forwards, backwards and in columns, get lists as before,
+    tombstones included."""
+    rows: list[Entry] = [
+        (b"key%05d" % i, i + 1, None if i % 7 == 0 else b"value%05d" % i) for i in range(2000)
+    ]
+    builder = SstBuilder(writer_epoch=1, block_size=512, format_version=5)
+    store = MetricsStore(open_store("memory://"))
+    store.put(PATH, builder.add_all(rows).finish().data)
+    reader = TableReader(store)
+    for key, seq, value in rows[::3]:
+        assert reader.get(PATH, key) == (seq, value)
+    cached = reader._blocks.values()
+    assert cached and all(type(b.keys) is tuple for b in cached)  # type: ignore[union-attr]
+    assert list(reader.scan(PATH, b"", None)) == rows
+    backwards = [
+        (k, s, v)
+        for keys, seqs, values in reader.scan_columns(PATH, b"", None, reverse=True)
+        for k, s, v in zip(keys, seqs, values, strict=True)
+    ]
+    assert backwards == rows[::-1]
+    for keys, _, values in reader.scan_columns(PATH, b"key00100", b"key01500"):
+        assert type(keys) is list and type(values) is list
+    for key, seq, value in rows[1::3]:
+        assert reader.get(PATH, key) == (seq, value)
+        assert reader.get(PATH, key + b"~") is None
