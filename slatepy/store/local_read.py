@@ -22,12 +22,9 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from slatepy.errors import InvalidArgument, NotFound, StoreUnavailable
-
-if TYPE_CHECKING:
-    from slatepy.store.metrics import StoreMetrics
 
 IMMUTABLE_PREFIX = "compacted/"
 """Objects under this prefix are written once and never replaced: their descriptors may be
@@ -178,6 +175,13 @@ class LocalReads:
             os.close(fd)
 
 
+class ReadCounter(Protocol):
+    """Where :class:`KeptReads` counts (a :class:`~slatepy.store.metrics.StoreMetrics`;
+    named structurally, so this module needs nothing of the stack above it)."""
+
+    def record_reads(self, kind: str, requests: int, received: int) -> None: ...
+
+
 class KeptReads:
     """Reads of immutable objects of one :class:`LocalReads` with one ``pread`` of a kept
     descriptor and nothing else: what a table reader's point get that misses the block cache
@@ -197,11 +201,11 @@ class KeptReads:
 
     __slots__ = ("_handles", "_metrics")
 
-    def __init__(self, local: LocalReads, metrics: StoreMetrics | None = None) -> None:
+    def __init__(self, local: LocalReads, metrics: ReadCounter | None = None) -> None:
         self._handles = local._handles
         self._metrics = metrics
 
-    def counted(self, metrics: StoreMetrics) -> KeptReads | None:
+    def counted(self, metrics: ReadCounter) -> KeptReads | None:
         """These reads, counted in ``metrics`` (None if already counted elsewhere: two
         counting layers are left to the stack)."""
         if self._metrics is not None:
