@@ -194,7 +194,7 @@ class _ChunkLoader:
         """Block ``k`` of ``chunk``, decoded (and cached, if ``chunk.fill``) if it was read."""
         block = chunk.blocks[k]
         if block.__class__ is Block:
-            return as_lists(block)  # cached by a get: its columns may be tuples
+            return as_lists(block)  # cached by a get: its values may be a tuple
         if isinstance(block, _RAW):  # cached by a get: verified, decode its entries
             decoded = _named_decode(self._path, chunk.first + k, block, offset=chunk.offsets[k])
             if chunk.fill:

@@ -198,8 +198,8 @@ def test_put_if_room_inserts_or_replaces_only_without_evicting() -> None:
 
 
 def test_blocks_cached_by_gets_serve_every_scan_as_lists() -> None:
-    """A get caches a version 5 block with its columns as tuples (the GC stops tracking
-    them); scans that find it, forwards, backwards and in columns, get lists as before,
+    """A get caches a version 5 block with its values as a tuple (the GC stops tracking
+    it); scans that find it, forwards, backwards and in columns, get lists as before,
     tombstones included."""
     rows: list[Entry] = [
         (b"key%05d" % i, i + 1, None if i % 7 == 0 else b"value%05d" % i) for i in range(2000)
@@ -211,7 +211,7 @@ def test_blocks_cached_by_gets_serve_every_scan_as_lists() -> None:
     for key, seq, value in rows[::3]:
         assert reader.get(PATH, key) == (seq, value)
     cached = reader._blocks.values()
-    assert cached and all(type(b.keys) is tuple for b in cached)  # type: ignore[union-attr]
+    assert cached and all(type(b.values) is tuple for b in cached)  # type: ignore[union-attr]
     assert list(reader.scan(PATH, b"", None)) == rows
     backwards = [
         (k, s, v)
