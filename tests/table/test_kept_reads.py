@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slatepy import Settings
+from slatepy import Db, Settings, WriteBatch
+from slatepy.compactor import Compactor
 from slatepy.errors import CorruptionError, StoreUnavailable
 from slatepy.format.block import Entry
 from slatepy.format.sst import SstBuilder
@@ -224,3 +225,32 @@ def test_blocks_cached_by_gets_serve_every_scan_as_lists() -> None:
     for key, seq, value in rows[1::3]:
         assert reader.get(PATH, key) == (seq, value)
         assert reader.get(PATH, key + b"~") is None
+
+
+def test_a_databases_cold_gets_take_the_shortcut_and_its_metrics_count_them(
+    tmp_path: Path, slow_reads: list[str]
+) -> None:
+    """End to end: ``Db.open`` on ``file://`` builds a stack whose layers all know the
+    shortcut, and ``Db.metrics`` counts every read the reader makes, shortcut or not."""
+    settings = Settings(compactor="off")
+    with Db.open(f"file://{tmp_path}/db", settings=settings) as db:
+        for i in range(0, 3000, 1000):
+            batch = WriteBatch()
+            for key, _, value in ROWS[i : i + 1000]:
+                batch.put(key, value)
+            db.write(batch)
+    Compactor(open_store(f"file://{tmp_path}/db", settings), settings=settings).run_until_idle()
+    with Db.open(f"file://{tmp_path}/db", settings=settings) as db:
+        assert db.metrics is not None
+        assert db.get(ROWS[0][0]) is not None  # opens the SST (its descriptor kept)
+        before = db.metrics.snapshot()["get_range"]
+        stats = db._tables.stats()
+        slow_reads.clear()
+        wanted = ROWS[97::97]
+        assert [db.get(key) for key, _, _ in wanted] == [value for _, _, value in wanted]
+        after = db.metrics.snapshot()["get_range"]
+        read = db._tables.stats()
+        assert read.block_reads - stats.block_reads == len(wanted)
+        assert not [p for p in slow_reads if p.startswith("compacted/")]
+        assert after.requests - before.requests == read.store_reads - stats.store_reads
+        assert after.bytes_in - before.bytes_in == read.bytes_read - stats.bytes_read
