@@ -4,8 +4,9 @@
     python -m bench.store_stack --keys 200000 [--dir /tmp/store-stack]
 
 Writes ``--keys`` keys (16-byte keys, 100-byte values) and closes, as the reopen workload
-does, then times 4 KiB ``get_range`` calls at 20,000 random aligned offsets of the largest
-SST from each layer of ``open_stack(with_external(...))`` down to ``os.pread`` (the best
+does, then times 4 KiB reads at 20,000 random aligned offsets of the largest SST: through
+the stack's shortcut for a kept descriptor (``KeptReads``, what a cold get reads with), and
+``get_range`` from each layer of ``open_stack(with_external(...))`` down to ``os.pread`` (the best
 and the median of 5 passes, ``time.process_time``), and the CPU per ``Db.get`` of 10,000
 random keys in a freshly opened database (the first pass: about half miss the block cache).
 Runs against whatever ``slatepy`` is importable (``PYTHONPATH`` picks the tree).
@@ -60,6 +61,12 @@ def layers(root: Path) -> None:
     meta = max(top.list("compacted/"), key=lambda m: m.size)
     rng = random.Random(1)
     offsets = [rng.randrange(0, meta.size - 8192) & ~4095 for _ in range(20_000)]
+    kept = getattr(top, "kept_reads", lambda path: None)(meta.path)  # absent before issue 33
+    if kept is not None:
+        top.get_range(meta.path, 0, 4096)  # keeps the descriptor
+        read_kept = kept.read
+        best, median = per_call_us(offsets, lambda o: read_kept(meta.path, o, o + 4096))
+        print(f"{'KeptReads':16} {best:6.2f} µs best, {median:6.2f} median (a cold get's read)")
     layer: ObjectStore | None = top
     while layer is not None:
         read = layer.get_range

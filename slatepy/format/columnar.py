@@ -62,6 +62,7 @@ def _as_bytes(obj: object) -> bytes:
 
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_as_bytes)
 _DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], list[bytes], bytes])
+_LOOKUP_DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], tuple[bytes, ...], bytes])
 
 
 def pack_seqs(seqs: Iterable[int]) -> bytes:
@@ -141,21 +142,21 @@ class ColumnBlockBuilder:
         return append_checksum(body)
 
 
-class RawColumnarBlock:
+class RawColumnarBlock(msgspec.Struct, gc=False):
     """A verified version 5 block kept as its body's bytes: what the block cache holds for a
     block read by point lookups when the cache has no room for it decoded, until it is hot
     (as :class:`~slatepy.format.block.IndexedBlock` for version 3), so a cold block costs its
     encoded size, not its decoded one (about twice as much). A lookup decodes it (in C,
     about what a search of a raw version 3 block cost).
+
+    (A ``msgspec.Struct`` untracked by the cyclic GC: made in C on a cold read's path, and
+    holding only bytes and an int.)
     """
 
-    __slots__ = ("data", "hits")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        """The block's body (checksum verified and stripped)."""
-        self.hits = 0
-        """Lookups served from a cache so far (the reader keeps hot blocks decoded)."""
+    data: bytes
+    """The block's body (checksum verified and stripped)."""
+    hits: int = 0
+    """Lookups served from a cache so far (the reader keeps hot blocks decoded)."""
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
@@ -196,6 +197,49 @@ def open_columnar(data: bytes | memoryview) -> tuple[Block, RawColumnarBlock]:
     return _decode_searchable(body), RawColumnarBlock(body)
 
 
+def open_searchable(data: bytes) -> Block:
+    """Verify and decode a version 5 block read for point lookups, its keys checked to be
+    strictly increasing (see :func:`_decode_searchable`): :func:`open_columnar` without the
+    copy of its body to cache raw (the reader makes that only when it caches it so).
+
+    Raises:
+        CorruptionError: checksum mismatch, or columns that are not a block's.
+    """
+    view = memoryview(data)
+    end = len(view) - CHECKSUM_SIZE
+    body = view[:end]
+    if end < 0 or _xxh3(body) != _unpack_checksum(view, end)[0]:
+        verify_checksummed(view, "data block")  # raises, with the reason
+    try:
+        flags, keys, values, packed = _LOOKUP_DECODER.decode(body)
+    except msgspec.DecodeError as exc:
+        raise CorruptionError(f"data block: bad columns: {exc}") from exc
+    count = len(keys)
+    if not count or len(values) != count or len(packed) != 8 * count:
+        raise CorruptionError("data block: columns of different lengths, or no entries")
+    if not all(map(_lt, keys, islice(keys, 1, None))):  # in C
+        raise CorruptionError("data block: keys not strictly increasing")
+    column: tuple[bytes | None, ...] = values
+    if flags:  # tombstones or entry kinds
+        out: list[bytes | None] = list(values)
+        _apply_flags(flags, out)
+        column = tuple(out)
+    # The values a tuple, not a list: the cyclic GC stops tracking a tuple of bytes at its
+    # first collection, where a cached block's list was traversed by every collection of its
+    # generation (a full one walks every cached block). Not the keys: a C bisect of a tuple
+    # costs four times a list's (0.4 against 0.1 us), on every warm get. A scan that finds
+    # such a block in the cache gets its values as a list (as_lists).
+    return Block(keys, unpack_seqs(packed), column, end, not flags)  # type: ignore[arg-type]
+
+
+def as_lists(block: Block) -> Block:
+    """``block`` with its values as a list (those of :func:`open_searchable` are a tuple),
+    as scans hand them on."""
+    if block.values.__class__ is list:
+        return block
+    return Block(block.keys, block.seqs, list(block.values), block.payload, block.plain)
+
+
 def _decode_searchable(body: bytes) -> Block:
     """:func:`_decode_body`, with its keys checked to be strictly increasing: a block read
     for point lookups is bisected, and unordered keys would make a lookup miss silently.
@@ -208,6 +252,19 @@ def _decode_searchable(body: bytes) -> Block:
     return block
 
 
+def _apply_flags(flags: bytes, values: list[bytes | None]) -> None:
+    """Turn the flagged entries of ``values`` into what their flags say (None for a
+    tombstone, an entry kind)."""
+    if len(flags) != len(values):
+        raise CorruptionError("data block: the flags column has the wrong length")
+    for found in _NONZERO.finditer(flags):  # C finds the flagged entries; only they cost
+        i = found.start()
+        flag = flags[i]
+        if flag & ~KNOWN_FLAGS:
+            raise CorruptionError(f"data block: entry {i} has unknown flags {flag:#x}")
+        values[i] = decode_value(flag, values[i])  # type: ignore[arg-type]  # bytes here
+
+
 def _decode_body(body: bytes | memoryview) -> Block:
     try:
         flags, keys, values, packed = _DECODER.decode(body)
@@ -218,14 +275,7 @@ def _decode_body(body: bytes | memoryview) -> Block:
         raise CorruptionError("data block: columns of different lengths, or no entries")
     out: list[bytes | None] = values  # type: ignore[assignment]  # kinds set below
     if flags:
-        if len(flags) != count:
-            raise CorruptionError("data block: the flags column has the wrong length")
-        for found in _NONZERO.finditer(flags):  # C finds the flagged entries; only they cost
-            i = found.start()
-            flag = flags[i]
-            if flag & ~KNOWN_FLAGS:
-                raise CorruptionError(f"data block: entry {i} has unknown flags {flag:#x}")
-            out[i] = decode_value(flag, values[i])
+        _apply_flags(flags, out)
     # The body's size stands in for the bytes of the keys and values (a few bytes per entry
     # more: an honest upper bound for the cache, without summing every length).
     return Block(keys, unpack_seqs(packed), out, len(body), not flags)

@@ -13,7 +13,10 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from slatepy.store.local_read import KeptReads
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,15 @@ class ObjectStore(abc.ABC):
         Called on close, so a closed database leaves nothing half done that it started.
         Stores that do all their work in the request itself have nothing to wait for.
         """
+        return None
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        """A shortcut for reads of the immutable object ``path`` that skips this stack's
+        Python layers (one ``pread`` of a kept descriptor, counted as the stack would count
+        it; see :class:`~slatepy.store.local_read.KeptReads`), or None: read through the
+        stack. Only a layer that knows the shortcut keeps what it does answers (a counting,
+        retrying or routing layer); any other store or wrapper (a remote store, a disk
+        cache, a test's fault injector) says None, so its reads still pass through it."""
         return None
 
 

@@ -22,6 +22,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 from slatepy.errors import InvalidArgument, NotFound, StoreUnavailable
 
@@ -62,6 +63,11 @@ class LocalReads:
         self._max_open = max_open
         self._handles: OrderedDict[str, _Handle] = OrderedDict()
         self._lock = threading.Lock()
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        """One-``pread`` reads of ``path``'s kept descriptor (:class:`KeptReads`), for an
+        immutable object; None for others (each read opens the file)."""
+        return KeptReads(self) if path.startswith(IMMUTABLE_PREFIX) else None
 
     def close(self) -> None:
         """Drop the kept descriptors: each closes now, or when the read using it ends."""
@@ -167,6 +173,69 @@ class LocalReads:
             return _read(fd, max(0, size - max(length, 0)), size, path)
         finally:
             os.close(fd)
+
+
+class ReadCounter(Protocol):
+    """Where :class:`KeptReads` counts (a :class:`~slatepy.store.metrics.StoreMetrics`;
+    named structurally, so this module needs nothing of the stack above it)."""
+
+    def record_reads(self, kind: str, requests: int, received: int) -> None: ...
+
+
+class KeptReads:
+    """Reads of immutable objects of one :class:`LocalReads` with one ``pread`` of a kept
+    descriptor and nothing else: what a table reader's point get that misses the block cache
+    reads (issue 33: through the layers of a store stack, each a Python call, the read cost
+    several times its ``pread``).
+
+    Only the plain success is served here: an object whose descriptor is not kept (not read
+    yet, or evicted), a range not wholly inside the object, a short read or any ``OSError``
+    answer None, and the caller reads through the store stack, which opens, maps errors to
+    ``NotFound``/``StoreUnavailable`` naming the object, retries and counts. So the layers
+    a shortcut skips are only those that do nothing to a successful read but count it: the
+    counting is done here, in the ``metrics`` of the :class:`~slatepy.store.metrics.MetricsStore`
+    that handed this out (one ``get_range`` and its bytes, as it counts a read it passes).
+    Obtain one from the stack (``ObjectStore.kept_reads``), never directly: a layer that
+    does more than count, retry or route (a disk cache, a fault injector) answers None.
+    """
+
+    __slots__ = ("_handles", "_metrics")
+
+    def __init__(self, local: LocalReads, metrics: ReadCounter | None = None) -> None:
+        self._handles = local._handles
+        self._metrics = metrics
+
+    def counted(self, metrics: ReadCounter) -> KeptReads | None:
+        """These reads, counted in ``metrics`` (None if already counted elsewhere: two
+        counting layers are left to the stack)."""
+        if self._metrics is not None:
+            return None
+        kept = KeptReads.__new__(KeptReads)
+        kept._handles, kept._metrics = self._handles, metrics
+        return kept
+
+    def read(self, path: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of ``path`` (``start < end``), or None: read it through the
+        stack (see the class)."""
+        handle = self._handles.get(path)
+        if handle is None:
+            return None
+        try:  # noqa: SIM105 (as in LocalReads._handle)
+            self._handles.move_to_end(path)
+        except KeyError:
+            pass  # evicted since the lookup: the reference held here keeps it open
+        if not 0 <= start < end <= handle.size:
+            return None
+        try:
+            data = os.pread(handle.fd, end - start, start)
+        except OSError:
+            return None
+        if len(data) != end - start:
+            return None  # the file shrank under the descriptor: the stack says so, typed
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.record_reads("get_range", 1, end - start)
+        return data
 
 
 def _read(fd: int, start: int, end: int, path: str) -> bytes:

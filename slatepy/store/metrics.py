@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from slatepy.store.base import (
     ObjectMeta,
@@ -19,6 +20,9 @@ from slatepy.store.base import (
     PutMode,
     WrappingStore,
 )
+
+if TYPE_CHECKING:
+    from slatepy.store.local_read import KeptReads
 
 
 @dataclass(slots=True)
@@ -258,6 +262,11 @@ class MetricsStore(WrappingStore):
 
     def open_writer(self, path: str) -> ObjectWriter:
         return _CountedWriter(self.inner.open_writer(path), self.metrics)
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        """The inner stack's shortcut, counting its reads here (see ``KeptReads``)."""
+        kept = self.inner.kept_reads(path)
+        return None if kept is None else kept.counted(self.metrics)
 
     def delete(self, path: str) -> None:
         try:

@@ -23,7 +23,7 @@ from slatepy.errors import (
 from slatepy.store.attach import USERS_FILE
 from slatepy.store.base import IfMatch, ObjectMeta, ObjectStore, ObjectWriter, PutData, PutMode
 from slatepy.store.fsync import CreateRefused, FileSync, NotSynced
-from slatepy.store.local_read import LocalReads
+from slatepy.store.local_read import KeptReads, LocalReads
 
 if TYPE_CHECKING:
     from obstore import GetOptions, WritableFile
@@ -98,6 +98,9 @@ class ObstoreStore(ObjectStore):
         return self._call(
             path, False, lambda: obstore.get_range(self._raw, path, start=start, end=end).to_bytes()
         )
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        return None if self._local is None else self._local.kept_reads(path)
 
     def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         # obstore rejects empty ranges (ValueError), so only non-empty ones are requested.

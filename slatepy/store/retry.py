@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from slatepy.errors import StoreUnavailable
 from slatepy.store.base import (
@@ -30,6 +30,9 @@ from slatepy.store.base import (
     PutMode,
     WrappingStore,
 )
+
+if TYPE_CHECKING:
+    from slatepy.store.local_read import KeptReads
 
 T = TypeVar("T")
 BACKOFF_START = 0.01
@@ -191,6 +194,11 @@ class RetryingStore(WrappingStore):
             return self.inner.put(path, data)
         except StoreUnavailable as exc:
             return self._retry(lambda: self.inner.put(path, data), exc, started, "PUT %s", path)
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        """The inner store's: a shortcut's reads only ever succeed (anything else is read
+        again through this layer, which retries it)."""
+        return self.inner.kept_reads(path)
 
     def open_writer(self, path: str) -> ObjectWriter:
         """Passed through: a stream cannot be sent again from here (the backend client

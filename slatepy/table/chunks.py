@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block
+from slatepy.format.columnar import as_lists
 from slatepy.format.sst import Partition, SstTop, block_decoder
 from slatepy.table.sst_tops import (
     _RAW,
@@ -192,6 +193,8 @@ class _ChunkLoader:
     def block(self, chunk: _Chunk, k: int) -> Block:
         """Block ``k`` of ``chunk``, decoded (and cached, if ``chunk.fill``) if it was read."""
         block = chunk.blocks[k]
+        if block.__class__ is Block:
+            return as_lists(block)  # cached by a get: its values may be a tuple
         if isinstance(block, _RAW):  # cached by a get: verified, decode its entries
             decoded = _named_decode(self._path, chunk.first + k, block, offset=chunk.offsets[k])
             if chunk.fill:

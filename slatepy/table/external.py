@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from slatepy.errors import NotFound, SlatepyError
 from slatepy.store.base import ObjectMeta, ObjectStore, WrappingStore
+from slatepy.store.local_read import KeptReads
 from slatepy.table.layout import compacted_id
 
 T = TypeVar("T")
@@ -73,6 +74,16 @@ class ExternalSsts(WrappingStore):
             if source is None:
                 raise
         return read(source)
+
+    def kept_reads(self, path: str) -> KeptReads | None:
+        """The shortcut of the store ``path`` is read from: the clone's own until the map is
+        loaded (an external SST's first read loads it, as it misses in the own store, whose
+        shortcut never serves a path it has no descriptor of)."""
+        sst_id = compacted_id(path)
+        where = self._where
+        if sst_id is None or where is None:
+            return self.inner.kept_reads(path)
+        return where.get(sst_id, self.inner).kept_reads(path)
 
     def get(self, path: str) -> bytes:
         return self._read(path, lambda store: store.get(path))

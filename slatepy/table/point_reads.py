@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, IndexedBlock, open_block
-from slatepy.format.columnar import RawColumnarBlock, open_columnar
+from slatepy.format.checksum import CHECKSUM_SIZE
+from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_searchable
 from slatepy.format.compression import unframe_block
 from slatepy.format.sst import Partition, SstTop, decode_stored_block
 from slatepy.table.sst_tops import _RAW, Cached, SstTops, _block_error, _named_decode
@@ -66,10 +67,13 @@ class PointReads(SstTops):
             if i < len(keys) and keys[i] == key:
                 return block.seqs[i], block.values[i]
             return None
-        # The filter is asked only before a block would be read (or is not decoded yet): in
-        # Python its hashing and probing cost more than a bisect of a cached block.
-        if block is None and not part.may_contain(key):
-            return None
+        if block is None:
+            # The filter is asked only before a block would be read: in Python its hashing
+            # and probing cost more than a bisect of a cached block.
+            bloom = part.bloom  # Partition.may_contain, inline
+            if bloom is not None and not bloom.may_contain(key):
+                return None
+            return self._cold_get(path, top, part, j, key)
         return self._block(path, top, part, j, block).get(key)
 
     def get_filtered(
@@ -102,6 +106,8 @@ class PointReads(SstTops):
             if i < len(keys) and keys[i] == key:
                 return block.seqs[i], block.values[i]
             return None
+        if block is None:
+            return self._cold_get(path, top, part, j, key)
         return self._block(path, top, part, j, block).get(key)
 
     def get_many(
@@ -236,6 +242,51 @@ class PointReads(SstTops):
                     break
         return views
 
+    def _cold_get(
+        self, path: str, top: SstTop, part: Partition, j: int, key: bytes
+    ) -> Found | None:
+        """``key`` looked up in block ``j`` of ``part``, which the block cache does not hold:
+        the block read, verified, decoded, cached (see :meth:`_new_block`) and searched.
+
+        The cold path of every get, flattened as its warm path is (issue 33): on ``file://``
+        the read is one ``pread`` of a kept descriptor (``KeptReads``; anything but a plain
+        success is read again through the store stack, which maps, retries and counts), and
+        a version 5 block is decoded straight from the bytes read, copied to be cached raw
+        only when the cache has no room for it decoded.
+        """
+        offsets = part.offsets
+        start, end = offsets[j], offsets[j + 1]
+        kept = self._kept.get(path)
+        data = None if kept is None else kept.read(path, start, end)
+        if data is None:
+            data = self.store.get_range(path, start, end)
+        c = self._counts
+        c.lock.acquire()
+        c.block_reads += 1
+        c.bytes_read += len(data)
+        c.lock.release()
+        index = part.first_block + j
+        if not top.columnar_blocks or top.compressed_blocks:
+            found, cached = self._new_block(path, top, part, j, data)
+            self._blocks.put((path, index), cached, cached.size_in_memory)
+            return found.get(key)
+        try:
+            block = open_searchable(data)
+        except CorruptionError as exc:
+            raise _block_error(path, index, start, exc) from exc
+        keys = block.keys
+        if keys[0] != part.first_keys[j]:
+            raise _block_error(path, index, start, "disagrees with the index")
+        # Kept decoded while the cache has room for it (it evicts nothing), else as its
+        # bytes (half the memory) until it is hit again.
+        if not self._blocks.put_if_room((path, index), block, block.size_in_memory):
+            raw = RawColumnarBlock(data[:-CHECKSUM_SIZE])
+            self._blocks.put((path, index), raw, raw.size_in_memory)
+        i = bisect_left(keys, key)
+        if i < len(keys) and keys[i] == key:
+            return block.seqs[i], block.values[i]
+        return None
+
     def _new_block(
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
     ) -> tuple[Block | IndexedBlock, Cached]:
@@ -275,10 +326,10 @@ class PointReads(SstTops):
         top: SstTop,
         part: Partition,
         j: int,
-        block: Cached | None,
+        block: Cached,
     ) -> Cached:
         """Block ``j`` of ``part`` for a point lookup, given what the block cache held for it
-        (``block``): that, or read and verified.
+        (``block``; a block it does not hold is :meth:`_cold_get`'s).
 
         A version 3 or 4 block read for a get is cached as its raw bytes (:class:`IndexedBlock`:
         only the keys the lookup compares are parsed, and it costs its encoded size); when a
@@ -303,9 +354,4 @@ class PointReads(SstTops):
                 # Hot: worth decoding once, as a list bisect beats a search of the bytes.
                 block = _named_decode(path, index, block, offset=part.offsets[j])
                 self._blocks.put(key, block, block.size_in_memory)
-        elif block is None:
-            data = self._read(path, part.offsets[j], part.offsets[j + 1], "block_reads")
-            found, cached = self._new_block(path, top, part, j, data)
-            self._blocks.put(key, cached, cached.size_in_memory)
-            return found
         return block

@@ -20,6 +20,7 @@ from slatepy.format.sst import (
     decode_top,
 )
 from slatepy.store.base import ObjectStore
+from slatepy.store.local_read import KeptReads
 from slatepy.table.cache import LruCache
 
 META_PREFETCH = 64 * 1024
@@ -120,6 +121,8 @@ class SstTops:
         # not decoded yet (decoding verifies them).
         self._metas: LruCache[Partition | bytes] = LruCache(metas)
         self._tops: dict[str, SstTop] = {}
+        # Per pinned SST: the store's one-pread shortcut for its blocks (file://), or None.
+        self._kept: dict[str, KeptReads | None] = {}
         self._pinned_bytes = 0
         self._lock = threading.Lock()
         self._followed: object = None
@@ -152,6 +155,7 @@ class SstTops:
             if pinned is not None:
                 return pinned
             self._tops[path] = top
+            self._kept[path] = self.store.kept_reads(path)
             self._pinned_bytes += top.size_in_memory
         # Partitions that came with the tail are kept undecoded until a lookup needs one.
         for p in range(top.partition_count - 1, -1, -1):
@@ -250,6 +254,7 @@ class SstTops:
             keep = live | self._live
             for path in [p for p in self._tops if p not in keep]:
                 self._pinned_bytes -= self._tops.pop(path).size_in_memory
+                self._kept.pop(path, None)
             self._followed, self._live = token, live
 
     def stats(self) -> TableStats:
