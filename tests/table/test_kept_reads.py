@@ -232,7 +232,7 @@ def test_a_databases_cold_gets_take_the_shortcut_and_its_metrics_count_them(
 ) -> None:
     """End to end: ``Db.open`` on ``file://`` builds a stack whose layers all know the
     shortcut, and ``Db.metrics`` counts every read the reader makes, shortcut or not."""
-    settings = Settings(compactor="off")
+    settings = Settings(compactor="off", block_size=4096)  # keys 97 apart: a block each
     with Db.open(f"file://{tmp_path}/db", settings=settings) as db:
         for i in range(0, 3000, 1000):
             batch = WriteBatch()
