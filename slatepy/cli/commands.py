@@ -105,10 +105,12 @@ def compact(
     settings: Settings,
     *,
     force: bool = False,
+    full: bool = False,
     merge_operator: MergeOperator | None = None,
     json: bool = False,
 ) -> None:
-    """Compact until nothing is left, then exit. Refuses (``CompactorBusy``) while another
+    """Compact until nothing is left, then exit (``full``: into one sorted run,
+    :func:`~slatepy.compactor.planner.plan_full`). Refuses (``CompactorBusy``) while another
     compactor's lease is live unless ``force``; a writer's compactor superseded by this run
     takes compaction back ``compactor_lease`` after it ends (RFC 0013)."""
     compactor = Compactor(
@@ -118,7 +120,7 @@ def compact(
         takeover="always" if force else "unless-live",
         merge_operator=merge_operator,
     )
-    rounds = compactor.run_until_idle()
+    rounds = compactor.run_until_idle(full=full)
     compactor.release()  # a superseded writer's compactor takes back at its next checks
     m = compactor.last_published.manifest
     if json:

@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="take over even while another compactor (a writer's in-process one) is live; "
         "it takes compaction back once this one leaves work pending for its lease",
     )
+    compact.add_argument(
+        "--full",
+        action="store_true",
+        help="then merge L0 and every sorted run into one run (rewrites the whole database "
+        "once, as RocksDB's CompactRange; gets and scans then read one source)",
+    )
     compactor = sub.add_parser(
         "compactor", help="run the compactor and garbage collector until interrupted"
     )
@@ -332,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 store,
                 settings,
                 force=args.force,
+                full=args.full,
                 merge_operator=load_merge_operator(args.merge_operator),
                 json=json,
             )

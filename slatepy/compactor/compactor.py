@@ -43,6 +43,7 @@ from slatepy.compactor.planner import (
     WalToL0,
     apply_result,
     plan,
+    plan_full,
 )
 from slatepy.config import Settings
 from slatepy.errors import CompactionAbandoned, FencedError, NotFound
@@ -184,7 +185,9 @@ class Compactor:
         than a few thousand merged entries, however large the compaction."""
         self._cancel.set()
 
-    def run_once(self, *, recheck_manifest: bool = True, closing: bool = False) -> Plan | None:
+    def run_once(
+        self, *, recheck_manifest: bool = True, closing: bool = False, full: bool = False
+    ) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do.
 
         Args:
@@ -195,6 +198,8 @@ class Compactor:
             closing: The writer is closing (:meth:`BackgroundCompactor.close` draining): L0
                 is merged once it holds ``CLOSE_L0_TRIGGER`` SSTs rather than
                 ``l0_trigger``, so the next open reads sorted runs, not overlapping L0 SSTs.
+            full: Once nothing else is left, merge all of L0 and every run into one run
+                (:func:`~slatepy.compactor.planner.plan_full`).
 
         Raises:
             FencedError: another compactor holds the epoch now (this one may stand by:
@@ -207,6 +212,8 @@ class Compactor:
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
         todo, wal_sizes = self._plan(manifest, closing)
+        if todo is None and full:
+            todo = plan_full(manifest)
         if todo is None:
             return None
         self._check_cancelled(todo)
@@ -395,10 +402,12 @@ class Compactor:
         self._check_cancelled(todo)
         self.renew_if_due()
 
-    def run_until_idle(self, *, max_rounds: int = 1000) -> int:
-        """Run compactions until none is left (or ``max_rounds``); return how many ran."""
+    def run_until_idle(self, *, max_rounds: int = 1000, full: bool = False) -> int:
+        """Run compactions until none is left (or ``max_rounds``); return how many ran.
+        With ``full``, the last one leaves the database one sorted run (see
+        :meth:`run_once`)."""
         for done in range(max_rounds):
-            if self.run_once() is None:
+            if self.run_once(full=full) is None:
                 return done
         return max_rounds
 

@@ -103,6 +103,27 @@ def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> 
     )
 
 
+def plan_full(manifest: Manifest) -> L0ToRun | None:
+    """A full compaction: all of L0 and every sorted run merged into one run, tombstones
+    dropped (the output includes the oldest run), as RocksDB's ``CompactRange`` does; None
+    when the database is one source already (at most one L0 SST or one run, not both).
+
+    What size-tiering (:func:`plan`) never does on its own: it leaves runs whose sizes differ
+    by more than ``size_ratio`` apart, each one more source for every get and scan. An
+    operator asks for this (``slatepy compact --full``) after a bulk write, at the price of
+    rewriting the whole database once. The WAL is compacted first (:func:`plan`), so the
+    merge reads every write made before it.
+    """
+    if len(manifest.l0) + len(manifest.sorted_runs) <= 1:
+        return None
+    return L0ToRun(
+        l0_ids=tuple(h.id for h in manifest.l0),
+        run_ids=tuple(r.id for r in manifest.sorted_runs),
+        new_run_id=max((r.id for r in manifest.sorted_runs), default=0) + 1,
+        drop_tombstones=True,
+    )
+
+
 def apply_result(
     manifest: Manifest, done: Plan, outputs: tuple[SstHandle, ...], compactor_epoch: int
 ) -> Manifest:

@@ -14,6 +14,9 @@ import pytest
 from slatepy import Db, Settings, WriteBatch
 from slatepy.cli.demo import run_demo
 from slatepy.cli.main import main
+from slatepy.compactor import Compactor
+from slatepy.compactor.planner import CompactionPolicy
+from slatepy.store import open_store
 
 OFF = Settings(compactor="off")  # the CLI does the compacting in these tests
 
@@ -157,3 +160,38 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("slatepy 0.")
+
+
+def test_compact_full_leaves_one_sorted_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Size-tiering leaves runs of very different sizes apart (a small recent run beside a
+    large old one, as a bulk write ends); ``compact --full`` merges L0 and every run into one,
+    dropping what the newest versions and tombstones cover."""
+    url = f"file://{tmp_path}/db"
+    with Db.open(url, settings=OFF) as db:
+        store = open_store(url)
+        for rnd in range(3):
+            for i in range(rnd, 300, 1 + rnd):
+                db.put(b"k%03d" % i, b"v%d" % rnd, await_durable=False)
+            db.delete(b"k%03d" % (7 + rnd))
+            db.flush()
+            # Each round its own run: L0 merged at once, no run merged with another.
+            policy = CompactionPolicy(l0_trigger=1, size_ratio=0.0)
+            compactor = Compactor(store, settings=OFF, policy=policy)
+            compactor.run_until_idle()
+            compactor.release()
+        expected = list(db.scan())
+    assert main(["compact", url]) == 0
+    assert "l0=0, sorted runs=3" in capsys.readouterr().out  # size-tiering: nothing to do
+    assert main(["compact", "--full", url]) == 0
+    assert "l0=0, sorted runs=1" in capsys.readouterr().out
+    with Db.open(url, settings=OFF) as db:
+        assert list(db.scan()) == expected
+        assert db.get(b"k009") is None  # the last round deleted it
+        (run,) = db._view.sorted_runs
+        assert sum(h.entry_count for h in run.ssts) == len(
+            expected
+        )  # old versions, tombstones gone
+    assert main(["compact", "--full", url]) == 0
+    assert "l0=0, sorted runs=1" in capsys.readouterr().out  # one run: nothing to merge
