@@ -134,3 +134,18 @@ def test_a_write_older_than_an_ingestion_never_shadows_it_after_l0_reaches_l0_ma
             compactor.run_once()
     with Db.open(store, settings=settings) as db:
         assert db.get(b"k") == b"new"
+
+
+def test_a_full_compaction_merges_every_source_into_one_run() -> None:
+    from slatepy.compactor.planner import plan_full
+
+    big, small = SortedRun(1, (sst("b1", 10_000), sst("b2", 10_000))), SortedRun(2, (sst("s"),))
+    # Size-tiering leaves the large run alone; a full compaction takes it too.
+    manifest = Manifest(l0=(sst("x"), sst("y")), sorted_runs=(small, big))
+    assert plan(manifest, None, POLICY) == L0ToRun(("x", "y"), (2,), 3, False)
+    assert plan_full(manifest) == L0ToRun(("x", "y"), (2, 1), 3, True)
+    assert plan_full(Manifest(sorted_runs=(small, big))) == L0ToRun((), (2, 1), 3, True)
+    # One source already: nothing to merge.
+    assert plan_full(Manifest(sorted_runs=(big,))) is None
+    assert plan_full(Manifest(l0=(sst("x"),))) is None
+    assert plan_full(Manifest()) is None
