@@ -28,9 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+from bench.memory_trace import Sampler
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.gc import GarbageCollector
@@ -84,13 +86,31 @@ def hwm_mb() -> float:
     return 0.0
 
 
-def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) -> dict[str, Any]:
+def engine_gauges(sampler: Sampler | None, db: Db) -> None:
+    """Register ``db``'s memory gauges with ``sampler`` (its accounted budgets)."""
+    if sampler is None:
+        return
+    sampler.gauges["memtable_mb"] = lambda: db._memtable.size_bytes
+    sampler.gauges["block_cache_mb"] = lambda: db._tables._blocks.size
+    sampler.gauges["meta_cache_mb"] = lambda: db._tables._metas.size
+    sampler.gauges["pinned_tops_mb"] = lambda: db._tables._pinned_bytes
+
+
+def slatepy_child(
+    count: int, order: str, overrides: dict[str, Any], root: str, trace: str | None = None
+) -> dict[str, Any]:
     settings = Settings.from_dict(overrides)
     url = f"file://{root}/db"
+    if trace == "tracemalloc":
+        tracemalloc.start(1)
+    sampler = Sampler(snapshots=trace == "tracemalloc").start() if trace else None
     started = rss_mb()
     reset_peak()
     start = time.perf_counter()
+    if sampler:
+        sampler.enter("write")
     with Db.open(url, settings=settings) as db:
+        engine_gauges(sampler, db)
         numbers = keys_in(order, count)
         for _ in range(0, count, 1000):
             batch = WriteBatch()
@@ -100,6 +120,9 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
         db.flush()
     write_s = time.perf_counter() - start
     write_peak = hwm_mb()
+    if sampler:
+        sampler.gauges.clear()
+        sampler.enter("compact")
     reset_peak()
     store = open_store(url, settings)
     start = time.perf_counter()
@@ -107,18 +130,30 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
     GarbageCollector(store, settings=settings, min_age=0).collect()
     compact_s = time.perf_counter() - start
     compact_peak = hwm_mb()
+    if sampler:
+        sampler.enter("reopen")
     reset_peak()
     rng = random.Random(7)
     probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
     with Db.open(url, settings=Settings.from_dict({**overrides, "compactor": "off"})) as db:
+        engine_gauges(sampler, db)
+        if sampler:
+            sampler.enter("gets")
         start = time.perf_counter()
         found = sum(db.get(key) is not None for key in probes)
         get_s = time.perf_counter() - start
+        if sampler:
+            sampler.enter("scan")
         start = time.perf_counter()
         rows = sum(1 for _ in db.scan())
         scan_s = time.perf_counter() - start
     assert found == GETS and rows == count, (found, rows)
+    traced: dict[str, Any] = {}
+    if sampler:
+        sampler.stop()
+        traced = {"trace": sampler.report()}
     return {
+        **traced,
         "keys": count,
         "rss_start_mb": started,
         "write_peak_mb": write_peak,
@@ -183,6 +218,7 @@ def run_child(args: argparse.Namespace, engine: str, count: int) -> dict[str, An
         engine,
         "--order",
         args.order,
+        *(["--trace", args.trace] if args.trace else []),
         *[item for pair in args.set for item in ("--set", pair)],
     ]
     out = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -207,6 +243,12 @@ def main() -> None:
     parser.add_argument("--order", choices=["random", "sequential"], default="random")
     parser.add_argument("--set", action="append", default=[], help="a setting, name=json")
     parser.add_argument("--rocksdict", action="store_true", help="also run rocksdict")
+    parser.add_argument(
+        "--trace",
+        choices=["rss", "tracemalloc"],
+        help="sample memory by owner (bench.memory_trace); tracemalloc also names the "
+        "allocation sites at each phase's peak (slow: rates are then not comparable)",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="slatepy", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -216,7 +258,9 @@ def main() -> None:
             if args.engine == "rocksdict":
                 result = rocksdict_child(args.child, args.order, root)
             else:
-                result = slatepy_child(args.child, args.order, parse_overrides(args.set), root)
+                result = slatepy_child(
+                    args.child, args.order, parse_overrides(args.set), root, args.trace
+                )
         finally:
             shutil.rmtree(root, ignore_errors=True)
         print(json.dumps(result))
@@ -239,6 +283,11 @@ def main() -> None:
                 f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
                 flush=True,
             )
+            for phase, row in r.get("trace", {}).get("peaks", {}).items():
+                print(f"  {phase}: {json.dumps(row)}")
+            for phase, lines in r.get("trace", {}).get("top", {}).items():
+                print(f"  {phase} top allocation sites at its peak:")
+                print("\n".join(f"    {line}" for line in lines))
     for engine, rows in results.items():
         small, large = rows[0], rows[-1]
         print(
