@@ -137,6 +137,11 @@ def slatepy_child(
     probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
     with Db.open(url, settings=Settings.from_dict({**overrides, "compactor": "off"})) as db:
         engine_gauges(sampler, db)
+        view = db._view
+        layout = f"L0 {len(view.l0)}, runs " + (
+            "+".join(f"{sum(h.object_size for h in r.ssts) / 2**20:.0f}" for r in view.sorted_runs)
+            or "0"
+        )
         if sampler:
             sampler.enter("gets")
         start = time.perf_counter()
@@ -155,6 +160,7 @@ def slatepy_child(
     return {
         **traced,
         "keys": count,
+        "layout": layout,
         "rss_start_mb": started,
         "write_peak_mb": write_peak,
         "compact_peak_mb": compact_peak,
@@ -269,9 +275,9 @@ def main() -> None:
     print(f"order={args.order} settings={args.set or 'default'} load={os.getloadavg()[0]:.1f}")
     print(
         "| engine | keys | write rows/s | peak MB: write / compact / read / process "
-        "| gets/s | scan rows/s |"
+        "| gets/s | scan rows/s | read layout (MiB a run) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     for count in args.sizes:
         for engine in engines:  # interleaved, so load changes hit both alike
@@ -280,7 +286,7 @@ def main() -> None:
             print(
                 f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} / "
                 f"{r['compact_peak_mb']:.0f} / {r['read_peak_mb']:.0f} / {r['peak_mb']:.0f} "
-                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
+                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} | {r.get('layout', '')} |",
                 flush=True,
             )
             for phase, row in r.get("trace", {}).get("peaks", {}).items():
