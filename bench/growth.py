@@ -10,7 +10,8 @@ keys, 100-byte values) in unawaited batches of 1,000 with default settings (the 
 compactor on), close, compact until idle (and collect garbage), reopen, then 20,000 random
 gets of written keys and a full scan. Reports peak RSS (``VmHWM``, reset between phases) of the
 write phase, the compaction and the reads, and of the whole process (the largest), the
-write rate, gets/s and scanned rows/s, and the ratios of the
+write rate, gets/s and scanned rows/s (and their CPU: wall rates move 2x on a shared machine),
+the layout read (L0 SSTs, sorted runs), and the ratios of the
 largest size to the smallest. Targets: gets and scan keep >= 0.5x of their rate, peak RSS
 <= 2x and under 256 MB at default settings.
 """
@@ -144,14 +145,14 @@ def slatepy_child(
         )
         if sampler:
             sampler.enter("gets")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         found = sum(db.get(key) is not None for key in probes)
-        get_s = time.perf_counter() - start
+        get_s, get_cpu = time.perf_counter() - start, time.process_time() - cpu
         if sampler:
             sampler.enter("scan")
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         rows = sum(1 for _ in db.scan())
-        scan_s = time.perf_counter() - start
+        scan_s, scan_cpu = time.perf_counter() - start, time.process_time() - cpu
     assert found == GETS and rows == count, (found, rows)
     traced: dict[str, Any] = {}
     if sampler:
@@ -170,6 +171,8 @@ def slatepy_child(
         "compact_s": compact_s,
         "gets_s": GETS / get_s,
         "scan_rows_s": rows / scan_s,
+        "gets_cpu_us": get_cpu / GETS * 1e6,
+        "scan_cpu_s": scan_cpu,
     }
 
 
@@ -275,9 +278,9 @@ def main() -> None:
     print(f"order={args.order} settings={args.set or 'default'} load={os.getloadavg()[0]:.1f}")
     print(
         "| engine | keys | write rows/s | peak MB: write / compact / read / process "
-        "| gets/s | scan rows/s | read layout (MiB a run) |"
+        "| gets/s | scan rows/s | read layout (MiB a run) | CPU: µs a get / s a scan |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     for count in args.sizes:
         for engine in engines:  # interleaved, so load changes hit both alike
@@ -286,7 +289,8 @@ def main() -> None:
             print(
                 f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} / "
                 f"{r['compact_peak_mb']:.0f} / {r['read_peak_mb']:.0f} / {r['peak_mb']:.0f} "
-                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} | {r.get('layout', '')} |",
+                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} | {r.get('layout', '')} "
+                f"| {r.get('gets_cpu_us', 0):.0f} / {r.get('scan_cpu_s', 0):.2f} |",
                 flush=True,
             )
             for phase, row in r.get("trace", {}).get("peaks", {}).items():
