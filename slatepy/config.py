@@ -170,7 +170,7 @@ class Settings(
             ``sys.getsizeof`` of their parts). 32 MiB by default (RocksDB's default block
             cache too; was 64 MiB): with the other defaults a process's peak RSS stays
             under 256 MB at 2M keys (docs/performance.md, "Memory"); the allocator holds
-            about 1.5x what the cache counts once it churns. Raise it when the data read
+            1.5-1.8x what the cache counts once it churns. Raise it when the data read
             often is larger.
         meta_cache_bytes: Memory for SST index and filter partitions; the top-level index of
             every SST in the current view is kept in memory besides (a few KB per SST).
