@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,13 @@ def write_pattern(db: Db, pattern: str, total: int) -> int:
 
 def child(pattern: str, total: int) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="write-rss-")
+    try:
+        return measure(pattern, total, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(pattern: str, total: int, root: str) -> dict[str, Any]:
     start_rss = status_mb("VmRSS")
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset VmHWM: the peak from here on
