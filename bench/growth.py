@@ -10,7 +10,8 @@ keys, 100-byte values) in unawaited batches of 1,000 with default settings (the 
 compactor on), close, compact until idle (and collect garbage), reopen, then 20,000 random
 gets of written keys and a full scan. Reports peak RSS (``VmHWM``, reset between phases) of the
 write phase, the compaction and the reads, and of the whole process (the largest), the
-write rate, gets/s and scanned rows/s, and the ratios of the
+write rate, gets/s and scanned rows/s (and their CPU: wall rates move 2x on a shared machine),
+the layout read (L0 SSTs, sorted runs), and the ratios of the
 largest size to the smallest. Targets: gets and scan keep >= 0.5x of their rate, peak RSS
 <= 2x and under 256 MB at default settings.
 """
@@ -28,9 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+from bench.memory_trace import Sampler
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.gc import GarbageCollector
@@ -84,13 +87,31 @@ def hwm_mb() -> float:
     return 0.0
 
 
-def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) -> dict[str, Any]:
+def engine_gauges(sampler: Sampler | None, db: Db) -> None:
+    """Register ``db``'s memory gauges with ``sampler`` (its accounted budgets)."""
+    if sampler is None:
+        return
+    sampler.gauges["memtable_mb"] = lambda: db._memtable.size_bytes
+    sampler.gauges["block_cache_mb"] = lambda: db._tables._blocks.size
+    sampler.gauges["meta_cache_mb"] = lambda: db._tables._metas.size
+    sampler.gauges["pinned_tops_mb"] = lambda: db._tables._pinned_bytes
+
+
+def slatepy_child(
+    count: int, order: str, overrides: dict[str, Any], root: str, trace: str | None = None
+) -> dict[str, Any]:
     settings = Settings.from_dict(overrides)
     url = f"file://{root}/db"
+    if trace == "tracemalloc":
+        tracemalloc.start(1)
+    sampler = Sampler(snapshots=trace == "tracemalloc").start() if trace else None
     started = rss_mb()
     reset_peak()
     start = time.perf_counter()
+    if sampler:
+        sampler.enter("write")
     with Db.open(url, settings=settings) as db:
+        engine_gauges(sampler, db)
         numbers = keys_in(order, count)
         for _ in range(0, count, 1000):
             batch = WriteBatch()
@@ -100,6 +121,9 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
         db.flush()
     write_s = time.perf_counter() - start
     write_peak = hwm_mb()
+    if sampler:
+        sampler.gauges.clear()
+        sampler.enter("compact")
     reset_peak()
     store = open_store(url, settings)
     start = time.perf_counter()
@@ -107,19 +131,37 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
     GarbageCollector(store, settings=settings, min_age=0).collect()
     compact_s = time.perf_counter() - start
     compact_peak = hwm_mb()
+    if sampler:
+        sampler.enter("reopen")
     reset_peak()
     rng = random.Random(7)
     probes = [b"key%013d" % rng.randrange(count) for _ in range(GETS)]
     with Db.open(url, settings=Settings.from_dict({**overrides, "compactor": "off"})) as db:
-        start = time.perf_counter()
+        engine_gauges(sampler, db)
+        view = db._view
+        layout = f"L0 {len(view.l0)}, runs " + (
+            "+".join(f"{sum(h.object_size for h in r.ssts) / 2**20:.0f}" for r in view.sorted_runs)
+            or "0"
+        )
+        if sampler:
+            sampler.enter("gets")
+        start, cpu = time.perf_counter(), time.process_time()
         found = sum(db.get(key) is not None for key in probes)
-        get_s = time.perf_counter() - start
-        start = time.perf_counter()
+        get_s, get_cpu = time.perf_counter() - start, time.process_time() - cpu
+        if sampler:
+            sampler.enter("scan")
+        start, cpu = time.perf_counter(), time.process_time()
         rows = sum(1 for _ in db.scan())
-        scan_s = time.perf_counter() - start
+        scan_s, scan_cpu = time.perf_counter() - start, time.process_time() - cpu
     assert found == GETS and rows == count, (found, rows)
+    traced: dict[str, Any] = {}
+    if sampler:
+        sampler.stop()
+        traced = {"trace": sampler.report()}
     return {
+        **traced,
         "keys": count,
+        "layout": layout,
         "rss_start_mb": started,
         "write_peak_mb": write_peak,
         "compact_peak_mb": compact_peak,
@@ -129,6 +171,8 @@ def slatepy_child(count: int, order: str, overrides: dict[str, Any], root: str) 
         "compact_s": compact_s,
         "gets_s": GETS / get_s,
         "scan_rows_s": rows / scan_s,
+        "gets_cpu_us": get_cpu / GETS * 1e6,
+        "scan_cpu_s": scan_cpu,
     }
 
 
@@ -183,6 +227,7 @@ def run_child(args: argparse.Namespace, engine: str, count: int) -> dict[str, An
         engine,
         "--order",
         args.order,
+        *(["--trace", args.trace] if args.trace else []),
         *[item for pair in args.set for item in ("--set", pair)],
     ]
     out = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -207,6 +252,12 @@ def main() -> None:
     parser.add_argument("--order", choices=["random", "sequential"], default="random")
     parser.add_argument("--set", action="append", default=[], help="a setting, name=json")
     parser.add_argument("--rocksdict", action="store_true", help="also run rocksdict")
+    parser.add_argument(
+        "--trace",
+        choices=["rss", "tracemalloc"],
+        help="sample memory by owner (bench.memory_trace); tracemalloc also names the "
+        "allocation sites at each phase's peak (slow: rates are then not comparable)",
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--engine", default="slatepy", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -216,7 +267,9 @@ def main() -> None:
             if args.engine == "rocksdict":
                 result = rocksdict_child(args.child, args.order, root)
             else:
-                result = slatepy_child(args.child, args.order, parse_overrides(args.set), root)
+                result = slatepy_child(
+                    args.child, args.order, parse_overrides(args.set), root, args.trace
+                )
         finally:
             shutil.rmtree(root, ignore_errors=True)
         print(json.dumps(result))
@@ -225,9 +278,9 @@ def main() -> None:
     print(f"order={args.order} settings={args.set or 'default'} load={os.getloadavg()[0]:.1f}")
     print(
         "| engine | keys | write rows/s | peak MB: write / compact / read / process "
-        "| gets/s | scan rows/s |"
+        "| gets/s | scan rows/s | read layout (MiB a run) | CPU: µs a get / s a scan |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     for count in args.sizes:
         for engine in engines:  # interleaved, so load changes hit both alike
@@ -236,9 +289,15 @@ def main() -> None:
             print(
                 f"| {engine} | {count:,} | {r['write_rows_s']:,.0f} | {r['write_peak_mb']:.0f} / "
                 f"{r['compact_peak_mb']:.0f} / {r['read_peak_mb']:.0f} / {r['peak_mb']:.0f} "
-                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} |",
+                f"| {r['gets_s']:,.0f} | {r['scan_rows_s']:,.0f} | {r.get('layout', '')} "
+                f"| {r.get('gets_cpu_us', 0):.0f} / {r.get('scan_cpu_s', 0):.2f} |",
                 flush=True,
             )
+            for phase, row in r.get("trace", {}).get("peaks", {}).items():
+                print(f"  {phase}: {json.dumps(row)}")
+            for phase, lines in r.get("trace", {}).get("top", {}).items():
+                print(f"  {phase} top allocation sites at its peak:")
+                print("\n".join(f"    {line}" for line in lines))
     for engine, rows in results.items():
         small, large = rows[0], rows[-1]
         print(

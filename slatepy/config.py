@@ -69,10 +69,12 @@ class Settings(
         max_unflushed_bytes: Memory of written-but-not-yet-compacted data (the writer's
             memtable, Python's per-entry overhead included; RFC 0011) at which writes block
             until compaction catches up. 64 MiB by default, an embedded default that keeps
-            a writer's peak RSS under 256 MB whatever it writes (RFC 0006, issue 33
-            addendum): about 200,000 entries of 16-byte keys and 100-byte values. Raise it
-            (SlateDB's is 1 GiB) to keep more recent writes in memory and ride out longer
-            compaction lags, at that memory's price.
+            a writer's peak RSS under 256 MB whatever it writes (docs/performance.md,
+            "Memory": the budgets and what else a writer holds): about 200,000 entries of
+            16-byte keys and 100-byte values. One batch is admitted whole, so a batch larger
+            than the budget passes it by its own size. Raise it (SlateDB's is 1 GiB) to
+            keep more recent writes in memory and ride out longer compaction lags, at that
+            memory's price.
         memtable_retain_bytes: Memory of compacted writes the writer keeps in its memtable
             so that reads of recent data stay in memory, as a RocksDB or SlateDB memtable
             serves them until it is flushed; the oldest go first. None (the default) is half
@@ -167,14 +169,23 @@ class Settings(
         reader_gap_timeout: Seconds a reader waits for a missing WAL SST below later ones
             before it reports the gap as corruption (when the gap is wider than any writer's
             in-flight window, so no live writer can still be filling it).
-        block_cache_bytes: Memory for decoded SST data blocks (per writer or reader).
+        block_cache_bytes: Memory for decoded SST data blocks (per writer or reader),
+            counted at the blocks' Python object sizes (within a few % of
+            ``sys.getsizeof`` of their parts). 32 MiB by default (RocksDB's default block
+            cache too; was 64 MiB): with the other defaults a process's peak RSS stays
+            under 256 MB at 2M keys (docs/performance.md, "Memory"); the allocator holds
+            1.5-1.8x what the cache counts once it churns. Raise it when the data read
+            often is larger.
         meta_cache_bytes: Memory for SST index and filter partitions; the top-level index of
             every SST in the current view is kept in memory besides (a few KB per SST).
-        scan_read_ahead_bytes: Largest ranged GET a scan issues while reading ahead.
+        scan_read_ahead_bytes: Largest ranged GET a scan issues while reading ahead. The
+            sources of a merged scan (L0 SSTs, sorted runs) share it: each reads chunks of
+            at most its share (but 64 KiB), so a scan's read-ahead memory does not grow
+            with the number of sources.
         scan_requests_in_flight: Ranged GETs a scan keeps in flight ahead of the block it
             is decoding (each at most ``scan_read_ahead_bytes``, so a scan holds up to one
-            more chunk than this in memory): through a slow store, a scan's bandwidth is
-            about this many requests' worth per round trip.
+            more chunk than this in memory: 20 MiB by default): through a slow store, a
+            scan's bandwidth is about this many requests' worth per round trip.
         disk_cache: Local disk cache of SST data from the object store: ``"auto"`` (on for
             ``s3://``, ``gs://``, ``az://``; off for ``memory://`` and ``file://``), ``"on"``,
             ``"off"``.
@@ -249,7 +260,7 @@ class Settings(
     gc_when_alone: bool = True
     file_sync: Literal["fsync", "fsync-file", "off"] = "fsync"
     reader_gap_timeout: float = 10.0
-    block_cache_bytes: int = 64 * 1024 * 1024
+    block_cache_bytes: int = 32 * 1024 * 1024
     meta_cache_bytes: int = 64 * 1024 * 1024
     scan_read_ahead_bytes: int = 4 * 1024 * 1024
     scan_requests_in_flight: int = 4

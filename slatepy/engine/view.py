@@ -270,19 +270,31 @@ def compacted_sources(
     tables: TableReader, view: Manifest, start: bytes, end: bytes | None, reverse: bool
 ) -> list[Iterator[Columns]]:
     """Column streams (newest source first) of ``start <= key < end`` in ``view``'s SSTs,
-    each in scan order (descending keys with ``reverse``)."""
+    each in scan order (descending keys with ``reverse``). The sources share one scan's
+    read-ahead (``scan_read_ahead_bytes`` per request, ``scan_requests_in_flight`` of them):
+    each reads chunks of at most its share, so a merged scan holds about the memory and
+    bytes in flight of one, whatever the number of L0 SSTs and runs (issue 33 item 4)."""
     if tables.followed is not view:
         _follow(tables, view)
+    count = len(view.l0) + len(view.sorted_runs)
+    share = tables.scan_read_ahead_bytes // count if count > 1 else None
     sources = [
         _stamped(
             tables.scan_columns(
-                compacted_path(h.id), start, end, size=h.object_size, reverse=reverse
+                compacted_path(h.id),
+                start,
+                end,
+                size=h.object_size,
+                reverse=reverse,
+                read_ahead_bytes=share,
             ),
             h.global_seq,
         )
         for h in view.l0
     ]
-    sources += [_run_columns(tables, run, start, end, reverse) for run in view.sorted_runs]
+    sources += [
+        _run_columns(tables, run, start, end, reverse, share=share) for run in view.sorted_runs
+    ]
     return sources
 
 
@@ -324,7 +336,13 @@ def compacted_ids(view: Manifest) -> set[str]:
 
 
 def _run_columns(
-    tables: TableReader, run: SortedRun, start: bytes, end: bytes | None, reverse: bool
+    tables: TableReader,
+    run: SortedRun,
+    start: bytes,
+    end: bytes | None,
+    reverse: bool,
+    *,
+    share: int | None = None,
 ) -> Iterator[Columns]:
     """A sorted run's columns in ``[start, end)``, SST after SST (backwards for reverse).
     Forward, while one SST is read the next is opened in a background thread (its top
@@ -355,6 +373,7 @@ def _run_columns(
                 size=handle.object_size,
                 continued=i > 0,
                 reverse=reverse,
+                read_ahead_bytes=share,
             )
     finally:
         if pool is not None:

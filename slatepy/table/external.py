@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from slatepy.errors import NotFound, SlatepyError
-from slatepy.store.base import ObjectMeta, ObjectStore, WrappingStore
+from slatepy.store.base import ObjectMeta, ObjectStore, ObjectWriter, WrappingStore
 from slatepy.store.local_read import KeptReads
 from slatepy.table.layout import compacted_id
 
@@ -99,3 +99,9 @@ class ExternalSsts(WrappingStore):
 
     def head(self, path: str) -> ObjectMeta:
         return self._read(path, lambda store: store.head(path))
+
+    def open_writer(self, path: str) -> ObjectWriter:
+        """The own store's stream: writes are not routed, so a compaction output through a
+        writer's stack streams as it is built instead of being buffered whole (up to
+        ``target_sst_bytes``) by the base class's fallback (issue 33 item 4)."""
+        return self.inner.open_writer(path)

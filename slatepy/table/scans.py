@@ -61,6 +61,7 @@ class Scans(SstTops):
         size: int | None = None,
         continued: bool = False,
         reverse: bool = False,
+        read_ahead_bytes: int | None = None,
     ) -> Iterator[Columns]:
         """The entries of :meth:`scan` a block or more at a time (:func:`grouped`), as
         parallel lists (:data:`Columns`), so a bulk reader pays per group, not per entry.
@@ -68,6 +69,12 @@ class Scans(SstTops):
         With ``reverse`` the blocks come last to first and each block's lists are in
         descending key order. A reverse scan reads consecutive blocks backwards in chunks of
         one ranged GET each, growing like a forward scan's, without background read-ahead.
+
+        Args:
+            read_ahead_bytes: The largest chunk of this scan, when it is one of several
+                sources of a merged scan that share ``scan_read_ahead_bytes`` (so that a
+                merge's read-ahead memory does not grow with its sources); at least
+                ``SCAN_READ_AHEAD_MIN``. None: ``scan_read_ahead_bytes``.
         """
         top = self._tops.get(path) or self.top(path, size=size)
         props = top.props
@@ -76,16 +83,21 @@ class Scans(SstTops):
         if props.last_key < start or (end is not None and props.first_key >= end):
             return
         loader = _ChunkLoader(self, path, top, end, cached=True, tail=b"", tail_start=0)
+        limit = self.scan_read_ahead_bytes
+        if read_ahead_bytes is not None:
+            limit = max(SCAN_READ_AHEAD_MIN, min(limit, read_ahead_bytes))
         if reverse:
-            yield from grouped(self._stream_reverse(loader, start, end))
+            yield from grouped(self._stream_reverse(loader, start, end, limit))
             return
-        first = self.scan_read_ahead_bytes if continued else SCAN_READ_AHEAD_MIN
+        first = limit if continued else SCAN_READ_AHEAD_MIN
         yield from grouped(
-            self._stream_columns(loader, start, end, background=True, first_bytes=first)
+            self._stream_columns(
+                loader, start, end, background=True, first_bytes=first, limit=limit
+            )
         )
 
     def _stream_reverse(
-        self, loader: _ChunkLoader, start: bytes, end: bytes | None
+        self, loader: _ChunkLoader, start: bytes, end: bytes | None, limit: int
     ) -> Iterator[Piece]:
         """Blocks from the last one holding a key below ``end`` back to the one holding
         ``start``; each chunk of blocks is one ranged GET, the chunks growing fourfold."""
@@ -108,7 +120,7 @@ class Scans(SstTops):
                 if keys[0] <= start:
                     return
             last = first - 1
-            budget = min(budget * 4, self.scan_read_ahead_bytes)
+            budget = min(budget * 4, limit)
 
     def scan_all(self, path: str, *, chunk_bytes: int, size: int | None = None) -> Iterator[Entry]:
         """Every entry in key order, for compaction: ``chunk_bytes`` per ranged GET, and
