@@ -39,6 +39,7 @@ from slatepy.compactor.lease import (
 from slatepy.compactor.planner import (
     CLOSE_L0_TRIGGER,
     CompactionPolicy,
+    L0ToRun,
     Plan,
     WalToL0,
     apply_result,
@@ -287,8 +288,10 @@ class Compactor:
         # behind converges instead of retrying an ever larger (ever slower) merge.
         policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
         if closing:
+            # L0 only (no run taken along): a close's merge stays as small as its L0, so it
+            # ends within close_compaction_wait instead of being abandoned at every close.
             policy = dataclasses.replace(
-                policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
+                policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER), size_ratio=0.0
             )
         return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
 
@@ -404,11 +407,17 @@ class Compactor:
 
     def run_until_idle(self, *, max_rounds: int = 1000, full: bool = False) -> int:
         """Run compactions until none is left (or ``max_rounds``); return how many ran.
-        With ``full``, the last one leaves the database one sorted run (see
-        :meth:`run_once`)."""
+
+        With ``full``, the database is merged into one sorted run once (see
+        :meth:`run_once`), then compacted until idle as usual: a writer still writing
+        meanwhile makes new L0 SSTs, which must not make it rewrite everything again."""
+        merged = not full
         for done in range(max_rounds):
-            if self.run_once(full=full) is None:
+            todo = self.run_once(full=not merged)
+            if todo is None:
                 return done
+            # An L0ToRun that drops tombstones took every run: all was one run after it.
+            merged = merged or (isinstance(todo, L0ToRun) and todo.drop_tombstones)
         return max_rounds
 
 

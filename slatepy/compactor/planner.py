@@ -35,8 +35,9 @@ CLOSE_L0_TRIGGER = 2
 """The L0 count at which a closing writer's compactor merges L0 (``Db.close()`` drains it,
 ``Settings.close_compaction_wait``). Every L0 SST is one more source a get asks and a scan
 merges, and after a close nothing adds to L0 until the next open: merging them once, on the
-way out, is cheaper than every read of the next process paying for them. One L0 SST is left
-as it is: it reads like a sorted run of one SST."""
+way out, is cheaper than every read of the next process paying for them. L0 is merged alone,
+no run below taken along, so the merge ends within ``close_compaction_wait``. One L0 SST is
+left as it is: it reads like a sorted run of one SST."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +112,9 @@ def plan_full(manifest: Manifest) -> L0ToRun | None:
     What size-tiering (:func:`plan`) never does on its own: it leaves runs whose sizes differ
     by more than ``size_ratio`` apart, each one more source for every get and scan. An
     operator asks for this (``slatepy compact --full``) after a bulk write, at the price of
-    rewriting the whole database once. The WAL is compacted first (:func:`plan`), so the
-    merge reads every write made before it.
+    rewriting the whole database once (and, like every compaction, publishing within
+    ``gc_min_age / 2``). The WAL is compacted first (:func:`plan`), so the merge reads every
+    write made before it.
     """
     if len(manifest.l0) + len(manifest.sorted_runs) <= 1:
         return None

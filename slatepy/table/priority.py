@@ -13,8 +13,9 @@ against 2.1-2.6 ms in a process without compaction running.
 :data:`FOREGROUND` is the process's gate: a durable write holds it (``with FOREGROUND:``)
 while it waits for its WAL SST, and background work calls :meth:`Foreground.yield_to` at
 its yield points (where it used to ``time.sleep(0)``): while a foreground wait is open it
-blocks there, GIL released, until the wait ends, for at most ``PAUSE_MAX`` seconds per yield
-point, so background work always progresses (a yield point comes every few hundred rows).
+blocks there, GIL released, until a foreground wait ends, for at most ``PAUSE_MAX`` seconds
+per yield point, so background work always progresses (a yield point comes every few hundred
+rows), and under overlapping waits (several writing threads) it moves on at each one's end.
 The pause moves compaction work later, it does not remove it; a writer that outruns its
 compactor still meets the write stall at ``max_unflushed_bytes``, during which nothing holds
 the gate and compaction runs unhindered. A compactor in another process never pauses.
@@ -41,6 +42,7 @@ class Foreground:
         self._cond = threading.Condition(threading.Lock())
         self.active = 0
         """Foreground waits open now."""
+        self._ended = 0  # foreground waits ended so far: a pause ends at the next one
         self.pauses = 0
         """Times background work paused for one (for tests and benchmarks)."""
 
@@ -56,18 +58,22 @@ class Foreground:
     ) -> None:
         with self._cond:
             self.active -= 1
-            if not self.active:
-                self._cond.notify_all()
+            self._ended += 1
+            self._cond.notify_all()
 
     def yield_to(self, max_wait: float = PAUSE_MAX) -> None:
-        """A background yield point: wait while a foreground wait is open, at most
-        ``max_wait`` seconds; otherwise hand the GIL to any thread that wants it
+        """A background yield point: if a foreground wait is open, wait until one ends, at
+        most ``max_wait`` seconds; otherwise hand the GIL to any thread that wants it
         (``time.sleep(0)``)."""
         if self.active:  # read without the lock: a stale answer costs one pause or one skip
             with self._cond:
                 if self.active:
+                    # Until the first open wait ends, not until none is open: with writes
+                    # overlapping (several threads, a slow store) none open is rare, and
+                    # every yield point would cost the whole max_wait.
+                    ended = self._ended
                     self.pauses += 1
-                    self._cond.wait_for(lambda: not self.active, max_wait)
+                    self._cond.wait_for(lambda: self._ended != ended, max_wait)
                     return
         time.sleep(0)
 

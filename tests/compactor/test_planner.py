@@ -149,3 +149,33 @@ def test_a_full_compaction_merges_every_source_into_one_run() -> None:
     assert plan_full(Manifest(sorted_runs=(big,))) is None
     assert plan_full(Manifest(l0=(sst("x"),))) is None
     assert plan_full(Manifest()) is None
+
+
+def test_a_full_compaction_merges_once_while_a_writer_goes_on(tmp_path: object) -> None:
+    """``run_until_idle(full=True)`` beside a live writer: after the merge the writer adds
+    WAL, which the next round compacts into L0; that new L0 SST must not set off another
+    rewrite of the whole database (review: a full compaction alternated WAL and full merges
+    until ``max_rounds``)."""
+    store = open_store(f"file://{tmp_path}/db", create=True)
+    with Db.open(store, settings=Settings(compactor="off")) as db:
+        for i in range(3):
+            db.put(b"k%d" % i, b"v")
+        # No size-tiered merge on the way (a high trigger): every L0ToRun is a full one.
+        compactor = Compactor(store, settings=Settings(), policy=CompactionPolicy(l0_trigger=99))
+        compactor.run_until_idle()  # the WAL into L0
+        db.put(b"k3", b"v")
+        compactor.run_until_idle()  # a second L0 SST: two sources to merge
+        plans: list[object] = []
+        run_once = compactor.run_once
+
+        def writer_goes_on(**kwargs: bool) -> object:
+            todo = run_once(**kwargs)  # type: ignore[arg-type]
+            plans.append(todo)
+            if isinstance(todo, L0ToRun):
+                db.put(b"w%d" % len(plans), b"v")
+            return todo
+
+        compactor.run_once = writer_goes_on  # type: ignore[method-assign,assignment]
+        rounds = compactor.run_until_idle(full=True, max_rounds=12)
+        compactor.release()
+    assert rounds == 2 and [type(p) for p in plans] == [L0ToRun, WalToL0, type(None)]

@@ -206,3 +206,21 @@ def test_extend_rejects_keys_out_of_order() -> None:
         builder.extend([b"c", b"a"], [1, 1], [b"", b""])
     with pytest.raises(InvalidArgument):
         builder.extend([b"b"], [1], [b""])
+
+
+def test_a_partition_indexes_a_bounded_amount_of_data_whatever_the_block_size() -> None:
+    """A cold get reads one index partition (its handles and its keys' filter) before its
+    block: with large blocks, closing partitions only by handle bytes made them index 16x
+    the data (review of the 16 KiB default), so they are also closed at
+    ``PARTITION_DATA_BYTES`` of blocks."""
+    from slatepy.format.sst_builder import PARTITION_DATA_BYTES
+
+    table = {b"key%013d" % i: (i, b"v" * 100) for i in range(60_000)}
+    for block_size in (4096, 16384):
+        data = build(table, block_size=block_size)
+        footer = decode_footer(data[-FOOTER_SIZE:])
+        top = decode_top(footer, data[footer.top_offset : len(data) - FOOTER_SIZE])
+        spans = [
+            top.data_offsets[p + 1] - top.data_offsets[p] for p in range(top.partition_count - 1)
+        ]
+        assert spans and max(spans) < PARTITION_DATA_BYTES + block_size, block_size
