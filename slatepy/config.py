@@ -124,8 +124,8 @@ class Settings(
             two requests); capped at half of ``compactor_lease`` so a standby never mistakes
             an idle holder for a gone one.
         close_compaction_wait: Seconds ``Db.close()`` lets the in-process compactor finish
-            pending compaction (what the close flushed, into L0; L0 alone into a new sorted
-            run once it holds two SSTs) before it stops it; a compaction still running after that is
+            pending compaction (what the close flushed, into L0; L0 into a sorted run once
+            it holds two SSTs) before it stops it; a compaction still running after that is
             abandoned (its outputs go to GC). The next open then reads compacted SSTs
             instead of replaying the WAL into memory. 0: abandon at once.
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending

@@ -178,7 +178,7 @@ class BackgroundCompactor:
 
         With ``drain`` seconds (``Settings.close_compaction_wait``), passes first run back
         to back until one finds nothing to do (what the writer flushed last is compacted,
-        and L0 merged alone into a new sorted run once it holds two SSTs: ``CLOSE_L0_TRIGGER``), for
+        and L0 merged into a sorted run once it holds two SSTs: ``CLOSE_L0_TRIGGER``), for
         at most that long: the next open then reads sorted runs, not a WAL to replay and
         overlapping L0 SSTs. Without it (or past it), close returns in moments however
         much was written before."""

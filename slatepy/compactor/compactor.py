@@ -288,10 +288,8 @@ class Compactor:
         # behind converges instead of retrying an ever larger (ever slower) merge.
         policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
         if closing:
-            # L0 only (no run taken along): a close's merge stays as small as its L0, so it
-            # ends within close_compaction_wait instead of being abandoned at every close.
             policy = dataclasses.replace(
-                policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER), size_ratio=0.0
+                policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
         return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
 

@@ -35,9 +35,10 @@ CLOSE_L0_TRIGGER = 2
 """The L0 count at which a closing writer's compactor merges L0 (``Db.close()`` drains it,
 ``Settings.close_compaction_wait``). Every L0 SST is one more source a get asks and a scan
 merges, and after a close nothing adds to L0 until the next open: merging them once, on the
-way out, is cheaper than every read of the next process paying for them. L0 is merged alone,
-no run below taken along, so the merge ends within ``close_compaction_wait``. One L0 SST is
-left as it is: it reads like a sorted run of one SST."""
+way out, is cheaper than every read of the next process paying for them. Runs are chosen as
+in any L0 merge (size-tiered: merging L0 alone would add a run at every close, without
+bound for a process that restarts often). One L0 SST is left as it is: it reads like a
+sorted run of one SST."""
 
 
 @dataclass(frozen=True, slots=True)

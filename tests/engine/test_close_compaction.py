@@ -10,7 +10,7 @@ import pytest
 
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
-from slatepy.compactor.planner import CompactionPolicy, WalToL0
+from slatepy.compactor.planner import WalToL0
 from slatepy.store import open_store
 
 
@@ -77,27 +77,3 @@ def test_close_merges_l0_below_the_trigger(tmp_path: Path) -> None:
     settings = Settings(compaction_interval=3600, compactor_lease=3 * 3600)
     Db.open(url, settings=settings).close()
     assert reopened(url) == (0, 0, 1)
-
-
-def test_a_close_merges_l0_alone_not_the_runs_below_it(tmp_path: Path) -> None:
-    """What a close merges is its L0, never a run along with it (review: size-tiering could
-    take runs of up to 4x L0 into the close's merge, long enough to be abandoned at every
-    close): two L0 SSTs over a run become a second run."""
-    url = f"file://{tmp_path}/db"
-    store = open_store(url, create=True)
-    with Db.open(url, settings=Settings(compactor="off")) as db:
-        compactor = Compactor(store, policy=CompactionPolicy(l0_trigger=1))
-        db.put(b"key000001", b"v" * 50)
-        compactor.run_until_idle()  # a run
-        compactor = Compactor(store, policy=CompactionPolicy(l0_trigger=99))
-        for i in (2, 3):
-            db.put(b"key%06d" % i, b"v" * 50)
-            compactor.run_until_idle()  # an L0 SST each
-        compactor.release()
-    with Db.open(url, settings=Settings(compactor="off")) as db:
-        assert (len(db._view.l0), len(db._view.sorted_runs)) == (2, 1)
-    settings = Settings(compaction_interval=3600, compactor_lease=3 * 3600)
-    Db.open(url, settings=settings).close()
-    with Db.open(url, settings=Settings(compactor="off")) as db:
-        assert (len(db._view.l0), len(db._view.sorted_runs)) == (0, 2)
-        assert [k for k, _ in db.scan()] == [b"key000001", b"key000002", b"key000003"]
