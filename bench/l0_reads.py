@@ -9,8 +9,9 @@ the keys shuffled into ``--l0`` flushes, each compacted to an L0 SST of its own 
 SST spans the whole key space); ``run``, the same keys compacted into one sorted run. Then,
 ``--repeat`` rounds, layouts and trees interleaved, a child process per measurement (its
 ``PYTHONPATH`` the tree) opens a ``DbReader`` and times 10,000 random gets (cold: the first
-touch of each block after the open) and a full scan. Prints each figure's median and
-[lowest-highest], and l0 / run ratios per tree.
+touch of each block after the open) and a full scan (wall rate and CPU, ``process_time``,
+all threads). Prints each figure's median and [lowest-highest], and l0 / run ratios per tree
+and round (for ``scan cpu ms``, the merged scan's cost over one run's: the 1.5x target).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import json, random, sys, time
 url, keys, gets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for module in sys.argv[4:]:
     __import__(module)  # already loaded by the application (numpy: slatepy merges with it)
+import slatepy
 from slatepy import DbReader, Settings
 sample = random.Random(1).sample([b"key-%012d" % i for i in range(keys)], gets)
 started = time.perf_counter()
@@ -46,12 +48,14 @@ reader = DbReader.open(url, settings=Settings(compactor="off"))
 opened = time.perf_counter()
 found = sum(reader.get(k) is not None for k in sample)
 got = time.perf_counter()
+cpu = time.process_time()
 rows = sum(1 for _ in reader.scan())
-scanned = time.perf_counter()
+scanned, scan_cpu = time.perf_counter(), time.process_time() - cpu
 reader.close()
 assert found == gets and rows == keys, (found, rows)
 print(json.dumps({"open_ms": (opened - started) * 1e3, "gets/s": gets / (got - opened),
-                  "scan rows/s": rows / (scanned - got)}))
+                  "scan rows/s": rows / (scanned - got), "scan cpu ms": scan_cpu * 1e3,
+                  "slatepy": slatepy.__file__}))
 """
 
 
@@ -84,16 +88,23 @@ def build(root: Path, keys: int, l0: int) -> dict[str, str]:
 
 
 def measure(tree: str, url: str, keys: int, preload: list[str]) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    """One child's figures, from ``tree``'s slatepy: ``-P`` keeps ``-c`` from putting the
+    working directory (maybe another tree) before ``PYTHONPATH`` on ``sys.path``."""
+    tree = os.path.abspath(tree)
+    env = dict(os.environ, PYTHONPATH=tree)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, url, str(keys), str(min(GETS, keys)), *preload],
+        [sys.executable, "-P", "-c", CHILD, url, str(keys), str(min(GETS, keys)), *preload],
         env=env,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    return result
+    result = json.loads(out.strip().splitlines()[-1])
+    loaded = result.pop("slatepy")
+    if not loaded.startswith(tree + os.sep):
+        raise SystemExit(f"the child for {tree} imported slatepy from {loaded}")
+    figures: dict[str, float] = result
+    return figures
 
 
 def spread(values: list[float]) -> str:
@@ -126,7 +137,7 @@ def main() -> None:
                 samples.setdefault((tree, layout), []).append(
                     measure(tree, url, args.keys, args.preload)
                 )
-    figures = ["open_ms", "gets/s", "scan rows/s"]
+    figures = ["open_ms", "gets/s", "scan rows/s", "scan cpu ms"]
     print("| tree | layout | " + " | ".join(figures) + " |")
     print("|---|---|" + "---|" * len(figures))
     for (tree, layout), runs in samples.items():
