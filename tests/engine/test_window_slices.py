@@ -117,11 +117,11 @@ def test_tombstones_at_window_edges() -> None:
 
 
 def test_which_windows_are_dominated() -> None:
-    run = part([(k, 1, b"v") for k in range(160)])
-    assert dominated([(0, part([(1, 2, b"x")] * 1)), (1, run)])
-    assert dominated([(0, part([(k, 2, b"x") for k in range(10)])), (1, run)])
-    assert not dominated([(0, part([(k, 2, b"x") for k in range(11)])), (1, run)])
-    halves = part([(k, 2, b"x") for k in range(80)])
+    run = part([(k, 1, b"v") for k in range(140)])
+    assert dominated([(0, part([(1, 2, b"x")])), (1, run)])
+    assert dominated([(0, part([(k, 2, b"x") for k in range(20)])), (1, run)])  # 20 * 8 <= 160
+    assert not dominated([(0, part([(k, 2, b"x") for k in range(21)])), (1, run)])
+    halves = part([(k, 2, b"x") for k in range(70)])
     assert not dominated([(0, halves), (1, run)])
 
 
