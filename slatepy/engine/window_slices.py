@@ -15,7 +15,7 @@ keep the sort of :func:`slatepy.table.merge.newest_columns`, whose result this e
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 
 from slatepy.table.grouping import Columns
@@ -24,10 +24,11 @@ from slatepy.table.merge import newest_columns
 LEAD_RATIO = 8
 """A window goes by slices when its rows outside its largest part are at most a
 ``LEAD_RATIO``-th of its rows. Measured on windows of a 2,048-row part and ``m`` rows of
-another (16-byte keys, Python path): slices cost 89 µs against the sort's 379 at m = 2% of
-the part, 289 against 446 at 12%, 423 against 481 at 20%, and more from about 25% (each
-other row costs a tagged tuple, its share of their sort and a step here, about 1 µs; the
-sort about 0.2 µs a row of the window)."""
+one other (16-byte keys, Python path, best of 20): slices cost 74 µs against the sort's 295
+at m = 2% of the part, 222 against 344 at 12%, 325 against 371 at 20%, 444 against 402 at
+30%: each other row costs a step here, about 0.7 µs, the sort about 0.15 µs a row of the
+window. Several other parts add their own (tagged) sort, about 0.3 µs a row: hence a margin
+below the break-even."""
 
 
 def dominated(parts: Sequence[tuple[int, Columns]]) -> bool:
@@ -57,20 +58,33 @@ def newest_by_slices(
         values.reverse()
         return keys, seqs, values
     base_order, (base_keys, base_seqs, base_values) = max(parts, key=lambda p: len(p[1][0]))
-    others = [
-        (keys, seqs, list(zip(repeat(order), values)))
-        for order, (keys, seqs, values) in parts
-        if order != base_order
-    ]
-    other_keys, other_seqs, tagged = newest_columns(others)
+    rest = [(order, columns) for order, columns in parts if order != base_order]
+    other_keys: Sequence[bytes]
+    other_seqs: Sequence[int]
+    other_values: Sequence[bytes | None]
+    orders: Iterable[int]
+    if len(rest) == 1:  # one other part: already in order, one version a key
+        order, (other_keys, other_seqs, other_values) = rest[0]
+        orders = repeat(order)
+    else:
+        other_keys, other_seqs, tagged = newest_columns(
+            (keys, seqs, list(zip(repeat(order), values))) for order, (keys, seqs, values) in rest
+        )
+        orders = [order for order, _ in tagged]
+        other_values = [value for _, value in tagged]
     cuts = list(map(bisect_left, repeat(base_keys), other_keys))
     out_keys: list[bytes] = []
     out_seqs: list[int] = []
     out_values: list[bytes | None] = []
     size = len(base_keys)
     done = 0  # base rows placed
-    for key, other_seq, (order, other_value), cut in zip(
-        other_keys, other_seqs, tagged, cuts, strict=True
+    for key, other_seq, other_value, order, cut in zip(
+        other_keys,
+        other_seqs,
+        other_values,
+        orders,
+        cuts,
+        strict=False,  # orders may repeat
     ):
         if cut > done:
             out_keys += base_keys[done:cut]
