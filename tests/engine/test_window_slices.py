@@ -116,6 +116,21 @@ def test_tombstones_at_window_edges() -> None:
     assert values[10] is None and values[11] is None and values[9] == values[12] == b"v"
 
 
+def test_other_parts_merged_by_numpy() -> None:
+    """Several other parts of 256 rows or more are merged among themselves by numpy when it
+    is loaded (their values tagged with their source: tuples in an object array)."""
+    pytest.importorskip("numpy")
+    run = part([(k, 1, b"run") for k in range(9999)])
+    first = part([(k, 5, None if k % 2 else b"a") for k in range(1, 9999, 23)])
+    second = part([(k, 5, b"b") for k in range(1, 9999, 29)])  # ties with ``first`` on 1
+    parts = [first, run, second]
+    assert dominated(list(enumerate(parts)))
+    assert len(first[0]) + len(second[0]) >= 256
+    both_ways(parts)
+    keys, _, values = newest_by_slices(list(enumerate(parts)), False)
+    assert values[keys.index(b"k0001")] is None  # ``first``'s, the earlier source on a tie
+
+
 def test_which_windows_are_dominated() -> None:
     run = part([(k, 1, b"v") for k in range(140)])
     assert dominated([(0, part([(1, 2, b"x")])), (1, run)])
