@@ -60,6 +60,10 @@ from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 
+RATE_MIN_BYTES = 4 * 1024 * 1024
+"""The smallest merge timed for :attr:`Compactor.merge_rate`: below it, the fixed costs of a
+merge (requests, a manifest update) dominate, and the rate would understate a large one."""
+
 SstOptionsSource = Literal["database", "settings"]
 
 
@@ -115,6 +119,7 @@ class Compactor:
         self._sst_source = sst_options
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
+        self.measured_rate: float | None = None
         self._clock = clock
         self._expiry_clock = clock if expiry_clock is None else expiry_clock
         self._merging = Merging(merge_operator, self._expiry_clock)
@@ -187,7 +192,11 @@ class Compactor:
         self._cancel.set()
 
     def run_once(
-        self, *, recheck_manifest: bool = True, closing: bool = False, full: bool = False
+        self,
+        *,
+        recheck_manifest: bool = True,
+        close_by: float | None = None,
+        full: bool = False,
     ) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do.
 
@@ -196,9 +205,11 @@ class Compactor:
                 newest one seen, which is enough to find new WAL SSTs (the background loop
                 skips most manifest looks while idle: only ingestions and other compactors
                 change what there is to do without writing WAL).
-            closing: The writer is closing (:meth:`BackgroundCompactor.close` draining): L0
-                is merged once it holds ``CLOSE_L0_TRIGGER`` SSTs rather than
-                ``l0_trigger``, so the next open reads sorted runs, not overlapping L0 SSTs.
+            close_by: The writer is closing (:meth:`BackgroundCompactor.close` draining)
+                and stops this compactor at this ``time.monotonic()``: L0 is merged once it
+                holds ``CLOSE_L0_TRIGGER`` SSTs rather than ``l0_trigger``, so the next open
+                reads sorted runs, not overlapping L0 SSTs, with only what can be merged by
+                then (:attr:`merge_rate`; the planner's ``close_budget``).
             full: Once nothing else is left, merge all of L0 and every run into one run
                 (:func:`~slatepy.compactor.planner.plan_full`).
 
@@ -212,7 +223,7 @@ class Compactor:
         )
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        todo, wal_sizes = self._plan(manifest, closing)
+        todo, wal_sizes = self._plan(manifest, close_by)
         if todo is None and full:
             todo = plan_full(manifest)
         if todo is None:
@@ -262,6 +273,9 @@ class Compactor:
             raise
         self._renewed_at = time.monotonic()
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
+        read = input_bytes(todo, manifest, wal_sizes)
+        if read >= RATE_MIN_BYTES:
+            self.measured_rate = read / max(self._renewed_at - started, 1e-3)
         log.info(
             "compactor epoch %d: %s -> %d SSTs (%d bytes) in %.2f s; manifest %d",
             self.epoch,
@@ -273,8 +287,15 @@ class Compactor:
         )
         return todo
 
+    @property
+    def merge_rate(self) -> float:
+        """Bytes of input a second this compactor merges: as timed on its last merge of at
+        least ``RATE_MIN_BYTES`` (reading, merging, writing and publishing), else
+        ``Settings.close_merge_rate``."""
+        return self.measured_rate or self.settings.close_merge_rate
+
     def _plan(
-        self, manifest: Manifest, closing: bool = False
+        self, manifest: Manifest, close_by: float | None = None
     ) -> tuple[Plan | None, dict[int, int]]:
         """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it: one HEAD
         of the next WAL SST, and a LIST only if it exists (an idle database costs no LIST)."""
@@ -287,11 +308,14 @@ class Compactor:
         # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
         # behind converges instead of retrying an ever larger (ever slower) merge.
         policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
-        if closing:
+        budget = None
+        if close_by is not None:
             policy = dataclasses.replace(
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
-        return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
+            budget = int(self.merge_rate * max(0.0, close_by - time.monotonic()))
+        planned = plan(manifest, tail, policy, close_budget=budget)
+        return planned, {i: meta.size for i, meta in listed}
 
     def _renewed(self, manifest: Manifest) -> Manifest:
         return renew(
@@ -419,16 +443,24 @@ class Compactor:
         return max_rounds
 
 
+def input_bytes(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> int:
+    """The bytes ``todo`` reads."""
+    if isinstance(todo, WalToL0):
+        return sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
+    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
+    return l0 + sum(
+        h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts
+    )
+
+
 def describe_inputs(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> str:
     """What a compaction read, for its log line: which SSTs and how many bytes."""
+    size = input_bytes(todo, manifest, wal_sizes)
     if isinstance(todo, WalToL0):
         count = todo.last_wal_id - todo.first_wal_id + 1
-        size = sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
         return f"WAL {todo.first_wal_id}..{todo.last_wal_id} ({count} SSTs, {size} bytes) into L0"
-    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
-    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
     dropped = ", tombstones dropped" if todo.drop_tombstones else ""
     return (
-        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({l0 + runs} bytes) into "
+        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({size} bytes) into "
         f"sorted run {todo.new_run_id}{dropped}"
     )

@@ -36,9 +36,15 @@ CLOSE_L0_TRIGGER = 2
 ``Settings.close_compaction_wait``). Every L0 SST is one more source a get asks and a scan
 merges, and after a close nothing adds to L0 until the next open: merging them once, on the
 way out, is cheaper than every read of the next process paying for them. Runs are chosen as
-in any L0 merge (size-tiered: merging L0 alone would add a run at every close, without
-bound for a process that restarts often). One L0 SST is left as it is: it reads like a
-sorted run of one SST."""
+in any L0 merge (size-tiered), within the close's budget (:func:`plan`'s ``close_budget``).
+One L0 SST is left as it is: it reads like a sorted run of one SST."""
+
+CLOSE_MAX_RUNS = 8
+"""Sorted runs from which a close no longer merges L0 alone when size-tiering would have
+taken runs along that its budget cannot: each such close adds a run (the review's "L0
+alone" grew a run at every close, without bound for a process that restarts often). Below
+it the added runs are the newest and smallest, which later closes take along within their
+budget; at it, L0 is left to the running compactor (fewer than ``l0_trigger`` SSTs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,19 +80,42 @@ def run_size(run: SortedRun) -> int:
     return sum(h.object_size for h in run.ssts)
 
 
-def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> Plan | None:
+def plan(
+    manifest: Manifest,
+    wal_tail: int | None,
+    policy: CompactionPolicy,
+    *,
+    close_budget: int | None = None,
+) -> Plan | None:
     """The next compaction to run, or None when there is nothing worth doing.
 
     Args:
         manifest: The latest manifest.
         wal_tail: The highest id of the contiguous WAL (None if the WAL is empty).
+        close_budget: The bytes a closing compactor can still merge before the close stops
+            it (``Settings.close_compaction_wait`` at its merge rate), or None (not closing).
+            An L0 merge then takes along only the size-tiered runs that fit, newest first;
+            it is not made at all if L0 alone does not fit, nor if it would then merge L0
+            alone, adding a run, where ``CLOSE_MAX_RUNS`` runs exist. A merge the close
+            would abandon is written in vain, and again at every later close.
     """
     first = manifest.wal_id_last_compacted + 1
-    wal_pending = wal_tail is not None and wal_tail >= first
+    wal = None
+    if wal_tail is not None and wal_tail >= first:
+        wal = WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
     l0_full = len(manifest.l0) >= max(policy.l0_max, policy.l0_trigger)
-    if wal_pending and (not l0_full or manifest.l0_has_ingested()):
-        assert wal_tail is not None
-        return WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
+    if wal is not None and (not l0_full or manifest.l0_has_ingested()):
+        return wal
+    merge = _merge_l0(manifest, policy, close_budget)
+    # A close that cannot afford L0's merge still compacts the WAL.
+    return wal if merge is None else merge
+
+
+def _merge_l0(
+    manifest: Manifest, policy: CompactionPolicy, close_budget: int | None
+) -> L0ToRun | None:
+    """All of L0 and the size-tiered runs (within ``close_budget``: see :func:`plan`), or
+    None below ``l0_trigger`` SSTs or beyond the budget."""
     if len(manifest.l0) < policy.l0_trigger:
         return None
     merged = sum(h.object_size for h in manifest.l0)
@@ -97,12 +126,33 @@ def plan(manifest: Manifest, wal_tail: int | None, policy: CompactionPolicy) -> 
             break
         runs.append(run.id)
         merged += size
+    if close_budget is not None:
+        fitting = _within(manifest, runs, close_budget)
+        if fitting is None:
+            return None
+        if runs and not fitting and len(manifest.sorted_runs) >= CLOSE_MAX_RUNS:
+            return None  # L0 alone would add a run beside those it should have joined
+        runs = fitting
     return L0ToRun(
         l0_ids=tuple(h.id for h in manifest.l0),
         run_ids=tuple(runs),
         new_run_id=max((r.id for r in manifest.sorted_runs), default=0) + 1,
         drop_tombstones=len(runs) == len(manifest.sorted_runs),
     )
+
+
+def _within(manifest: Manifest, runs: list[int], budget: int) -> list[int] | None:
+    """The longest prefix of ``runs`` (newest first) that L0 fits ``budget`` with; None if
+    L0 alone does not."""
+    merged = sum(h.object_size for h in manifest.l0)
+    if merged > budget:
+        return None
+    sizes = {r.id: run_size(r) for r in manifest.sorted_runs}
+    for taken, run_id in enumerate(runs):
+        merged += sizes[run_id]
+        if merged > budget:
+            return runs[:taken]
+    return runs
 
 
 def plan_full(manifest: Manifest) -> L0ToRun | None:
