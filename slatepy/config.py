@@ -257,7 +257,7 @@ class Settings(
     compaction_max_interval: float = 15.0
     compactor_lease: float = 30.0
     close_compaction_wait: float = 10.0
-    close_merge_rate: int = 16 * 1024 * 1024
+    close_merge_rate: int = 32 * 1024 * 1024
     reader_poll_interval: float = 0.1
     reader_max_poll_interval: float = 5.0
     reader_snapshot_ttl: float = 60.0
