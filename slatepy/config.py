@@ -131,9 +131,10 @@ class Settings(
             along only the sorted runs it can merge in the time left (see
             ``close_merge_rate``): a merge it would abandon would be redone, in vain, at
             every close.
-        close_merge_rate: Bytes of input a second the compactor assumes it merges, until it
-            has timed a merge of its own of at least 4 MiB: what a close's merge may read is
-            this rate times what is left of ``close_compaction_wait``.
+        close_merge_rate: Bytes of input a second a closing writer's compactor assumes it
+            merges: what a close's merge may read is this rate times what is left of
+            ``close_compaction_wait`` (32 MiB/s: about half of a merge on a local disk
+            with nothing else running; lower it for a slow store or a busy machine).
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
             work untouched before a superseded (standby) compactor takes the epoch back: how
             the writer's in-process compactor resumes after ``slatepy compact`` ended

@@ -60,10 +60,6 @@ from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 
-RATE_MIN_BYTES = 4 * 1024 * 1024
-"""The smallest merge timed for :attr:`Compactor.merge_rate`: below it, the fixed costs of a
-merge (requests, a manifest update) dominate, and the rate would understate a large one."""
-
 SstOptionsSource = Literal["database", "settings"]
 
 
@@ -119,7 +115,6 @@ class Compactor:
         self._sst_source = sst_options
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
-        self.measured_rate: float | None = None
         self._clock = clock
         self._expiry_clock = clock if expiry_clock is None else expiry_clock
         self._merging = Merging(merge_operator, self._expiry_clock)
@@ -209,7 +204,7 @@ class Compactor:
                 and stops this compactor at this ``time.monotonic()``: L0 is merged once it
                 holds ``CLOSE_L0_TRIGGER`` SSTs rather than ``l0_trigger``, so the next open
                 reads sorted runs, not overlapping L0 SSTs, with only what can be merged by
-                then (:attr:`merge_rate`; the planner's ``close_budget``).
+                then (``Settings.close_merge_rate``; the planner's ``close_budget``).
             full: Once nothing else is left, merge all of L0 and every run into one run
                 (:func:`~slatepy.compactor.planner.plan_full`).
 
@@ -273,9 +268,6 @@ class Compactor:
             raise
         self._renewed_at = time.monotonic()
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
-        read = input_bytes(todo, manifest, wal_sizes)
-        if read >= RATE_MIN_BYTES:
-            self.measured_rate = read / max(self._renewed_at - started, 1e-3)
         log.info(
             "compactor epoch %d: %s -> %d SSTs (%d bytes) in %.2f s; manifest %d",
             self.epoch,
@@ -286,13 +278,6 @@ class Compactor:
             self.last_published.id,
         )
         return todo
-
-    @property
-    def merge_rate(self) -> float:
-        """Bytes of input a second this compactor merges: as timed on its last merge of at
-        least ``RATE_MIN_BYTES`` (reading, merging, writing and publishing), else
-        ``Settings.close_merge_rate``."""
-        return self.measured_rate or self.settings.close_merge_rate
 
     def _plan(
         self, manifest: Manifest, close_by: float | None = None
@@ -313,7 +298,10 @@ class Compactor:
             policy = dataclasses.replace(
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
-            budget = int(self.merge_rate * max(0.0, close_by - time.monotonic()))
+            # Assumed, not timed: merges timed while the writer writes run at its pace (the
+            # priority gate pauses them), many times slower than a close's (RFC 0006).
+            left = max(0.0, close_by - time.monotonic())
+            budget = int(self.settings.close_merge_rate * left)
         planned = plan(manifest, tail, policy, close_budget=budget)
         return planned, {i: meta.size for i, meta in listed}
 
@@ -443,24 +431,16 @@ class Compactor:
         return max_rounds
 
 
-def input_bytes(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> int:
-    """The bytes ``todo`` reads."""
-    if isinstance(todo, WalToL0):
-        return sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
-    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
-    return l0 + sum(
-        h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts
-    )
-
-
 def describe_inputs(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> str:
     """What a compaction read, for its log line: which SSTs and how many bytes."""
-    size = input_bytes(todo, manifest, wal_sizes)
     if isinstance(todo, WalToL0):
         count = todo.last_wal_id - todo.first_wal_id + 1
+        size = sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
         return f"WAL {todo.first_wal_id}..{todo.last_wal_id} ({count} SSTs, {size} bytes) into L0"
+    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
+    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
     dropped = ", tombstones dropped" if todo.drop_tombstones else ""
     return (
-        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({size} bytes) into "
+        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({l0 + runs} bytes) into "
         f"sorted run {todo.new_run_id}{dropped}"
     )
