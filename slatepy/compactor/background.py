@@ -123,6 +123,9 @@ class BackgroundCompactor:
             except SlatepyError as exc:
                 if self._stop.is_set():
                     return  # cancelled by close()
+                if self._draining and self.compactor.preempted:
+                    log.info("%s", exc)  # close() cannot wait for it: it plans its own
+                    continue
                 self._drained.set()  # closing: a failing store is not retried
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
                 worked = True  # retry at the base interval, not after an idle back-off
@@ -187,6 +190,7 @@ class BackgroundCompactor:
         if drain > 0 and not self.fenced and self._thread.is_alive():
             self._drained.clear()
             self._drain_until = time.monotonic() + drain
+            self.compactor.closing(self._drain_until)
             self._draining = True
             self._wake.set()
             self._drained.wait(drain)

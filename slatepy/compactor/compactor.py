@@ -151,6 +151,10 @@ class Compactor:
         self.epoch = claimed.manifest.compactor_epoch
         self.last_published: StoredManifest = claimed
         self._cancel = threading.Event()
+        self._close_by: float | None = None
+        self._close_budget_then = 0
+        self._unbudgeted = 0  # input bytes of the merge in progress if planned budget-free
+        self.preempted = False
 
     def sst_options(self, manifest: Manifest) -> SstBuildOptions:
         """How outputs are built against ``manifest`` (see the ``sst_options`` argument)."""
@@ -179,6 +183,22 @@ class Compactor:
             compression=cast(Compression, codec),
             compression_level=recorded.compression_level,
         )
+
+    def closing(self, by: float) -> None:
+        """The writer closes and stops this compactor at ``by`` (``time.monotonic()``): every
+        later plan is made within what can be merged by then (``close_by`` of
+        :meth:`run_once`), and an L0 merge in progress that was planned without that budget
+        and exceeds it stops at its next progress check with ``CompactionAbandoned``
+        (:attr:`preempted` set), so the close can plan one that it can finish instead of
+        waiting it out to abandon it."""
+        self._close_budget_then = self._close_budget(by)
+        self._close_by = by
+
+    def _close_budget(self, by: float) -> int:
+        """What can be merged by ``by``, at ``Settings.close_merge_rate``. Assumed, not
+        timed: merges timed while the writer writes run at its pace (the priority gate
+        pauses them), many times slower than a close's (RFC 0006)."""
+        return int(self.settings.close_merge_rate * max(0.0, by - time.monotonic()))
 
     def cancel(self) -> None:
         """Make a compaction in progress stop soon with ``CompactionAbandoned`` (its outputs
@@ -213,17 +233,21 @@ class Compactor:
                 :meth:`standby_check`).
             CompactionAbandoned: cancelled, or too slow to publish safely.
         """
+        self.preempted = False
         stored = (None if recheck_manifest else self.manifests.newest_seen()) or (
             self.manifests.poll()
         )
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
+        close_by = self._close_by if close_by is None else close_by
         todo, wal_sizes = self._plan(manifest, close_by)
         if todo is None and full:
             todo = plan_full(manifest)
         if todo is None:
             return None
         self._check_cancelled(todo)
+        if close_by is None and isinstance(todo, L0ToRun):
+            self._unbudgeted = input_bytes(todo, manifest)
         started = time.monotonic()
         # A standby's watch began no earlier than this work appeared, at most a pass before
         # now; renewing a third of a lease after starting (if still unpublished) is in time,
@@ -233,16 +257,19 @@ class Compactor:
         # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
-        outputs = compact_plan(
-            todo,
-            manifest,
-            self.tables,
-            self.policy,
-            **self.sst_options(manifest),
-            clock=self._expiry_clock,
-            merging=self._merging,
-            progress=lambda: self._progress(todo),
-        )
+        try:
+            outputs = compact_plan(
+                todo,
+                manifest,
+                self.tables,
+                self.policy,
+                **self.sst_options(manifest),
+                clock=self._expiry_clock,
+                merging=self._merging,
+                progress=lambda: self._progress(todo),
+            )
+        finally:
+            self._unbudgeted = 0
 
         def publish(latest: Manifest, _: int) -> Manifest:
             # Here, after the update read ``latest`` and before it PUTs the next manifest:
@@ -298,10 +325,7 @@ class Compactor:
             policy = dataclasses.replace(
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
-            # Assumed, not timed: merges timed while the writer writes run at its pace (the
-            # priority gate pauses them), many times slower than a close's (RFC 0006).
-            left = max(0.0, close_by - time.monotonic())
-            budget = int(self.settings.close_merge_rate * left)
+            budget = self._close_budget(close_by)
         planned = plan(manifest, tail, policy, close_budget=budget)
         return planned, {i: meta.size for i, meta in listed}
 
@@ -413,6 +437,12 @@ class Compactor:
         lease (a long merge publishes nothing for a while; a standby must still see us
         alive)."""
         self._check_cancelled(todo)
+        if self._close_by is not None and self._unbudgeted > self._close_budget_then:
+            self.preempted = True
+            raise CompactionAbandoned(
+                f"compaction {todo} stopped: the writer is closing, and it would outlast "
+                "close_compaction_wait; its outputs are left for the garbage collector"
+            )
         self.renew_if_due()
 
     def run_until_idle(self, *, max_rounds: int = 1000, full: bool = False) -> int:
@@ -431,16 +461,22 @@ class Compactor:
         return max_rounds
 
 
+def input_bytes(todo: L0ToRun, manifest: Manifest) -> int:
+    """The bytes of the SSTs ``todo`` merges."""
+    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
+    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
+    return l0 + runs
+
+
 def describe_inputs(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> str:
     """What a compaction read, for its log line: which SSTs and how many bytes."""
     if isinstance(todo, WalToL0):
         count = todo.last_wal_id - todo.first_wal_id + 1
         size = sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
         return f"WAL {todo.first_wal_id}..{todo.last_wal_id} ({count} SSTs, {size} bytes) into L0"
-    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
-    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
     dropped = ", tombstones dropped" if todo.drop_tombstones else ""
     return (
-        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({l0 + runs} bytes) into "
+        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} "
+        f"({input_bytes(todo, manifest)} bytes) into "
         f"sorted run {todo.new_run_id}{dropped}"
     )

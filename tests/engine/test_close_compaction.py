@@ -4,8 +4,9 @@ replayed into memory, whatever the compactor's interval had reached when the wri
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,59 @@ def test_a_close_takes_along_only_runs_its_wait_can_merge() -> None:
         store.held = set()
         assert reopened(store, keys=40_000) == (0, 0, 2)
     assert store.reads == 0
+
+
+class RunReadsUntil(HeldRunReads):
+    """Reads of the SSTs in ``held`` from a background thread wait until ``until()`` is true
+    (or ``hold`` seconds pass); ``entered`` is set once one waits."""
+
+    def __init__(self, inner: ObjectStore, hold: float) -> None:
+        super().__init__(inner, hold)
+        self.until: Callable[[], bool] = lambda: False
+        self.entered = threading.Event()
+
+    def _read(self, path: str) -> None:
+        if path not in self.held or threading.current_thread() is threading.main_thread():
+            return
+        self.reads += 1
+        self.entered.set()
+        deadline = time.monotonic() + self.hold
+        while not self.until() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def test_a_close_stops_a_running_merge_it_cannot_wait_for_and_merges_l0_alone() -> None:
+    """The running compactor began merging L0 (at ``l0_trigger``) with a run the close's wait
+    cannot merge: the close stops it at once and merges L0 alone instead, within its wait,
+    rather than waiting it out to abandon it (and leave L0 for the next process to begin
+    the same merge again)."""
+    wait = 3.0
+    store = RunReadsUntil(open_store("memory://"), hold=2 * wait)
+    with Db.open(store, settings=Settings(compactor="off")) as db:
+        compactor = Compactor(store, policy=CompactionPolicy(l0_trigger=1))
+        write_l0(db, compactor, range(0, 40_000))
+        assert isinstance(compactor.run_once(), L0ToRun)  # the run
+        for first in range(4):  # l0_trigger L0 SSTs
+            write_l0(db, compactor, range(first, 40_000, 4))
+        compactor.release()
+        manifest = compactor.last_published.manifest
+        (run,) = manifest.sorted_runs
+        l0_bytes = sum(h.object_size for h in manifest.l0)
+        run_bytes = sum(h.object_size for h in run.ssts)
+    assert run_bytes <= 4 * l0_bytes  # size-tiering takes the run along
+    store.held = {compacted_path(h.id) for h in run.ssts}
+    settings = Settings(
+        compaction_interval=0.01,
+        close_compaction_wait=wait,
+        close_merge_rate=int((l0_bytes + run_bytes / 2) / wait),
+    )
+    db = Db.open(store, settings=settings)
+    assert db._compactor is not None
+    running = db._compactor.compactor
+    store.until = lambda: getattr(running, "_close_by", None) is not None
+    assert store.entered.wait(10)  # the running compactor is merging the run along
+    started = time.monotonic()
+    db.close()
+    assert time.monotonic() - started < wait
+    store.held = set()
+    assert reopened(store, keys=40_000) == (0, 0, 2)
