@@ -129,8 +129,9 @@ class Settings(
             abandoned (its outputs go to GC). The next open then reads compacted SSTs
             instead of replaying the WAL into memory. 0: abandon at once. A close takes
             along only the sorted runs it can merge in the time left (see
-            ``close_merge_rate``): a merge it would abandon would be redone, in vain, at
-            every close.
+            ``close_merge_rate``), and stops at once an L0 merge already running that
+            exceeds that: a merge it would abandon would be redone, in vain, at every
+            close.
         close_merge_rate: Bytes of input a second a closing writer's compactor assumes it
             merges: what a close's merge may read is this rate times what is left of
             ``close_compaction_wait`` (32 MiB/s: about half of a merge on a local disk

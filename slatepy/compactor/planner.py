@@ -44,8 +44,8 @@ CLOSE_MAX_RUNS = 4
 takes along do not fit its budget. Each such close adds a run (merging L0 alone at every
 close grew the run count without bound for a process that restarts often: the review's
 fix, reverted at stop 37); below this count the added runs are the newest and smallest,
-which a later merge takes along; at it, L0 is left as it is, fewer than ``l0_trigger`` SSTs,
-for the running compactor. (4, ``l0_trigger``'s default: in a simulation of 60 databases
+which a later merge takes along; at it, L0 is left as it is, for the next process's
+compactor. (4, ``l0_trigger``'s default: in a simulation of 60 databases
 through 1,000 open-write-close cycles, 8 let the run count reach 10 against 7 without a
 budget, and left more sources after a close on average; 3 or 4 kept it at 6-7.)"""
 
