@@ -127,7 +127,15 @@ class Settings(
             pending compaction (what the close flushed, into L0; L0 into a sorted run once
             it holds two SSTs) before it stops it; a compaction still running after that is
             abandoned (its outputs go to GC). The next open then reads compacted SSTs
-            instead of replaying the WAL into memory. 0: abandon at once.
+            instead of replaying the WAL into memory. 0: abandon at once. A close takes
+            along only the sorted runs it can merge in the time left (see
+            ``close_merge_rate``), and stops at once an L0 merge already running that
+            exceeds that: a merge it would abandon would be redone, in vain, at every
+            close.
+        close_merge_rate: Bytes of input a second a closing writer's compactor assumes it
+            merges: what a close's merge may read is this rate times what is left of
+            ``close_compaction_wait`` (32 MiB/s: about half of a merge on a local disk
+            with nothing else running; lower it for a slow store or a busy machine).
         compactor_lease: Seconds a compactor that holds the compactor epoch may leave pending
             work untouched before a superseded (standby) compactor takes the epoch back: how
             the writer's in-process compactor resumes after ``slatepy compact`` ended
@@ -251,6 +259,7 @@ class Settings(
     compaction_max_interval: float = 15.0
     compactor_lease: float = 30.0
     close_compaction_wait: float = 10.0
+    close_merge_rate: int = 32 * 1024 * 1024
     reader_poll_interval: float = 0.1
     reader_max_poll_interval: float = 5.0
     reader_snapshot_ttl: float = 60.0
@@ -331,6 +340,7 @@ class Settings(
                 "scan_read_ahead_bytes must be in [64 KiB, 256 MiB]",
             ),
             (self.close_compaction_wait >= 0, "close_compaction_wait must be >= 0"),
+            (self.close_merge_rate > 0, "close_merge_rate must be > 0"),
             (
                 1 <= self.scan_requests_in_flight <= 64,
                 "scan_requests_in_flight must be in [1, 64]",

@@ -73,6 +73,7 @@ class BackgroundCompactor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._draining = False
+        self._drain_until = 0.0
         self._drained = threading.Event()
         self._woken_at = 0.0
         self.fenced = False
@@ -94,7 +95,7 @@ class BackgroundCompactor:
                 return
             # Only a pass that began after close() asked to drain can say it is drained: one
             # already running may have missed the WAL the close has just flushed.
-            draining = self._draining
+            close_by = self._drain_until if self._draining else None
             worked = False
             try:
                 if self.fenced and self.compactor.standby_check():
@@ -102,7 +103,7 @@ class BackgroundCompactor:
                     self.taken_back += 1
                 if not self.fenced:
                     recheck = self._idle_passes % IDLE_MANIFEST_LOOK == 0
-                    worked = self._compact(recheck, draining) > 0
+                    worked = self._compact(recheck, close_by) > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
             except FencedError as exc:
@@ -122,18 +123,21 @@ class BackgroundCompactor:
             except SlatepyError as exc:
                 if self._stop.is_set():
                     return  # cancelled by close()
+                if self._draining and self.compactor.preempted:
+                    log.info("%s", exc)  # close() cannot wait for it: it plans its own
+                    continue
                 self._drained.set()  # closing: a failing store is not retried
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
                 worked = True  # retry at the base interval, not after an idle back-off
             # A standby keeps to the base interval: it must see the holder's lease lapse.
-            if draining and not worked:
+            if close_by is not None and not worked:
                 self._drained.set()  # caught up: what close() waits for (``drain``)
             self.backoff.polled(changed=worked or self.fenced)
             self._idle_passes = self._idle_passes + 1 if self.backoff.idle else 0
             self.passes += 1
 
-    def _compact(self, recheck_manifest: bool = True, closing: bool = False) -> int:
-        """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran (``closing``: see
+    def _compact(self, recheck_manifest: bool = True, close_by: float | None = None) -> int:
+        """Up to ``MAX_ROUNDS_PER_PASS`` compactions; returns how many ran (``close_by``: see
         :meth:`Compactor.run_once`)."""
         # Hand each published manifest to the writer at once: it prunes its memtable then,
         # which keeps the writer under max_unflushed_bytes while writes go on.
@@ -141,7 +145,7 @@ class BackgroundCompactor:
             if self._stop.is_set():
                 return done
             recheck = recheck_manifest or done > 0
-            if self.compactor.run_once(recheck_manifest=recheck, closing=closing) is None:
+            if self.compactor.run_once(recheck_manifest=recheck, close_by=close_by) is None:
                 return done
             if self._on_publish:
                 self._on_publish(self.compactor.last_published.manifest)
@@ -178,12 +182,15 @@ class BackgroundCompactor:
 
         With ``drain`` seconds (``Settings.close_compaction_wait``), passes first run back
         to back until one finds nothing to do (what the writer flushed last is compacted,
-        and L0 merged into a sorted run once it holds two SSTs: ``CLOSE_L0_TRIGGER``), for
-        at most that long: the next open then reads sorted runs, not a WAL to replay and
-        overlapping L0 SSTs. Without it (or past it), close returns in moments however
-        much was written before."""
+        and L0 merged into a sorted run once it holds two SSTs: ``CLOSE_L0_TRIGGER``, with
+        only the runs that can be merged in the time left), for at most that long: the
+        next open then reads sorted runs, not a WAL to replay and overlapping L0 SSTs.
+        Without it (or past it), close returns in moments however much was written
+        before."""
         if drain > 0 and not self.fenced and self._thread.is_alive():
             self._drained.clear()
+            self._drain_until = time.monotonic() + drain
+            self.compactor.closing(self._drain_until)
             self._draining = True
             self._wake.set()
             self._drained.wait(drain)

@@ -151,6 +151,10 @@ class Compactor:
         self.epoch = claimed.manifest.compactor_epoch
         self.last_published: StoredManifest = claimed
         self._cancel = threading.Event()
+        self._close_by: float | None = None
+        self._close_budget_then = 0
+        self._unbudgeted = 0  # input bytes of the merge in progress if planned budget-free
+        self.preempted = False
 
     def sst_options(self, manifest: Manifest) -> SstBuildOptions:
         """How outputs are built against ``manifest`` (see the ``sst_options`` argument)."""
@@ -180,6 +184,22 @@ class Compactor:
             compression_level=recorded.compression_level,
         )
 
+    def closing(self, by: float) -> None:
+        """The writer closes and stops this compactor at ``by`` (``time.monotonic()``): every
+        later plan is made within what can be merged by then (``close_by`` of
+        :meth:`run_once`), and an L0 merge in progress that was planned without that budget
+        and exceeds it stops at its next progress check with ``CompactionAbandoned``
+        (:attr:`preempted` set), so the close can plan one that it can finish instead of
+        waiting it out to abandon it."""
+        self._close_budget_then = self._close_budget(by)
+        self._close_by = by
+
+    def _close_budget(self, by: float) -> int:
+        """What can be merged by ``by``, at ``Settings.close_merge_rate``. Assumed, not
+        timed: merges timed while the writer writes run at its pace (the priority gate
+        pauses them), many times slower than a close's (RFC 0006)."""
+        return int(self.settings.close_merge_rate * max(0.0, by - time.monotonic()))
+
     def cancel(self) -> None:
         """Make a compaction in progress stop soon with ``CompactionAbandoned`` (its outputs
         are left to GC), and every later one at once. Closing a writer waits for nothing more
@@ -187,7 +207,11 @@ class Compactor:
         self._cancel.set()
 
     def run_once(
-        self, *, recheck_manifest: bool = True, closing: bool = False, full: bool = False
+        self,
+        *,
+        recheck_manifest: bool = True,
+        close_by: float | None = None,
+        full: bool = False,
     ) -> Plan | None:
         """Plan and run one compaction; None when there was nothing to do.
 
@@ -196,9 +220,11 @@ class Compactor:
                 newest one seen, which is enough to find new WAL SSTs (the background loop
                 skips most manifest looks while idle: only ingestions and other compactors
                 change what there is to do without writing WAL).
-            closing: The writer is closing (:meth:`BackgroundCompactor.close` draining): L0
-                is merged once it holds ``CLOSE_L0_TRIGGER`` SSTs rather than
-                ``l0_trigger``, so the next open reads sorted runs, not overlapping L0 SSTs.
+            close_by: The writer is closing (:meth:`BackgroundCompactor.close` draining)
+                and stops this compactor at this ``time.monotonic()``: L0 is merged once it
+                holds ``CLOSE_L0_TRIGGER`` SSTs rather than ``l0_trigger``, so the next open
+                reads sorted runs, not overlapping L0 SSTs, with only what can be merged by
+                then (``Settings.close_merge_rate``; the planner's ``close_budget``).
             full: Once nothing else is left, merge all of L0 and every run into one run
                 (:func:`~slatepy.compactor.planner.plan_full`).
 
@@ -207,17 +233,21 @@ class Compactor:
                 :meth:`standby_check`).
             CompactionAbandoned: cancelled, or too slow to publish safely.
         """
+        self.preempted = False
         stored = (None if recheck_manifest else self.manifests.newest_seen()) or (
             self.manifests.poll()
         )
         assert stored is not None  # the constructor wrote one
         manifest = stored.manifest
-        todo, wal_sizes = self._plan(manifest, closing)
+        close_by = self._close_by if close_by is None else close_by
+        todo, wal_sizes = self._plan(manifest, close_by)
         if todo is None and full:
             todo = plan_full(manifest)
         if todo is None:
             return None
         self._check_cancelled(todo)
+        if close_by is None and isinstance(todo, L0ToRun):
+            self._unbudgeted = input_bytes(todo, manifest)
         started = time.monotonic()
         # A standby's watch began no earlier than this work appeared, at most a pass before
         # now; renewing a third of a lease after starting (if still unpublished) is in time,
@@ -227,16 +257,19 @@ class Compactor:
         # of that would race it, so such a compaction is abandoned (RFC 0003). Read before
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
-        outputs = compact_plan(
-            todo,
-            manifest,
-            self.tables,
-            self.policy,
-            **self.sst_options(manifest),
-            clock=self._expiry_clock,
-            merging=self._merging,
-            progress=lambda: self._progress(todo),
-        )
+        try:
+            outputs = compact_plan(
+                todo,
+                manifest,
+                self.tables,
+                self.policy,
+                **self.sst_options(manifest),
+                clock=self._expiry_clock,
+                merging=self._merging,
+                progress=lambda: self._progress(todo),
+            )
+        finally:
+            self._unbudgeted = 0
 
         def publish(latest: Manifest, _: int) -> Manifest:
             # Here, after the update read ``latest`` and before it PUTs the next manifest:
@@ -274,7 +307,7 @@ class Compactor:
         return todo
 
     def _plan(
-        self, manifest: Manifest, closing: bool = False
+        self, manifest: Manifest, close_by: float | None = None
     ) -> tuple[Plan | None, dict[int, int]]:
         """The next compaction on ``manifest`` and the sizes of the WAL SSTs after it: one HEAD
         of the next WAL SST, and a LIST only if it exists (an idle database costs no LIST)."""
@@ -287,11 +320,14 @@ class Compactor:
         # After an abandoned compaction the WAL batch shrinks, so a compactor that fell
         # behind converges instead of retrying an ever larger (ever slower) merge.
         policy = dataclasses.replace(self.policy, max_wal_ssts=self._wal_batch)
-        if closing:
+        budget = None
+        if close_by is not None:
             policy = dataclasses.replace(
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
-        return plan(manifest, tail, policy), {i: meta.size for i, meta in listed}
+            budget = self._close_budget(close_by)
+        planned = plan(manifest, tail, policy, close_budget=budget)
+        return planned, {i: meta.size for i, meta in listed}
 
     def _renewed(self, manifest: Manifest) -> Manifest:
         return renew(
@@ -401,6 +437,12 @@ class Compactor:
         lease (a long merge publishes nothing for a while; a standby must still see us
         alive)."""
         self._check_cancelled(todo)
+        if self._close_by is not None and self._unbudgeted > self._close_budget_then:
+            self.preempted = True
+            raise CompactionAbandoned(
+                f"compaction {todo} stopped: the writer is closing, and it would outlast "
+                "close_compaction_wait; its outputs are left for the garbage collector"
+            )
         self.renew_if_due()
 
     def run_until_idle(self, *, max_rounds: int = 1000, full: bool = False) -> int:
@@ -419,16 +461,22 @@ class Compactor:
         return max_rounds
 
 
+def input_bytes(todo: L0ToRun, manifest: Manifest) -> int:
+    """The bytes of the SSTs ``todo`` merges."""
+    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
+    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
+    return l0 + runs
+
+
 def describe_inputs(todo: Plan, manifest: Manifest, wal_sizes: dict[int, int]) -> str:
     """What a compaction read, for its log line: which SSTs and how many bytes."""
     if isinstance(todo, WalToL0):
         count = todo.last_wal_id - todo.first_wal_id + 1
         size = sum(wal_sizes.get(i, 0) for i in range(todo.first_wal_id, todo.last_wal_id + 1))
         return f"WAL {todo.first_wal_id}..{todo.last_wal_id} ({count} SSTs, {size} bytes) into L0"
-    l0 = sum(h.object_size for h in manifest.l0 if h.id in todo.l0_ids)
-    runs = sum(h.object_size for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts)
     dropped = ", tombstones dropped" if todo.drop_tombstones else ""
     return (
-        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} ({l0 + runs} bytes) into "
+        f"{len(todo.l0_ids)} L0 SSTs and runs {list(todo.run_ids)} "
+        f"({input_bytes(todo, manifest)} bytes) into "
         f"sorted run {todo.new_run_id}{dropped}"
     )

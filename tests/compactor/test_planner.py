@@ -179,3 +179,79 @@ def test_a_full_compaction_merges_once_while_a_writer_goes_on(tmp_path: object) 
         rounds = compactor.run_until_idle(full=True, max_rounds=12)
         compactor.release()
     assert rounds == 2 and [type(p) for p in plans] == [L0ToRun, WalToL0, type(None)]
+
+
+def test_a_close_merges_l0_alone_when_the_runs_do_not_fit_its_budget() -> None:
+    manifest = Manifest(
+        l0=(sst("a"), sst("b")),
+        sorted_runs=(SortedRun(3, (sst("r3", 300),)), SortedRun(2, (sst("r2", 500),))),
+    )
+    both = L0ToRun(("a", "b"), (3, 2), 4, drop_tombstones=True)
+    assert plan(manifest, None, POLICY) == both  # size-tiering takes both runs
+    assert plan(manifest, None, POLICY, close_budget=1000) == both
+    alone = L0ToRun(("a", "b"), (), 4, drop_tombstones=False)
+    assert plan(manifest, None, POLICY, close_budget=999) == alone  # never a part of them
+    assert plan(manifest, None, POLICY, close_budget=200) == alone
+    # L0 alone does not fit: nothing (the close would abandon it), but the WAL still goes.
+    assert plan(manifest, None, POLICY, close_budget=199) is None
+    full = CompactionPolicy(l0_trigger=2, l0_max=2, size_ratio=2.0, max_wal_ssts=10)
+    with_wal = msgspec.structs.replace(manifest, wal_id_last_compacted=4, wal_id_last_seen=4)
+    assert isinstance(plan(with_wal, 30, full, close_budget=10_000), L0ToRun)
+    assert plan(with_wal, 30, full, close_budget=199) == WalToL0(5, 14)
+
+
+def test_a_close_adds_a_run_only_below_close_max_runs() -> None:
+    from slatepy.compactor.planner import CLOSE_MAX_RUNS
+
+    runs = tuple(SortedRun(i, (sst(f"r{i}", 300),)) for i in range(CLOSE_MAX_RUNS, 0, -1))
+    manifest = Manifest(l0=(sst("a"), sst("b")), sorted_runs=runs)
+    # Size-tiering would take runs along; the budget fits L0 alone, which adds a run.
+    assert plan(manifest, None, POLICY, close_budget=500) is None
+    fewer = msgspec.structs.replace(manifest, sorted_runs=runs[1:])
+    assert plan(fewer, None, POLICY, close_budget=500) == L0ToRun(
+        ("a", "b"), (), CLOSE_MAX_RUNS, False
+    )
+    # L0 that takes no run along adds one anyway, as size-tiering does however many exist.
+    small = msgspec.structs.replace(manifest, l0=(sst("a", 10), sst("b", 10)))
+    assert plan(small, None, POLICY, close_budget=500) == L0ToRun(
+        ("a", "b"), (), CLOSE_MAX_RUNS + 1, False
+    )
+
+
+def test_closes_with_a_tight_budget_keep_the_run_count_bounded() -> None:
+    """A process that writes two L0 SSTs and closes, 300 times, each close able to merge
+    little more than its L0, and its compactor merging L0 at ``l0_trigger`` while it runs:
+    the run count stays bounded (merging L0 alone at every close grew it by one each time),
+    and no close's merge exceeds its budget."""
+    from slatepy.compactor.planner import CLOSE_MAX_RUNS
+
+    policy = CompactionPolicy(l0_trigger=4, size_ratio=4.0)
+    closing = CompactionPolicy(l0_trigger=2, size_ratio=4.0)
+    manifest = Manifest(sorted_runs=(SortedRun(1, (sst("base", 100_000),)),))
+    budget, made = 700, 0
+
+    def run(todo: L0ToRun) -> int:
+        nonlocal manifest, made
+        inputs = [h for h in manifest.l0 if h.id in todo.l0_ids] + [
+            h for r in manifest.sorted_runs if r.id in todo.run_ids for h in r.ssts
+        ]
+        size = sum(h.object_size for h in inputs)
+        made += 1
+        manifest = apply_result(manifest, todo, (sst(f"o{made}", size),), 0)
+        return size
+
+    for close in range(300):
+        for i in range(2):
+            made += 1
+            manifest = msgspec.structs.replace(
+                manifest, l0=(sst(f"l{made}", 150 + 50 * i + close % 7), *manifest.l0)
+            )
+            todo = plan(manifest, None, policy)
+            if todo is not None:
+                assert isinstance(todo, L0ToRun)
+                run(todo)
+        todo = plan(manifest, None, closing, close_budget=budget)
+        if todo is not None:
+            assert isinstance(todo, L0ToRun)
+            assert run(todo) <= budget
+        assert len(manifest.sorted_runs) <= CLOSE_MAX_RUNS + 2, close
