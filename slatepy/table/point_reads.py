@@ -13,6 +13,7 @@ from slatepy.format.block import Block, IndexedBlock, open_block
 from slatepy.format.checksum import CHECKSUM_SIZE
 from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_searchable
 from slatepy.format.compression import unframe_block
+from slatepy.format.lookup import LookupBlock, open_lookup
 from slatepy.format.sst import Partition, SstTop, decode_stored_block
 from slatepy.table.sst_tops import _RAW, Cached, SstTops, _block_error, _named_decode
 
@@ -61,7 +62,9 @@ class PointReads(SstTops):
         if j < 0:
             return None
         block = self._blocks.get((path, part.first_block + j))
-        if block.__class__ is Block:  # the warm path: searching the block beats the filter
+        if block.__class__ is LookupBlock:  # the warm path: searching the block beats the filter
+            return block.get(key)
+        if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
             if i < len(keys) and keys[i] == key:
@@ -100,6 +103,8 @@ class PointReads(SstTops):
         if j < 0:
             return None
         block = self._blocks.get((path, part.first_block + j))
+        if block.__class__ is LookupBlock:
+            return block.get(key)
         if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
@@ -266,6 +271,16 @@ class PointReads(SstTops):
         c.bytes_read += len(data)
         c.lock.release()
         index = part.first_block + j
+        if top.lookup_blocks and not top.compressed_blocks:
+            try:
+                lookup = open_lookup(data)
+                if lookup is not None and lookup.first_key() != part.first_keys[j]:
+                    raise CorruptionError("disagrees with the index")
+            except CorruptionError as exc:
+                raise _block_error(path, index, start, exc) from exc
+            if lookup is not None:  # else a version 5 block (one with no index): as below
+                self._blocks.put((path, index), lookup, lookup.size_in_memory)
+                return lookup.get(key)
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
             self._blocks.put((path, index), cached, cached.size_in_memory)
@@ -289,17 +304,22 @@ class PointReads(SstTops):
 
     def _new_block(
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
-    ) -> tuple[Block | IndexedBlock, Cached]:
+    ) -> tuple[Block | IndexedBlock | LookupBlock, Cached]:
         """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
-        cache. Raw and verified (versions 3 and 4), both; decoded, and decoded too or raw
-        (version 5: it is decoded to be searched anyway, in C; cached raw only when the
-        decoded form would evict something); decoded (legacy blocks), both."""
+        cache. Raw and verified, both, for a block with a lookup index (version 6) or an
+        offsets array (versions 3 and 4); decoded, and decoded too or raw (version 5: it is
+        decoded to be searched anyway, in C; cached raw only when the decoded form would
+        evict something); decoded (legacy blocks), both."""
         index, offset = part.first_block + j, part.offsets[j]
-        found: Block | IndexedBlock
+        found: Block | IndexedBlock | LookupBlock
         cached: Cached
         try:
             stored = unframe_block(data) if top.compressed_blocks else data
-            if top.indexed_blocks:
+            lookup = open_lookup(bytes(stored)) if top.lookup_blocks else None
+            if lookup is not None:
+                found = cached = lookup
+                first = lookup.first_key()
+            elif top.indexed_blocks:
                 found = cached = open_block(stored)
                 first = found.first_key
             elif top.columnar_blocks:
