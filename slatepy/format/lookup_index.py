@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from collections.abc import Iterable, Sequence
 from itertools import accumulate, repeat
 from operator import add
 
@@ -33,15 +34,19 @@ def _array_header(count: int) -> int:
     return 1 if count < 16 else 3 if count < 65536 else 5
 
 
-def _starts(items: list[bytes], at: int) -> list[int]:
+def _starts(items: list[bytes], at: int) -> Sequence[int]:
     """Where each of ``items``' bins starts from ``at``, and where the last one ends."""
     lengths = list(map(len, items))
-    if max(lengths) < 256:  # bin 8 headers only: in C
+    longest = max(lengths)
+    if min(lengths) == longest:  # one size (fixed-size keys or values): a range
+        step = _bin_size(longest)
+        return range(at, at + step * (len(items) + 1), step)
+    if longest < 256:  # bin 8 headers only: in C
         return list(accumulate(map(add, lengths, repeat(2)), initial=at))
     return list(accumulate(map(_bin_size, lengths), initial=at))
 
 
-def _packed(values: list[int], width: int) -> bytes:
+def _packed(values: Iterable[int], width: int) -> bytes:
     column = array(FORMATS[width], values)
     if BIG_ENDIAN:
         column.byteswap()
