@@ -22,6 +22,7 @@ from itertools import chain, repeat
 from operator import itemgetter
 from typing import cast
 
+from slatepy.engine.window_slices import dominated, newest_by_slices
 from slatepy.format.block import Entry, PlainValues
 from slatepy.format.kinds import Operands
 from slatepy.table.grouping import Columns
@@ -65,11 +66,14 @@ def resolve_window(
         # No merge operands to fold (the common case): the columnar merge compaction uses,
         # no tuple per row. Reversed parts are descending runs, which the sort takes as
         # cheaply as ascending ones.
-        new_keys, new_seqs, new_values = newest_columns(p[1] for p in parts)
-        if reverse:
-            new_keys.reverse()
-            new_seqs.reverse()
-            new_values.reverse()
+        if dominated(parts):  # a run and a few rows of others: slices of the run
+            new_keys, new_seqs, new_values = newest_by_slices(parts, reverse)
+        else:
+            new_keys, new_seqs, new_values = newest_columns(p[1] for p in parts)
+            if reverse:
+                new_keys.reverse()
+                new_seqs.reverse()
+                new_values.reverse()
         return new_keys, new_seqs, PlainValues(new_values) if plain else new_values
     rows: list[tuple[bytes, int, int, bytes | None]] = []
     for order, (keys, seqs, values) in parts:

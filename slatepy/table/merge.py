@@ -14,6 +14,7 @@ quarter more CPU than the specialised loop (``python -m bench.merge``, RFC 0015 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain, compress, islice
 from operator import eq, itemgetter, lt, ne, neg, not_
@@ -200,22 +201,45 @@ def newest_columns(
         fast = newest_fixed_width(parts, keys)
         if fast is not None:
             return fast
-    seqs = list(chain.from_iterable(p[1] for p in parts))
+    seqs = _joined_seqs([p[1] for p in parts])
     values = list(chain.from_iterable(p[2] for p in parts))
     index = sorted(range(len(keys)), key=keys.__getitem__)
-    merged = list(map(keys.__getitem__, index))
-    merged_seqs = list(map(seqs.__getitem__, index))
-    repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
-    if any(repeats):
+    take = _taker(index)
+    merged = take(keys)
+    merged_seqs = take(seqs)
+    if any(map(eq, islice(merged, 1, None), merged)):
+        repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
         if any(
             map(lt, compress(merged_seqs, repeats), compress(islice(merged_seqs, 1, None), repeats))
         ):
-            return _newest_sorting_seqs(keys, seqs, values)
+            return _newest_sorting_seqs(keys, list(seqs), values)
         first = [True, *map(not_, repeats)]
-        index = list(compress(index, first))
+        take = _taker(list(compress(index, first)))
         merged = list(compress(merged, first))
         merged_seqs = list(compress(merged_seqs, first))
-    return merged, merged_seqs, list(map(values.__getitem__, index))
+    return merged, merged_seqs, take(values)
+
+
+def _taker(index: list[int]) -> Callable[[Sequence[V]], list[V]]:
+    """A function taking the items at ``index`` of a column, in C: an ``itemgetter`` of
+    them all gathers without a call per item (about a third cheaper than ``map`` of
+    ``__getitem__``); it returns a bare item for one index, hence the comprehension."""
+    if len(index) < 2:
+        return lambda column: [column[i] for i in index]
+    get = itemgetter(*index)
+    return lambda column: list(get(column))
+
+
+def _joined_seqs(columns: list[Sequence[int]]) -> Sequence[int]:
+    """The seq columns end to end: one ``array('Q')`` when they all are (a memory copy, no
+    int made for a row the merge drops), else a list."""
+    arrays = [c for c in columns if isinstance(c, array) and c.typecode == "Q"]
+    if len(arrays) == len(columns):
+        joined = array("Q")
+        for column in arrays:
+            joined += column
+        return joined
+    return list(chain.from_iterable(columns))
 
 
 def _newest_sorting_seqs(
