@@ -15,15 +15,15 @@ a fifth element, the index, a bin::
     (little-endian; W is 2 when the body's offsets fit in 16 bits, else 4; H is 1 below 255
     entries, 2 below 65,535, else 4)
 
-Key ``k`` hashes to slot ``XXH3-64(k) mod (2 * count)``; entries are placed by linear probing
-in entry order, and a slot past the last one is appended rather than wrapped around, so the
-table has at least ``2 * count`` slots. A lookup probes from the key's slot until it finds
-the key or an empty slot (or the table's end): about 1.5 key comparisons at this load,
+Key ``k``'s home slot is ``XXH3-64(k) mod (2 * count)``. Each entry sits at its home slot or
+after it, with every slot in between taken (linear probing; slots past ``2 * count`` are
+appended rather than wrapped around). A lookup probes from the key's home slot until it
+finds the key or an empty slot (or the table's end): about 1.5 key comparisons at this load,
 against seven for a bisect, and no block decode at all (which costs about 13 µs in C for a
 16 KiB block, and twice the block's size in memory).
 
-Why not search the keys in order: a bisect in Python over the bytes costs about 1.5 µs a
-get, the table about 0.3 µs. The index costs 6 bytes an entry (4% of a 16-byte key and a
+Why not search the keys in order: a bisect in Python over the bytes costs about 1.5 µs, the
+table's probe about 0.5. The index costs 6 bytes an entry (4% of a 16-byte key and a
 100-byte value) and is written only for SSTs that have filters (not WAL SSTs nor persist
 parts, which are only ever read whole).
 """
@@ -44,7 +44,7 @@ from slatepy.format.lookup_index import BIG_ENDIAN, BIN_HEADER, FORMATS, LOOKUP_
 
 _unpack_u64 = struct.Struct("<Q").unpack_from
 _unpack_trailer = TRAILER.unpack_from
-# A bin's header size by its first byte; 0 for a byte that starts no bin (raising below).
+# A bin's header size by its first byte; 0 for a byte that starts no bin.
 _BIN_HEADERS = tuple(BIN_HEADER.get(byte, 0) for byte in range(256))
 _h64 = xxhash.xxh3_64_intdigest
 _unpack_checksum = CHECKSUM.unpack_from
@@ -76,7 +76,6 @@ class LookupBlock:
         "_slots",
         "_values",
         "data",
-        "hits",
         "size_in_memory",
     )
 
@@ -84,7 +83,6 @@ class LookupBlock:
         """``data``: the block as stored, its checksum last, already verified (see
         :func:`open_lookup`, which verifies it)."""
         self.data = data
-        self.hits = 0
         end = len(data) - CHECKSUM_SIZE - TRAILER.size
         if end < 2:
             raise CorruptionError("data block: too short for a lookup index")
@@ -159,8 +157,8 @@ def _flagged(i: int, flag: int, value: bytes) -> bytes | None:
 
 def _header(data: bytes, at: int) -> int:
     """The size of the bin header at ``at``."""
-    size = BIN_HEADER.get(data[at])
-    if size is None:
+    size = _BIN_HEADERS[data[at]]
+    if not size:
         raise CorruptionError(f"data block: no bin at byte {at} where its index points")
     return size
 

@@ -15,7 +15,7 @@ from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_search
 from slatepy.format.compression import unframe_block
 from slatepy.format.lookup import LookupBlock, open_lookup
 from slatepy.format.sst import Partition, SstTop, decode_stored_block
-from slatepy.table.sst_tops import _RAW, Cached, SstTops, _block_error, _named_decode
+from slatepy.table.sst_tops import Cached, SstTops, _block_error, _named_decode
 
 PROMOTE_AFTER_HITS = 8
 """Cache hits (gets) after which a raw cached version 3/4 block is decoded whole (see
@@ -359,11 +359,12 @@ class PointReads(SstTops):
         each lookup, so it is cached decoded while the cache has room, and once full as its
         raw bytes (:class:`RawColumnarBlock`), kept decoded from its
         ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy (version 1/2) block is decoded
-        whole.
+        whole. (A version 6 block, a :class:`LookupBlock`, is searched as it is cached:
+        never promoted, never here.)
         """
         index = part.first_block + j
         key = (path, index)
-        if isinstance(block, _RAW):
+        if isinstance(block, IndexedBlock | RawColumnarBlock):
             block.hits += 1  # racy under threads, but only a heuristic
             promote = (
                 PROMOTE_COLUMNAR_AFTER_HITS
