@@ -63,7 +63,10 @@ class PointReads(SstTops):
             return None
         block = self._blocks.get((path, part.first_block + j))
         if block.__class__ is LookupBlock:  # the warm path: searching the block beats the filter
-            return block.get(key)
+            try:  # free unless it raises
+                return block.get(key)
+            except CorruptionError as exc:
+                raise _named_search(path, part, j, exc) from exc
         if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
@@ -104,7 +107,10 @@ class PointReads(SstTops):
             return None
         block = self._blocks.get((path, part.first_block + j))
         if block.__class__ is LookupBlock:
-            return block.get(key)
+            try:  # free unless it raises
+                return block.get(key)
+            except CorruptionError as exc:
+                raise _named_search(path, part, j, exc) from exc
         if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
@@ -153,8 +159,11 @@ class PointReads(SstTops):
         for b, indexes in by_block.items():
             block = blocks.get(b)  # None: the filter ruled out every key of it
             if block is not None:
-                for i in indexes:
-                    found[i] = block.get(keys[i])
+                try:
+                    for i in indexes:
+                        found[i] = block.get(keys[i])
+                except CorruptionError as exc:
+                    raise _named_search(path, *where[b], exc) from exc
         return found
 
     def _partitions(self, path: str, top: SstTop, indexes: list[int]) -> dict[int, Partition]:
@@ -280,7 +289,10 @@ class PointReads(SstTops):
                 raise _block_error(path, index, start, exc) from exc
             if lookup is not None:  # else a version 5 block (one with no index): as below
                 self._blocks.put((path, index), lookup, lookup.size_in_memory)
-                return lookup.get(key)
+                try:
+                    return lookup.get(key)
+                except CorruptionError as exc:
+                    raise _named_search(path, part, j, exc) from exc
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
             self._blocks.put((path, index), cached, cached.size_in_memory)
@@ -376,3 +388,9 @@ class PointReads(SstTops):
                 block = _named_decode(path, index, block, offset=part.offsets[j])
                 self._blocks.put(key, block, block.size_in_memory)
         return block
+
+
+def _named_search(path: str, part: Partition, j: int, exc: CorruptionError) -> CorruptionError:
+    """A search's damage named: a block that passed its checksum but whose lookup index
+    points at the wrong bytes (a writer's bug) is reported with the object and the block."""
+    return _block_error(path, part.first_block + j, part.offsets[j], exc)

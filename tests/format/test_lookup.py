@@ -174,3 +174,24 @@ def test_a_lookup_block_is_what_point_reads_cache() -> None:
         assert tables.get("sst", key) == (seq, value)
     assert tables.stats().block_reads == len(blocks)
     assert tables.get("sst", b"k00001x") is None
+
+
+def test_a_lying_index_in_a_stored_sst_is_reported_with_the_object_and_block() -> None:
+    rows = [(b"k%05d" % i, i, b"v" * 100) for i in range(200)]
+    sst = SstBuilder(writer_epoch=1, block_size=4096).add_all(rows).finish()
+    data = bytearray(sst.data)
+    first = sst.meta.blocks[1]  # the second block: its own checksum, resealed below
+    body = bytearray(data[first.offset : first.offset + first.length - 8])
+    end = len(body) - TRAILER.size
+    count, slots, width, slot_width = TRAILER.unpack_from(body, end)
+    value_at = end - slots * slot_width - (count + 1) * width
+    (offset,) = struct.unpack_from("<H", body, value_at)
+    struct.pack_into("<H", body, value_at, offset + 1)
+    data[first.offset : first.offset + first.length] = resealed(bytes(body))
+    store = open_store("memory://")
+    store.put("sst", bytes(data))
+    tables = TableReader(store)
+    key = decode_columnar(resealed(bytes(body))).keys[0]
+    with pytest.raises(CorruptionError, match=f"sst: block 1 at byte {first.offset}: .*value"):
+        tables.get("sst", key)
+    assert tables.get("sst", rows[0][0]) == rows[0][1:]  # the other blocks still read
