@@ -195,3 +195,21 @@ def test_a_lying_index_in_a_stored_sst_is_reported_with_the_object_and_block() -
     with pytest.raises(CorruptionError, match=f"sst: block 1 at byte {first.offset}: .*value"):
         tables.get("sst", key)
     assert tables.get("sst", rows[0][0]) == rows[0][1:]  # the other blocks still read
+
+
+def test_gets_read_each_block_once_when_the_stored_blocks_fit_the_cache() -> None:
+    """Issue 33: a cache that holds the blocks as stored but not decoded (about twice that)
+    read blocks again and again under random gets (a quarter of the gets after a reopen of
+    200,000 keys). Blocks with lookup indexes are cached as their bytes: read once."""
+    rows = [(b"k%06d" % i, i, b"v" * 100) for i in range(20_000)]
+    sst = SstBuilder(writer_epoch=1, block_size=16 * 1024).add_all(rows).finish()
+    store = open_store("memory://")
+    store.put("sst", bytes(sst.data))
+    stored = sum(handle.length for handle in sst.meta.blocks)
+    tables = TableReader(store, block_cache_bytes=stored * 5 // 4)
+    shuffled = rows[:]
+    random.Random(5).shuffle(shuffled)
+    for _ in range(2):
+        for key, seq, value in shuffled:
+            assert tables.get("sst", key) == (seq, value)
+    assert tables.stats().block_reads == len(sst.meta.blocks)
