@@ -18,9 +18,10 @@ the cost of walking packed entries with ``struct`` in Python, and the decoded li
 exactly what a scan hands on (a :class:`~slatepy.format.block.Block`). The seqs are one
 packed column that decodes to an ``array('Q')`` (a copy, no int object per entry until one
 is read: a scan of one source never reads them), which also makes a decoded block's seqs
-cost 8 bytes each in memory instead of an int object and a list slot. Point lookups bisect
-the decoded keys, so a block read for a get is decoded whole (there is no raw, searchable
-form as in version 3; decoding one is cheaper than the raw search was).
+cost 8 bytes each in memory instead of an int object and a list slot. Point lookups on a
+version 5 block bisect the decoded keys, so a block read for a get is decoded whole; a
+version 6 block (SSTs with filters) carries a lookup index after the seqs, and a get
+searches its bytes without decoding it (:mod:`slatepy.format.lookup`).
 """
 
 from __future__ import annotations
