@@ -18,9 +18,10 @@ the cost of walking packed entries with ``struct`` in Python, and the decoded li
 exactly what a scan hands on (a :class:`~slatepy.format.block.Block`). The seqs are one
 packed column that decodes to an ``array('Q')`` (a copy, no int object per entry until one
 is read: a scan of one source never reads them), which also makes a decoded block's seqs
-cost 8 bytes each in memory instead of an int object and a list slot. Point lookups bisect
-the decoded keys, so a block read for a get is decoded whole (there is no raw, searchable
-form as in version 3; decoding one is cheaper than the raw search was).
+cost 8 bytes each in memory instead of an int object and a list slot. Point lookups on a
+version 5 block bisect the decoded keys, so a block read for a get is decoded whole; a
+version 6 block (SSTs with filters) carries a lookup index after the seqs, and a get
+searches its bytes without decoding it (:mod:`slatepy.format.lookup`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from slatepy.errors import CorruptionError
 from slatepy.format.block import Block
 from slatepy.format.checksum import CHECKSUM, CHECKSUM_SIZE, append_checksum, verify_checksummed
 from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value, flags_of
+from slatepy.format.lookup_index import LOOKUP_ARRAY, build_index
 
 ENTRY_OVERHEAD = 13
 """Estimated encoded bytes of an entry beyond its key and value (two bin headers, its seq's
@@ -63,6 +65,13 @@ def _as_bytes(obj: object) -> bytes:
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_as_bytes)
 _DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], list[bytes], bytes])
 _LOOKUP_DECODER = msgspec.msgpack.Decoder(tuple[bytes, list[bytes], tuple[bytes, ...], bytes])
+# Version 6 bodies, their lookup index (slatepy.format.lookup) left undecoded.
+_INDEXED_DECODER = msgspec.msgpack.Decoder(
+    tuple[bytes, list[bytes], list[bytes], bytes, msgspec.Raw]
+)
+_INDEXED_LOOKUP_DECODER = msgspec.msgpack.Decoder(
+    tuple[bytes, list[bytes], tuple[bytes, ...], bytes, msgspec.Raw]
+)
 
 
 def pack_seqs(seqs: Iterable[int]) -> bytes:
@@ -82,11 +91,13 @@ def unpack_seqs(raw: bytes) -> array[int]:
 
 
 class ColumnBlockBuilder:
-    """Accumulates sorted entries as columns and encodes them as one version 5 block."""
+    """Accumulates sorted entries as columns and encodes them as one block: with a lookup
+    index (version 6, :mod:`slatepy.format.lookup`) when ``lookup``, else as version 5."""
 
-    __slots__ = ("_flags", "_keys", "_seqs", "_size", "_values")
+    __slots__ = ("_flags", "_keys", "_lookup", "_seqs", "_size", "_values")
 
-    def __init__(self) -> None:
+    def __init__(self, *, lookup: bool = False) -> None:
+        self._lookup = lookup
         self._keys: list[bytes] = []
         self._seqs: list[int] = []
         self._values: list[bytes] = []
@@ -137,8 +148,15 @@ class ColumnBlockBuilder:
     def finish(self) -> bytes:
         """Encode the block and reset the builder."""
         flags = _EMPTY if self._flags is None else bytes(self._flags)
-        body = _ENCODER.encode((flags, self._keys, self._values, pack_seqs(self._seqs)))
-        self.__init__()  # type: ignore[misc]
+        keys, values, seqs = self._keys, self._values, pack_seqs(self._seqs)
+        if self._lookup:
+            index, size = build_index(flags, keys, values, len(seqs))
+            body = _ENCODER.encode((flags, keys, values, seqs, index))
+            if len(body) != size:
+                raise AssertionError("the block encoder wrote other sizes than its index says")
+        else:
+            body = _ENCODER.encode((flags, keys, values, seqs))
+        self.__init__(lookup=self._lookup)  # type: ignore[misc]
         return append_checksum(body)
 
 
@@ -211,8 +229,11 @@ def open_searchable(data: bytes) -> Block:
     if end < 0 or _xxh3(body) != _unpack_checksum(view, end)[0]:
         verify_checksummed(view, "data block")  # raises, with the reason
     try:
-        flags, keys, values, packed = _LOOKUP_DECODER.decode(body)
-    except msgspec.DecodeError as exc:
+        if body[0] == LOOKUP_ARRAY:
+            flags, keys, values, packed, _ = _INDEXED_LOOKUP_DECODER.decode(body)
+        else:
+            flags, keys, values, packed = _LOOKUP_DECODER.decode(body)
+    except (msgspec.DecodeError, IndexError) as exc:
         raise CorruptionError(f"data block: bad columns: {exc}") from exc
     count = len(keys)
     if not count or len(values) != count or len(packed) != 8 * count:
@@ -267,8 +288,11 @@ def _apply_flags(flags: bytes, values: list[bytes | None]) -> None:
 
 def _decode_body(body: bytes | memoryview) -> Block:
     try:
-        flags, keys, values, packed = _DECODER.decode(body)
-    except msgspec.DecodeError as exc:
+        if body[0] == LOOKUP_ARRAY:
+            flags, keys, values, packed, _ = _INDEXED_DECODER.decode(body)
+        else:
+            flags, keys, values, packed = _DECODER.decode(body)
+    except (msgspec.DecodeError, IndexError) as exc:
         raise CorruptionError(f"data block: bad columns: {exc}") from exc
     count = len(keys)
     if not count or len(values) != count or len(packed) != 8 * count:

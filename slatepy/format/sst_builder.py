@@ -27,6 +27,7 @@ from slatepy.format.sst_index import (
     FOOTER_CHECKSUM,
     HANDLE,
     INDEXED_BLOCKS_VERSION,
+    LOOKUP_BLOCKS_VERSION,
     SST_FORMAT_VERSION,
     SST_MAGIC,
     TOP_ENTRY,
@@ -37,7 +38,7 @@ from slatepy.format.sst_index import (
     encode_props,
 )
 
-_WRITABLE = (2, INDEXED_BLOCKS_VERSION, COLUMNAR_BLOCKS_VERSION)
+_WRITABLE = (2, INDEXED_BLOCKS_VERSION, COLUMNAR_BLOCKS_VERSION, LOOKUP_BLOCKS_VERSION)
 PARTITION_DATA_BYTES = 512 * 1024
 """An index partition is closed once its block handles take ``block_size`` bytes or the
 blocks it indexes take this many: a cold get reads one partition (its handles and the filter
@@ -94,8 +95,8 @@ class EncodedSst:
 
 
 class SstBuilder(BulkAdds):
-    """Builds a version 5 SST (columnar blocks, framed when compressing) from entries added in
-    strictly increasing key order.
+    """Builds a version 6 SST (columnar blocks with lookup indexes, framed when compressing)
+    from entries added in strictly increasing key order.
 
     Memory: the encoded data blocks, the encoded partitions, and the keys of the open
     partition (for its filter) only; a partition's filter is built when it closes.
@@ -106,10 +107,11 @@ class SstBuilder(BulkAdds):
             index partition once its block entries do.
         bloom_bits_per_key: Filter bits per key; 0 writes no filter (WAL SSTs: they are
             only ever read whole, and the filter cost a third of the write path's CPU).
-        format_version: 5 (the default: columnar blocks), or 3 (indexed blocks) or 2 (legacy
-            blocks) for tests and benchmarks of databases written by older versions.
+        format_version: 6 (the default: columnar blocks with lookup indexes), or 5 (columnar
+            blocks), 3 (indexed blocks) or 2 (legacy blocks) for tests and benchmarks of
+            databases written by older versions.
         compression: ``"zstd"`` or ``"lz4"``: each block compressed where that saves space
-            (``block_size`` is the size before compression), in version 5 (or version 4,
+            (``block_size`` is the size before compression), in version 5 or 6 (or version 4,
             when ``format_version`` is 3). ``"none"`` (the default): no block frames.
         compression_level: The codec's level (0: its default; see
             :func:`slatepy.format.compression.check_level`).
@@ -130,7 +132,7 @@ class SstBuilder(BulkAdds):
         self._compressor: BlockCompressor | None = None
         if compression != "none":
             if format_version == 2:
-                raise InvalidArgument("compressed SSTs need version 3 or 5 blocks")
+                raise InvalidArgument("compressed SSTs need version 3, 5 or 6 blocks")
             self._compressor = BlockCompressor(compression, compression_level)
             if format_version == INDEXED_BLOCKS_VERSION:
                 format_version = COMPRESSED_BLOCKS_VERSION
@@ -141,7 +143,11 @@ class SstBuilder(BulkAdds):
         self._bits_per_key = bloom_bits_per_key
         self._columnar = format_version >= COLUMNAR_BLOCKS_VERSION
         self._block: BlockBuilder | ColumnBlockBuilder = (
-            ColumnBlockBuilder()
+            # An SST without a filter is only ever read whole (WAL SSTs, persist parts):
+            # its blocks need no lookup index either.
+            ColumnBlockBuilder(
+                lookup=format_version >= LOOKUP_BLOCKS_VERSION and bloom_bits_per_key > 0
+            )
             if self._columnar
             else BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)
         )

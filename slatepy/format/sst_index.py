@@ -24,15 +24,18 @@ SST_MAGIC = b"SLATESST"
 COLUMNAR_BLOCKS_VERSION = 5
 """Version 4 with columnar data blocks (:mod:`slatepy.format.columnar`, RFC 0022), framed
 (:mod:`slatepy.format.compression`) only when the properties name a codec."""
-SST_FORMAT_VERSION = COLUMNAR_BLOCKS_VERSION
+LOOKUP_BLOCKS_VERSION = 6
+"""Version 5 whose columnar blocks may carry a lookup index (:mod:`slatepy.format.lookup`):
+those of SSTs with filters do."""
+SST_FORMAT_VERSION = LOOKUP_BLOCKS_VERSION
 """The version writers write, with or without compression."""
 COMPRESSED_BLOCKS_VERSION = 4
 """Version 3 with every data block in a frame that says whether (and how) it is compressed
 (:mod:`slatepy.format.compression`); what writers wrote with compression before version 5."""
-SUPPORTED_VERSIONS = (1, 2, 3, 4, 5)
+SUPPORTED_VERSIONS = (1, 2, 3, 4, 5, 6)
 """The versions readers accept (1: RFC 0002, databases written before RFC 0009; 2: RFC 0009
 before indexed blocks; 3: indexed blocks; 4: RFC 0018, compressed blocks; 5: RFC 0022,
-columnar blocks)."""
+columnar blocks; 6: RFC 0022's addendum, lookup indexes)."""
 INDEXED_BLOCKS_VERSION = 3
 """The first version whose data blocks end with an offsets array (3 and 4 only)."""
 FOOTER = struct.Struct("<8sHHQIIIQ")
@@ -186,6 +189,11 @@ class SstTop(msgspec.Struct, frozen=True):
     def columnar_blocks(self) -> bool:
         """True when the data blocks are columnar (version 5 on)."""
         return self.version >= COLUMNAR_BLOCKS_VERSION
+
+    @property
+    def lookup_blocks(self) -> bool:
+        """True when columnar blocks may carry a lookup index (version 6 on)."""
+        return self.version >= LOOKUP_BLOCKS_VERSION
 
     @property
     def compressed_blocks(self) -> bool:

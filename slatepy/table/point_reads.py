@@ -13,8 +13,9 @@ from slatepy.format.block import Block, IndexedBlock, open_block
 from slatepy.format.checksum import CHECKSUM_SIZE
 from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_searchable
 from slatepy.format.compression import unframe_block
+from slatepy.format.lookup import LookupBlock, open_lookup
 from slatepy.format.sst import Partition, SstTop, decode_stored_block
-from slatepy.table.sst_tops import _RAW, Cached, SstTops, _block_error, _named_decode
+from slatepy.table.sst_tops import Cached, SstTops, _block_error, _named_decode
 
 PROMOTE_AFTER_HITS = 8
 """Cache hits (gets) after which a raw cached version 3/4 block is decoded whole (see
@@ -61,7 +62,12 @@ class PointReads(SstTops):
         if j < 0:
             return None
         block = self._blocks.get((path, part.first_block + j))
-        if block.__class__ is Block:  # the warm path: searching the block beats the filter
+        if block.__class__ is LookupBlock:  # the warm path: searching the block beats the filter
+            try:  # free unless it raises
+                return block.get(key)
+            except CorruptionError as exc:
+                raise _named_search(path, part, j, exc) from exc
+        if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
             if i < len(keys) and keys[i] == key:
@@ -100,6 +106,11 @@ class PointReads(SstTops):
         if j < 0:
             return None
         block = self._blocks.get((path, part.first_block + j))
+        if block.__class__ is LookupBlock:
+            try:  # free unless it raises
+                return block.get(key)
+            except CorruptionError as exc:
+                raise _named_search(path, part, j, exc) from exc
         if block.__class__ is Block:
             keys = block.keys
             i = bisect_left(keys, key)
@@ -148,8 +159,11 @@ class PointReads(SstTops):
         for b, indexes in by_block.items():
             block = blocks.get(b)  # None: the filter ruled out every key of it
             if block is not None:
-                for i in indexes:
-                    found[i] = block.get(keys[i])
+                try:
+                    for i in indexes:
+                        found[i] = block.get(keys[i])
+                except CorruptionError as exc:
+                    raise _named_search(path, *where[b], exc) from exc
         return found
 
     def _partitions(self, path: str, top: SstTop, indexes: list[int]) -> dict[int, Partition]:
@@ -266,6 +280,19 @@ class PointReads(SstTops):
         c.bytes_read += len(data)
         c.lock.release()
         index = part.first_block + j
+        if top.lookup_blocks and not top.compressed_blocks:
+            try:
+                lookup = open_lookup(data)
+                if lookup is not None and lookup.first_key() != part.first_keys[j]:
+                    raise CorruptionError("disagrees with the index")
+            except CorruptionError as exc:
+                raise _block_error(path, index, start, exc) from exc
+            if lookup is not None:  # else a version 5 block (one with no index): as below
+                self._blocks.put((path, index), lookup, lookup.size_in_memory)
+                try:
+                    return lookup.get(key)
+                except CorruptionError as exc:
+                    raise _named_search(path, part, j, exc) from exc
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
             self._blocks.put((path, index), cached, cached.size_in_memory)
@@ -289,17 +316,22 @@ class PointReads(SstTops):
 
     def _new_block(
         self, path: str, top: SstTop, part: Partition, j: int, data: bytes | memoryview
-    ) -> tuple[Block | IndexedBlock, Cached]:
+    ) -> tuple[Block | IndexedBlock | LookupBlock, Cached]:
         """Block ``j`` of ``part``, read for point lookups: the form to search and the one to
-        cache. Raw and verified (versions 3 and 4), both; decoded, and decoded too or raw
-        (version 5: it is decoded to be searched anyway, in C; cached raw only when the
-        decoded form would evict something); decoded (legacy blocks), both."""
+        cache. Raw and verified, both, for a block with a lookup index (version 6) or an
+        offsets array (versions 3 and 4); decoded, and decoded too or raw (version 5: it is
+        decoded to be searched anyway, in C; cached raw only when the decoded form would
+        evict something); decoded (legacy blocks), both."""
         index, offset = part.first_block + j, part.offsets[j]
-        found: Block | IndexedBlock
+        found: Block | IndexedBlock | LookupBlock
         cached: Cached
         try:
             stored = unframe_block(data) if top.compressed_blocks else data
-            if top.indexed_blocks:
+            lookup = open_lookup(bytes(stored)) if top.lookup_blocks else None
+            if lookup is not None:
+                found = cached = lookup
+                first = lookup.first_key()
+            elif top.indexed_blocks:
                 found = cached = open_block(stored)
                 first = found.first_key
             elif top.columnar_blocks:
@@ -339,11 +371,12 @@ class PointReads(SstTops):
         each lookup, so it is cached decoded while the cache has room, and once full as its
         raw bytes (:class:`RawColumnarBlock`), kept decoded from its
         ``PROMOTE_COLUMNAR_AFTER_HITS``-th hit. A legacy (version 1/2) block is decoded
-        whole.
+        whole. (A version 6 block, a :class:`LookupBlock`, is searched as it is cached:
+        never promoted, never here.)
         """
         index = part.first_block + j
         key = (path, index)
-        if isinstance(block, _RAW):
+        if isinstance(block, IndexedBlock | RawColumnarBlock):
             block.hits += 1  # racy under threads, but only a heuristic
             promote = (
                 PROMOTE_COLUMNAR_AFTER_HITS
@@ -355,3 +388,9 @@ class PointReads(SstTops):
                 block = _named_decode(path, index, block, offset=part.offsets[j])
                 self._blocks.put(key, block, block.size_in_memory)
         return block
+
+
+def _named_search(path: str, part: Partition, j: int, exc: CorruptionError) -> CorruptionError:
+    """A search's damage named: a block that passed its checksum but whose lookup index
+    points at the wrong bytes (a writer's bug) is reported with the object and the block."""
+    return _block_error(path, part.first_block + j, part.offsets[j], exc)

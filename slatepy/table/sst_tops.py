@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.block import Block, IndexedBlock
 from slatepy.format.columnar import RawColumnarBlock
+from slatepy.format.lookup import LookupBlock
 from slatepy.format.sst import (
     FOOTER_SIZE,
     Partition,
@@ -35,9 +36,9 @@ READ_AHEAD_DEPTH = 2
 says otherwise (``Settings.scan_requests_in_flight`` does, 4 by default; see
 ``TableReader._stream_columns``)."""
 
-Cached = Block | IndexedBlock | RawColumnarBlock
-"""What the block cache holds for a block: decoded, or verified raw bytes (versions 3-5)."""
-_RAW = (IndexedBlock, RawColumnarBlock)
+Cached = Block | IndexedBlock | RawColumnarBlock | LookupBlock
+"""What the block cache holds for a block: decoded, or verified raw bytes (versions 3-6)."""
+_RAW = (IndexedBlock, RawColumnarBlock, LookupBlock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +305,7 @@ def _block_error(path: str, index: int, offset: int, what: object) -> Corruption
 
 
 def _named_decode(
-    path: str, index: int, block: IndexedBlock | RawColumnarBlock, *, offset: int
+    path: str, index: int, block: IndexedBlock | RawColumnarBlock | LookupBlock, *, offset: int
 ) -> Block:
     try:
         return block.decode()

@@ -125,11 +125,12 @@ def test_compaction_outputs_are_streamed_in_bounded_pieces(
     policy = CompactionPolicy(l0_trigger=100, target_sst_bytes=128 * 1024)
     Compactor(store, settings=QUIET, policy=policy).run_until_idle()
     outputs = {p: s for p, s in store.pieces.items() if p.startswith("compacted/")}
-    # Whole data blocks, sent once 16 KiB are buffered (checked every YIELD_EVERY entries),
-    # then the tail (index, footer).
-    assert max(max(sizes) for sizes in outputs.values()) < 2 * 16 * 1024
+    # Whole data blocks, sent once 16 KiB are buffered (checked every YIELD_EVERY entries,
+    # or after a bulk extend: up to about 23 KiB of these small entries with their lookup
+    # indexes past the 16 KiB), then the tail (index, footer).
+    assert max(max(sizes) for sizes in outputs.values()) < 3 * 16 * 1024
     large = [sizes for sizes in outputs.values() if sum(sizes) > 100 * 1024]
-    assert len(large) >= 2 and all(len(sizes) >= 5 for sizes in large)
+    assert len(large) >= 2 and all(len(sizes) >= 4 for sizes in large)
     with Db.open(store, settings=QUIET) as db:
         assert db.replayed_ssts == 0
         assert list(db.scan()) == [(b"k%05d" % i, b"a" * 20) for i in range(8000)]

@@ -138,7 +138,7 @@ def test_blocks_that_do_not_shrink_are_stored_raw(compression: Compression) -> N
 
 def test_no_compression_writes_unframed_blocks() -> None:
     data = build(text_entries(50), "none")
-    assert decode_footer(data).version == SST_FORMAT_VERSION == 5
+    assert decode_footer(data).version == SST_FORMAT_VERSION == 6
     meta, _ = decode_sst(data)
     assert meta.props.compression == "none" and meta.props.uncompressed_size == 0
     assert not meta.top.compressed_blocks

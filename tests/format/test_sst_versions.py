@@ -15,6 +15,7 @@ from slatepy.errors import CorruptionError, UnsupportedFormatVersion
 from slatepy.format.block import Entry, decode_block, open_block
 from slatepy.format.checksum import checksum
 from slatepy.format.kinds import Expiring, Operands
+from slatepy.format.lookup import open_lookup
 from slatepy.format.sst import (
     FOOTER,
     FOOTER_CHECKSUM,
@@ -42,10 +43,10 @@ def entries_of(table: dict[bytes, tuple[int, bytes | None]]) -> list[Entry]:
 
 
 def build_v2(
-    entries: list[Entry], *, block_size: int = 128, bits: int = 10, version: int = 5
+    entries: list[Entry], *, block_size: int = 128, bits: int = 10, version: int = 6
 ) -> bytes:
-    """An SST of the current writer (version 5), or a version 3 (indexed blocks) or 2 (legacy
-    blocks) one."""
+    """An SST of the current writer (version 6), or a version 5 (columnar blocks without
+    lookup indexes), 3 (indexed blocks) or 2 (legacy blocks) one."""
     return (
         SstBuilder(
             writer_epoch=4, block_size=block_size, bloom_bits_per_key=bits, format_version=version
@@ -79,10 +80,10 @@ def test_v1_sst_written_by_the_old_code_still_decodes() -> None:
     assert not meta.may_contain(b"key9999") and not meta.may_contain(b"a")
 
 
-def test_writers_write_version_5() -> None:
+def test_writers_write_version_6() -> None:
     data = build_v2(sample_entries())
     footer = decode_footer(data)
-    assert footer.version == SST_FORMAT_VERSION == 5
+    assert footer.version == SST_FORMAT_VERSION == 6
     meta, entries = decode_sst(data)
     assert list(entries) == sample_entries()
     assert meta.top.partition_count > 1
@@ -97,6 +98,7 @@ def test_every_version_decodes_to_the_same_entries(
         build_v1(entries, writer_epoch=4, block_size=block_size, bits_per_key=bits),
         build_v2(entries, block_size=block_size, bits=bits, version=2),
         build_v2(entries, block_size=block_size, bits=bits, version=3),
+        build_v2(entries, block_size=block_size, bits=bits, version=5),
         build_v2(entries, block_size=block_size, bits=bits),
     ):
         meta, decoded = decode_sst(data)
@@ -113,6 +115,12 @@ def test_every_version_decodes_to_the_same_entries(
             assert block.get(key) == (seq, value)
             if meta.top.indexed_blocks:
                 assert open_block(raw).get(key) == (seq, value)
+            if meta.top.lookup_blocks:  # only an SST with filters has lookup indexes
+                lookup = open_lookup(raw)
+                assert (lookup is not None) == (bits > 0)
+                if lookup is not None:
+                    assert lookup.get(key) == (seq, value)
+                    assert lookup.get(key + b"\x00") == block.get(key + b"\x00")
 
 
 def test_partitions_cover_runs_of_blocks_and_their_filters_know_their_keys() -> None:
@@ -163,10 +171,10 @@ def test_empty_sst_has_no_partitions() -> None:
 def test_an_unknown_version_is_refused_with_a_clear_error() -> None:
     data = bytearray(build_v2(sample_entries()))
     fields = list(FOOTER.unpack_from(data, len(data) - FOOTER_SIZE))
-    fields[1] = 6
+    fields[1] = 7
     footer = FOOTER.pack(*fields)
     data[-FOOTER_SIZE:] = footer + FOOTER_CHECKSUM.pack(checksum(footer))
-    with pytest.raises(UnsupportedFormatVersion, match="format version 6, this slatepy reads up"):
+    with pytest.raises(UnsupportedFormatVersion, match="format version 7, this slatepy reads up"):
         decode_sst(bytes(data))  # a newer slatepy's SST: upgrade, not damage
 
 
@@ -201,7 +209,7 @@ def test_structural_lies_behind_valid_checksums_are_caught() -> None:
 
 
 def pinned_entries() -> list[Entry]:
-    """The entries of ``data/v3-sample.sst`` and ``data/v5-sample.sst``: the v1 sample's
+    """The entries of ``data/v{3,5,6}-sample.sst``: the v1 sample's
     (values and tombstones) with some expiring values and merge operands (RFC 0019)."""
     out: list[Entry] = []
     for i, (key, seq, stored) in enumerate(sample_entries()):
@@ -214,12 +222,13 @@ def pinned_entries() -> list[Entry]:
     return out
 
 
-@pytest.mark.parametrize("version", [3, 5])
-def test_pinned_bytes_of_versions_3_and_5_still_decode_and_are_still_written(
+@pytest.mark.parametrize("version", [3, 5, 6])
+def test_pinned_bytes_of_versions_3_5_and_6_still_decode_and_are_still_written(
     version: int,
 ) -> None:
-    """``data/v{3,5}-sample.sst`` were written when version 5 was introduced (RFC 0022):
-    readers must keep decoding them, and the builder keeps writing the same bytes."""
+    """``data/v{3,5}-sample.sst`` were written when version 5 was introduced (RFC 0022),
+    ``data/v6-sample.sst`` when version 6 was (lookup indexes, stop 38): readers must keep
+    decoding them, and the builder keeps writing the same bytes."""
     pinned = (Path(__file__).parent / "data" / f"v{version}-sample.sst").read_bytes()
     assert decode_footer(pinned).version == version
     meta, decoded = decode_sst(pinned)

@@ -14,6 +14,7 @@ from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block, Entry, IndexedBlock
 from slatepy.format.compression import Compression, unframe_block
+from slatepy.format.lookup import LookupBlock
 from slatepy.format.sst import SstBuilder, decode_footer, decode_sst
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import MetricsStore, ObjectStore, open_store
@@ -76,7 +77,8 @@ def test_a_block_is_decompressed_once_then_served_from_the_cache(
     assert len(unframed) == 1 and tables.stats().block_reads == 1
     (block,) = tables._blocks.values()
     # The cache holds the decompressed block, larger than the frame read from the store.
-    assert isinstance(block, IndexedBlock | Block) and block.size_in_memory > unframed[0]
+    assert isinstance(block, IndexedBlock | Block | LookupBlock)
+    assert block.size_in_memory > unframed[0]
 
 
 @pytest.mark.parametrize("compression", CODECS)
@@ -152,7 +154,7 @@ def test_a_zstd_database_reopens_without_compression_and_reads_everything() -> N
     compact_all(store, db_settings("zstd"))
     with Db.open(store, settings=db_settings("zstd")) as db:
         db.put(b"k0000", b"in the WAL only")
-    assert versions(store) == {"wal": {5}, "compacted": {5}}  # framed only where compressed
+    assert versions(store) == {"wal": {6}, "compacted": {6}}  # framed only where compressed
     with Db.open(store, settings=db_settings("none")) as db:
         assert db.get(b"k0000") == b"in the WAL only"
         assert dict(db.scan()) == {
@@ -250,13 +252,16 @@ def test_inspect_shows_each_ssts_compression(
 def test_a_database_written_with_version_3_blocks_reads_and_compacts_after_upgrade(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SSTs written before version 5 (indexed blocks, compressed or not: versions 3 and 4)
-    and after it live in one database: reads merge them, with tombstones and every read
-    path, and compaction rewrites them all as version 5 (RFC 0022)."""
+    """SSTs written before version 5 (indexed blocks, compressed or not: versions 3 and 4),
+    in version 5 (columnar blocks) and in version 6 (with lookup indexes) live in one
+    database: reads merge them, with tombstones and every read path, and compaction
+    rewrites them all as version 6 (RFC 0022 and its addendum)."""
     store = open_store("memory://")
     model: dict[bytes, bytes] = {}
     defaults = dict(SstBuilder.__init__.__kwdefaults__ or {})
-    for round_, (version, compression) in enumerate([(3, "none"), (3, "zstd"), (5, "none")]):
+    for round_, (version, compression) in enumerate(
+        [(3, "none"), (3, "zstd"), (5, "none"), (6, "none")]
+    ):
         monkeypatch.setattr(
             SstBuilder.__init__, "__kwdefaults__", {**defaults, "format_version": version}
         )
@@ -273,7 +278,7 @@ def test_a_database_written_with_version_3_blocks_reads_and_compacts_after_upgra
             db.flush()
         compact_all(store, settings, l0_trigger=100)  # WAL -> L0 only
     monkeypatch.setattr(SstBuilder.__init__, "__kwdefaults__", defaults)
-    assert versions(store)["compacted"] == {3, 4, 5}
+    assert versions(store)["compacted"] == {3, 4, 5, 6}
     with Db.open(store, settings=db_settings("none")) as db:
         assert dict(db.scan()) == model
         assert list(db.scan(reverse=True)) == sorted(model.items(), reverse=True)
@@ -283,6 +288,6 @@ def test_a_database_written_with_version_3_blocks_reads_and_compacts_after_upgra
     stored = ManifestStore(store).load()
     assert stored is not None and not stored.manifest.l0
     live = [compacted_path(h.id) for run in stored.manifest.sorted_runs for h in run.ssts]
-    assert {decode_footer(store.get(p)).version for p in live} == {5}
+    assert {decode_footer(store.get(p)).version for p in live} == {6}
     with Db.open(store, settings=db_settings("none")) as db:
         assert dict(db.scan()) == model
