@@ -179,6 +179,10 @@ def compact_plan(
         bloom_bits_per_key=bloom_bits_per_key,
         compression=compression,
         compression_level=compression_level,
+        # L0 SSTs of the WAL live until the next L0 merge (or the close's): indexing their
+        # blocks cost the writer's awaited batches a fifth of their rate (RFC 0022's
+        # addendum); a sorted run's SSTs have them.
+        lookup_index=not isinstance(plan, WalToL0),
     )
     try:
         if range_tombstones or not columnar:

@@ -42,6 +42,7 @@ class OutputWriter:
         bloom_bits_per_key: int,
         compression: Compression,
         compression_level: int,
+        lookup_index: bool = True,
     ) -> None:
         self._store = store
         self._target = policy.target_sst_bytes
@@ -50,6 +51,7 @@ class OutputWriter:
         self._bits = bloom_bits_per_key
         self._compression: Compression = compression
         self._level = compression_level
+        self._lookup = lookup_index
         self.handles: list[SstHandle] = []
         self.output: StreamedSst | None = None
         self.count = 0
@@ -62,6 +64,7 @@ class OutputWriter:
             bloom_bits_per_key=self._bits,
             compression=self._compression,
             compression_level=self._level,
+            lookup_index=self._lookup,
         )
         return self.output
 

@@ -25,7 +25,8 @@ against seven for a bisect, and no block decode at all (which costs about 13 µs
 Why not search the keys in order: a bisect in Python over the bytes costs about 1.5 µs, the
 table's probe about 0.5. The index costs 6 bytes an entry (4% of a 16-byte key and a
 100-byte value) and is written only for SSTs that have filters (not WAL SSTs nor persist
-parts, which are only ever read whole).
+parts, which are only ever read whole) and live on (not the L0 SSTs a WAL compaction
+writes, which the next L0 merge replaces).
 """
 
 from __future__ import annotations

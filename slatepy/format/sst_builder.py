@@ -115,6 +115,9 @@ class SstBuilder(BulkAdds):
             when ``format_version`` is 3). ``"none"`` (the default): no block frames.
         compression_level: The codec's level (0: its default; see
             :func:`slatepy.format.compression.check_level`).
+        lookup_index: Give each block a lookup index (version 6, an SST with filters only;
+            :mod:`slatepy.format.lookup`). False for SSTs that live briefly (the L0 SSTs a
+            WAL compaction writes), whose blocks are then version 5's.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class SstBuilder(BulkAdds):
         format_version: int = SST_FORMAT_VERSION,
         compression: Compression = "none",
         compression_level: int = 0,
+        lookup_index: bool = True,
     ):
         if format_version not in _WRITABLE:
             raise InvalidArgument(f"cannot write SST format version {format_version}")
@@ -146,7 +150,9 @@ class SstBuilder(BulkAdds):
             # An SST without a filter is only ever read whole (WAL SSTs, persist parts):
             # its blocks need no lookup index either.
             ColumnBlockBuilder(
-                lookup=format_version >= LOOKUP_BLOCKS_VERSION and bloom_bits_per_key > 0
+                lookup=lookup_index
+                and format_version >= LOOKUP_BLOCKS_VERSION
+                and bloom_bits_per_key > 0
             )
             if self._columnar
             else BlockBuilder(indexed=format_version >= INDEXED_BLOCKS_VERSION)

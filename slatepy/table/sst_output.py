@@ -33,6 +33,7 @@ class StreamedSst:
         bloom_bits_per_key: int,
         compression: Compression = "none",
         compression_level: int = 0,
+        lookup_index: bool = True,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.builder = SstBuilder(
@@ -41,6 +42,7 @@ class StreamedSst:
             bloom_bits_per_key=bloom_bits_per_key,
             compression=compression,
             compression_level=compression_level,
+            lookup_index=lookup_index,
         )
         self._writer = store.open_writer(compacted_path(self.id))
 
