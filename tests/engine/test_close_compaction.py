@@ -137,8 +137,8 @@ def test_a_close_takes_along_only_runs_its_wait_can_merge() -> None:
         compactor = Compactor(store, policy=CompactionPolicy(l0_trigger=1))
         write_l0(db, compactor, range(0, 40_000, 1))
         assert isinstance(compactor.run_once(), L0ToRun)  # the run
-        write_l0(db, compactor, range(0, 40_000, 8))
-        write_l0(db, compactor, range(4, 40_000, 8))
+        write_l0(db, compactor, range(0, 40_000, 7))
+        write_l0(db, compactor, range(3, 40_000, 7))
         compactor.release()
         manifest = compactor.last_published.manifest
         (run,) = manifest.sorted_runs
