@@ -56,7 +56,8 @@ def _column(view: memoryview, start: int, end: int, width: int) -> memoryview | 
     copy on a big-endian machine, byte-swapped)."""
     raw = view[start:end]
     if BIG_ENDIAN:
-        column = array(FORMATS[width], raw)
+        column = array(FORMATS[width])
+        column.frombytes(raw)  # array(code, raw) would take each byte of a view as an item
         column.byteswap()
         return column
     return raw.cast("B" if width == 1 else "H" if width == 2 else "I")
@@ -126,7 +127,8 @@ class LookupBlock:
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
         data, at, slots, empty = self.data, self._at, self._slots, self._empty
-        skip = 2 if len(key) < 256 else 3  # its bin header, if a stored key has its length
+        length = len(key)  # its bin header's size, if a stored key has its length:
+        skip = 2 if length < 256 else 3 if length < 65536 else 5
         s = _h64(key) % self._buckets
         i = slots[s]
         while i != empty:

@@ -14,6 +14,7 @@ from slatepy.format.checksum import CHECKSUM_SIZE
 from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_searchable
 from slatepy.format.compression import unframe_block
 from slatepy.format.lookup import LookupBlock, open_lookup
+from slatepy.format.lookup_index import LOOKUP_ARRAY
 from slatepy.format.sst import Partition, SstTop, decode_stored_block
 from slatepy.table.sst_tops import Cached, SstTops, _block_error, _named_decode
 
@@ -28,6 +29,7 @@ COALESCE_GAP = 32 * 1024
 """A batched get reads two missing blocks (or partitions) in one GET when fewer bytes than
 this lie between them: a wasted 32 KiB costs less than a request's latency and fee."""
 
+_INDEXED = bytes((LOOKUP_ARRAY,))  # a block with a lookup index starts so (version 6)
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
 
@@ -65,7 +67,7 @@ class PointReads(SstTops):
         if block.__class__ is LookupBlock:  # the warm path: searching the block beats the filter
             try:  # free unless it raises
                 return block.get(key)
-            except CorruptionError as exc:
+            except (CorruptionError, IndexError) as exc:
                 raise _named_search(path, part, j, exc) from exc
         if block.__class__ is Block:
             keys = block.keys
@@ -109,7 +111,7 @@ class PointReads(SstTops):
         if block.__class__ is LookupBlock:
             try:  # free unless it raises
                 return block.get(key)
-            except CorruptionError as exc:
+            except (CorruptionError, IndexError) as exc:
                 raise _named_search(path, part, j, exc) from exc
         if block.__class__ is Block:
             keys = block.keys
@@ -162,7 +164,7 @@ class PointReads(SstTops):
                 try:
                     for i in indexes:
                         found[i] = block.get(keys[i])
-                except CorruptionError as exc:
+                except (CorruptionError, IndexError) as exc:
                     raise _named_search(path, *where[b], exc) from exc
         return found
 
@@ -280,9 +282,9 @@ class PointReads(SstTops):
         c.bytes_read += len(data)
         c.lock.release()
         index = part.first_block + j
-        if top.lookup_blocks and not top.compressed_blocks:
+        if top.lookup_blocks and not top.compressed_blocks and data[:1] == _INDEXED:
             try:
-                lookup = open_lookup(data)
+                lookup = open_lookup(data if data.__class__ is bytes else bytes(data))
                 if lookup is not None and lookup.first_key() != part.first_keys[j]:
                     raise CorruptionError("disagrees with the index")
             except CorruptionError as exc:
@@ -291,7 +293,7 @@ class PointReads(SstTops):
                 self._blocks.put((path, index), lookup, lookup.size_in_memory)
                 try:
                     return lookup.get(key)
-                except CorruptionError as exc:
+                except (CorruptionError, IndexError) as exc:
                     raise _named_search(path, part, j, exc) from exc
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
@@ -327,7 +329,8 @@ class PointReads(SstTops):
         cached: Cached
         try:
             stored = unframe_block(data) if top.compressed_blocks else data
-            lookup = open_lookup(bytes(stored)) if top.lookup_blocks else None
+            indexed = top.lookup_blocks and stored[:1] == _INDEXED
+            lookup = open_lookup(bytes(stored)) if indexed else None
             if lookup is not None:
                 found = cached = lookup
                 first = lookup.first_key()
@@ -390,7 +393,9 @@ class PointReads(SstTops):
         return block
 
 
-def _named_search(path: str, part: Partition, j: int, exc: CorruptionError) -> CorruptionError:
+def _named_search(path: str, part: Partition, j: int, exc: Exception) -> CorruptionError:
     """A search's damage named: a block that passed its checksum but whose lookup index
-    points at the wrong bytes (a writer's bug) is reported with the object and the block."""
-    return _block_error(path, part.first_block + j, part.offsets[j], exc)
+    points at the wrong bytes (a writer's bug: a slot past the entries raises
+    ``IndexError``) is reported with the object and the block."""
+    what = exc if isinstance(exc, CorruptionError) else f"a lookup index entry out of range ({exc})"
+    return _block_error(path, part.first_block + j, part.offsets[j], what)
