@@ -280,10 +280,19 @@ def _apply_flags(flags: bytes, values: list[bytes | None]) -> None:
         raise CorruptionError("data block: the flags column has the wrong length")
     for found in _NONZERO.finditer(flags):  # C finds the flagged entries; only they cost
         i = found.start()
-        flag = flags[i]
-        if flag & ~KNOWN_FLAGS:
-            raise CorruptionError(f"data block: entry {i} has unknown flags {flag:#x}")
-        values[i] = decode_value(flag, values[i])  # type: ignore[arg-type]  # bytes here
+        values[i] = flagged_value(i, flags[i], values[i])  # type: ignore[arg-type]  # bytes
+
+
+def flagged_value(i: int, flag: int, raw: bytes) -> bytes | None:
+    """What entry ``i``'s value bytes ``raw`` hold under its ``flag`` (not 0): None for a
+    tombstone, else an entry kind.
+
+    Raises:
+        CorruptionError: a flag no version writes.
+    """
+    if flag & ~KNOWN_FLAGS:
+        raise CorruptionError(f"data block: entry {i} has unknown flags {flag:#x}")
+    return decode_value(flag, raw)
 
 
 def _decode_body(body: bytes | memoryview) -> Block:

@@ -38,9 +38,8 @@ import xxhash
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block
-from slatepy.format.checksum import CHECKSUM, CHECKSUM_SIZE, verify_checksummed
-from slatepy.format.columnar import decode_columnar
-from slatepy.format.kinds import FLAG_TOMBSTONE, KNOWN_FLAGS, decode_value
+from slatepy.format.checksum import CHECKSUM_SIZE, verify_checksummed
+from slatepy.format.columnar import decode_columnar, flagged_value
 from slatepy.format.lookup_index import BIG_ENDIAN, BIN_HEADER, FORMATS, LOOKUP_ARRAY, TRAILER
 
 _unpack_u64 = struct.Struct("<Q").unpack_from
@@ -48,7 +47,6 @@ _unpack_trailer = TRAILER.unpack_from
 # A bin's header size by its first byte; 0 for a byte that starts no bin.
 _BIN_HEADERS = tuple(BIN_HEADER.get(byte, 0) for byte in range(256))
 _h64 = xxhash.xxh3_64_intdigest
-_unpack_checksum = CHECKSUM.unpack_from
 
 
 def _column(view: memoryview, start: int, end: int, width: int) -> memoryview | array[int]:
@@ -143,19 +141,13 @@ class LookupBlock:
                 value: bytes | None = data[start + header : at[self._values + i + 1]]
                 seq: int = _unpack_u64(data, self._seqs_at + 8 * i)[0]
                 if self._flags_at >= 0 and (flag := data[self._flags_at + i]):
-                    value = _flagged(i, flag, value)  # type: ignore[arg-type]
+                    value = flagged_value(i, flag, value)  # type: ignore[arg-type]
                 return seq, value
             s += 1
             if s == len(slots):
                 break
             i = slots[s]
         return None
-
-
-def _flagged(i: int, flag: int, value: bytes) -> bytes | None:
-    if flag & ~KNOWN_FLAGS:
-        raise CorruptionError(f"data block: entry {i} has unknown flags {flag:#x}")
-    return None if flag & FLAG_TOMBSTONE else decode_value(flag, value)
 
 
 def _header(data: bytes, at: int) -> int:
@@ -173,9 +165,7 @@ def open_lookup(data: bytes) -> LookupBlock | None:
     Raises:
         CorruptionError: checksum mismatch, or an index that cannot be the block's.
     """
-    end = len(data) - CHECKSUM_SIZE
-    if end < 1 or _h64(memoryview(data)[:end]) != _unpack_checksum(data, end)[0]:
-        verify_checksummed(data, "data block")  # raises, with the reason
+    verify_checksummed(data, "data block")
     if data[0] != LOOKUP_ARRAY:
         return None
     return LookupBlock(data)

@@ -267,8 +267,9 @@ class PointReads(SstTops):
         The cold path of every get, flattened as its warm path is (issue 33): on ``file://``
         the read is one ``pread`` of a kept descriptor (``KeptReads``; anything but a plain
         success is read again through the store stack, which maps, retries and counts), and
-        a version 5 block is decoded straight from the bytes read, copied to be cached raw
-        only when the cache has no room for it decoded.
+        a block with a lookup index (version 6) is cached as those bytes and searched; a
+        version 5 block is decoded straight from them, copied to be cached raw only when
+        the cache has no room for it decoded.
         """
         offsets = part.offsets
         start, end = offsets[j], offsets[j + 1]
@@ -289,7 +290,7 @@ class PointReads(SstTops):
                     raise CorruptionError("disagrees with the index")
             except CorruptionError as exc:
                 raise _block_error(path, index, start, exc) from exc
-            if lookup is not None:  # else a version 5 block (one with no index): as below
+            if lookup is not None:  # (it is: its first byte was checked)
                 self._blocks.put((path, index), lookup, lookup.size_in_memory)
                 try:
                     return lookup.get(key)
