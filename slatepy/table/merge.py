@@ -207,6 +207,7 @@ def newest_columns(
     take = _taker(index)
     merged = take(keys)
     merged_seqs = take(seqs)
+    # any() first: a window of distinct keys (the common one) builds no repeats list.
     if any(map(eq, islice(merged, 1, None), merged)):
         repeats = list(map(eq, islice(merged, 1, None), merged))  # [i]: merged[i + 1] == merged[i]
         if any(
