@@ -25,7 +25,6 @@ from slatepy.compactor.lease import CompactorBusy, activity, claim, live_lease, 
 from slatepy.manifest.record import CompactorLease, Manifest
 from slatepy.manifest.store import ManifestStore
 from slatepy.store import ObjectStore, open_store
-from slatepy.store.base import WrappingStore
 from slatepy.store.numbered import NumberedObjects
 from slatepy.table.layout import WAL_DIR, WAL_SUFFIX
 from slatepy.testing.intercept import InterceptStore
@@ -222,11 +221,11 @@ def test_a_holder_acting_during_a_standbys_claim_keeps_the_epoch() -> None:
     assert final.wal_id_last_compacted == last_wal(store)
 
 
-class SlowFirstWalRead(WrappingStore):
+class SlowFirstWalRead(InterceptStore):
     """The first read of a WAL SST takes ``delay`` seconds (a slow merge)."""
 
     def __init__(self, inner: ObjectStore, delay: float) -> None:
-        super().__init__(inner)
+        super().__init__(inner, before_read=self._maybe_slow)
         self.delay = delay
         self.slowed = False
 
@@ -234,18 +233,6 @@ class SlowFirstWalRead(WrappingStore):
         if path.startswith("wal/") and not self.slowed:
             self.slowed = True
             time.sleep(self.delay)
-
-    def get(self, path: str) -> bytes:
-        self._maybe_slow(path)
-        return self.inner.get(path)
-
-    def get_range(self, path: str, start: int, end: int) -> bytes:
-        self._maybe_slow(path)
-        return self.inner.get_range(path, start, end)
-
-    def get_suffix(self, path: str, length: int) -> bytes:
-        self._maybe_slow(path)
-        return self.inner.get_suffix(path, length)
 
 
 def test_a_long_compaction_renews_the_lease_before_it_publishes() -> None:

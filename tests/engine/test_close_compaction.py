@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,8 @@ from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, WalToL0
 from slatepy.store import ObjectStore, open_store
-from slatepy.store.base import WrappingStore
 from slatepy.table.layout import compacted_path
+from slatepy.testing.intercept import InterceptStore
 
 
 def write_and_close(url: str, wait: float) -> None:
@@ -84,13 +84,13 @@ def test_close_merges_l0_below_the_trigger(tmp_path: Path) -> None:
     assert reopened(url) == (0, 0, 1)
 
 
-class HeldRunReads(WrappingStore):
+class HeldRunReads(InterceptStore):
     """Reads of the SSTs in ``held`` wait ``hold`` seconds (the first one only: enough to
     outlast the close's wait, and the merge then meets its cancellation at its next progress
     check); ``reads`` counts them, i.e. closes whose merge took the run along."""
 
     def __init__(self, inner: ObjectStore, hold: float) -> None:
-        super().__init__(inner)
+        super().__init__(inner, before_read=self._read)
         self.hold = hold
         self.held: set[str] = set()
         self.reads = 0
@@ -100,22 +100,6 @@ class HeldRunReads(WrappingStore):
             self.reads += 1
             if self.reads == 1:
                 time.sleep(self.hold)
-
-    def get(self, path: str) -> bytes:
-        self._read(path)
-        return self.inner.get(path)
-
-    def get_range(self, path: str, start: int, end: int) -> bytes:
-        self._read(path)
-        return self.inner.get_range(path, start, end)
-
-    def get_ranges(self, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        self._read(path)
-        return self.inner.get_ranges(path, ranges)
-
-    def get_suffix(self, path: str, length: int) -> bytes:
-        self._read(path)
-        return self.inner.get_suffix(path, length)
 
 
 def write_l0(db: Db, compactor: Compactor, keys: range) -> None:
