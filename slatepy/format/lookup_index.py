@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate, repeat
 from operator import add
 
@@ -46,10 +45,15 @@ def _starts(items: list[bytes], at: int) -> Sequence[int]:
     return list(accumulate(map(_bin_size, lengths), initial=at))
 
 
-def _packed(values: Iterable[int], width: int) -> bytes:
-    column = array(FORMATS[width], values)
-    if BIG_ENDIAN:
-        column.byteswap()
+def _packed(values: Sequence[int], width: int) -> bytes:
+    """``values`` as little-endian unsigned ints of ``width`` bytes (a ``range`` through
+    numpy: an ``array`` of one costs ten times more)."""
+    import numpy as np
+
+    if isinstance(values, range):
+        column = np.arange(values.start, values.stop, values.step, dtype=f"<u{width}")
+    else:
+        column = np.array(values, dtype=f"<u{width}")
     return column.tobytes()
 
 
@@ -65,13 +69,15 @@ def _slots(keys: list[bytes], slot_width: int) -> bytes:
     import numpy as np
 
     count = len(keys)
-    homes = np.fromiter(map(_h64, keys), dtype=np.uint64, count=count) % np.uint64(2 * count)
+    hashes = np.fromiter(map(_h64, keys), dtype=np.uint64, count=count)
+    homes = (hashes % np.uint64(2 * count)).view(np.int64)  # below 2**63: the same ints
     order = np.argsort(homes, kind="stable")
     ranks = np.arange(count, dtype=np.int64)
-    places = np.maximum.accumulate(homes[order].astype(np.int64) - ranks) + ranks
-    slots = np.full(max(2 * count, int(places[-1]) + 1), -1, dtype=np.int64)
+    places = np.maximum.accumulate(homes[order] - ranks) + ranks
+    empty = (1 << (8 * slot_width)) - 1
+    slots = np.full(max(2 * count, int(places[-1]) + 1), empty, dtype=f"<u{slot_width}")
     slots[places] = order
-    return slots.astype(f"<u{slot_width}").tobytes()
+    return slots.tobytes()
 
 
 def build_index(
