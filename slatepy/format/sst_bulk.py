@@ -63,23 +63,13 @@ class BulkAdds:
         Raises:
             InvalidArgument: the keys are not strictly increasing (after those added before).
         """
-        last = self._last_key
         if not keys:
             return
-        if (last is not None and keys[0] <= last) or not all(
-            map(operator.lt, keys, islice(keys, 1, None))
-        ):
-            raise InvalidArgument("SST keys must be added in strictly increasing order")
-        if self._first_key is None:
-            self._first_key = keys[0]
-        lo_seq, hi_seq = min(seqs), max(seqs)
-        self._min_seq = lo_seq if self._min_seq is None else min(self._min_seq, lo_seq)
-        self._max_seq = max(self._max_seq, hi_seq)
-        self._last_key = keys[-1]
-        self._count += len(keys)
+        self._check_order(keys, 0)
         if self._columnar:
-            self._extend_columns(keys, seqs, values)
+            self._extend_columns(keys, seqs, values, _column_ends(keys, values, 0))
             return
+        self._added(keys, seqs, 0, len(keys))
         indexed = self._version >= INDEXED_BLOCKS_VERSION
         sizes = list(map(operator.add, map(len, keys), map(len, values)))
         # ends[j]: the block bytes the entries before j take, offsets included (the fixed
@@ -111,36 +101,77 @@ class BulkAdds:
             self._add_block(finish_block(parts, entry_sizes, count, indexed))
             begin = end
 
-    def _extend_columns(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
-        """:meth:`extend` into columnar blocks: each block's slice of the lists is appended
-        to the open block whole (the encoding happens in C when it closes)."""
+    def _check_order(self, keys: list[bytes], begin: int) -> None:
+        """Raise unless ``keys[begin:]`` are strictly increasing, after those added before."""
+        last = self._last_key
+        if (last is not None and keys[begin] <= last) or not all(
+            map(operator.lt, islice(keys, begin, None), islice(keys, begin + 1, None))
+        ):
+            raise InvalidArgument("SST keys must be added in strictly increasing order")
+
+    def _added(self, keys: list[bytes], seqs: list[int], begin: int, end: int) -> None:
+        """Account for entries ``begin:end`` (``begin < end``): key range, count, seqs."""
+        if self._first_key is None:
+            self._first_key = keys[begin]
+        whole = begin == 0 and end == len(seqs)
+        lo_seq = min(seqs) if whole else min(islice(seqs, begin, end))
+        hi_seq = max(seqs) if whole else max(islice(seqs, begin, end))
+        self._min_seq = lo_seq if self._min_seq is None else min(self._min_seq, lo_seq)
+        self._max_seq = max(self._max_seq, hi_seq)
+        self._last_key = keys[end - 1]
+        self._count += end - begin
+
+    def _extend_columns(
+        self,
+        keys: list[bytes],
+        seqs: list[int],
+        values: list[bytes],
+        ends: list[int],
+        *,
+        begin: int = 0,
+        limit: int | None = None,
+    ) -> int:
+        """Add entries ``begin:`` (checked to be in order) into columnar blocks: each
+        block's slice of the lists is appended to the open block whole (the encoding
+        happens in C when it closes). ``ends[r]`` is the estimated bytes entries
+        ``begin:begin + r`` take (:func:`_column_ends`); a block closes at the first entry
+        that brings it to its room. With ``limit`` (:meth:`extend_below`), stop before an
+        entry once :attr:`estimated_size` reaches it (entry ``begin`` is always added);
+        return the index after the last entry added."""
         block = self._block
         assert isinstance(block, ColumnBlockBuilder)
-        sizes = list(map(operator.add, map(len, keys), map(len, values)))
-        # ends[j]: the estimated bytes the entries before j take; a block closes at the
-        # first entry that brings it to ``room``.
-        ends = list(accumulate(map(operator.add, sizes, repeat(COLUMN_ENTRY_OVERHEAD)), initial=0))
         room = self._block_size - COLUMN_BLOCK_OVERHEAD
-        begin = 0
-        while begin < len(keys):
-            end = bisect_left(ends, ends[begin] + room - block.filled, begin + 1)
-            cut = slice(begin, end)
+        whole = len(keys) - begin
+        r = 0  # entries added so far
+        while r < whole:
+            closes = bisect_left(ends, ends[r] + room - block.filled, r + 1)
+            end = min(closes, whole)
+            if limit is not None:
+                estimate = self.estimated_size
+                if r and estimate >= limit:
+                    break
+                # Where the estimate before an entry reaches limit, if the block does not
+                # close first (ends[e] - ends[r] is what entries r..e-1 add).
+                end = min(end, bisect_left(ends, ends[r] + limit - estimate, r + 1))
+            i, j = begin + r, begin + end
             if not len(block):
-                self._block_first = keys[begin]
+                self._block_first = keys[i]
             if self._p_keys is not None:  # a new list once _close_block closes a partition
-                self._p_keys += keys[cut]
-            stop = min(end, len(keys))
-            whole = begin == 0 and stop == len(keys)
+                self._p_keys += keys[i:j]
+            full = i == 0 and j == len(keys)
             block.extend(
-                keys if whole else keys[cut],
-                seqs if whole else seqs[cut],
-                values if whole else values[cut],
-                ends[stop] - ends[begin] - COLUMN_ENTRY_OVERHEAD * (stop - begin),
+                keys if full else keys[i:j],
+                seqs if full else seqs[i:j],
+                values if full else values[i:j],
+                ends[end] - ends[r] - COLUMN_ENTRY_OVERHEAD * (end - r),
             )
-            if end >= len(ends):  # the last entries stay in the open block for later adds
-                return
+            r = end
+            if end < closes:  # the block stays open: out of entries, or at the limit
+                break
             self._add_block(block.finish())
-            begin = end
+        if r:
+            self._added(keys, seqs, begin, begin + r)
+        return begin + r
 
     def extend_below(
         self, keys: list[bytes], seqs: list[int], values: list[bytes], begin: int, limit: int
@@ -151,9 +182,13 @@ class BulkAdds:
         the index after the last entry added. The same bytes as that loop: a compaction
         cuts its outputs this way (``slatepy.compactor.executor``).
 
-        Each step adds at most the rest of the open block through :meth:`extend`, so the
-        size checked before each entry is the one :meth:`add` would have seen: a closed
-        block counts as stored (compressed, framed), which only closing it tells.
+        Each step adds at most the rest of the open block, so the size checked before each
+        entry is the one :meth:`add` would have seen: a closed block counts as stored
+        (compressed, framed), which only closing it tells.
+
+        Raises:
+            InvalidArgument: ``keys[begin:]`` are not strictly increasing (after those added
+                before); nothing is added then.
         """
         count = len(keys)
         if begin >= count:
@@ -164,37 +199,15 @@ class BulkAdds:
                     return i
                 self.add(keys[i], seqs[i], values[i])
             return count
-        block = self._block
-        assert isinstance(block, ColumnBlockBuilder)
-        # ends[j]: the estimated bytes entries begin..begin+j-1 add to an open block.
-        ends = list(
-            accumulate(
-                map(
-                    operator.add,
-                    map(
-                        operator.add,
-                        map(len, islice(keys, begin, None)),
-                        map(len, islice(values, begin, None)),
-                    ),
-                    repeat(COLUMN_ENTRY_OVERHEAD),
-                ),
-                initial=0,
-            )
-        )
-        room = self._block_size - COLUMN_BLOCK_OVERHEAD
-        r = 0  # entries added so far
-        whole = count - begin
-        while r < whole:
-            estimate = self.estimated_size
-            if r and estimate >= limit:
-                break
-            # Where the open block closes, and where the estimate before an entry reaches
-            # ``limit`` if it does not close first (ends[e] - ends[r] is what r..e-1 add).
-            closes = bisect_left(ends, ends[r] + room - block.filled, r + 1)
-            stop = min(closes, bisect_left(ends, ends[r] + limit - estimate, r + 1), whole)
-            i, j = begin + r, begin + stop
-            self.extend(keys[i:j], seqs[i:j], values[i:j])
-            r = stop
-            if stop < closes:  # stopped by the limit inside the block: the estimate reached it
-                break
-        return begin + r
+        self._check_order(keys, begin)
+        ends = _column_ends(keys, values, begin)
+        return self._extend_columns(keys, seqs, values, ends, begin=begin, limit=limit)
+
+
+def _column_ends(keys: list[bytes], values: list[bytes], begin: int) -> list[int]:
+    """``ends[r]``: the estimated bytes entries ``begin:begin + r`` take in a columnar
+    block, in C-level maps."""
+    lengths = map(
+        operator.add, map(len, islice(keys, begin, None)), map(len, islice(values, begin, None))
+    )
+    return list(accumulate(map(operator.add, lengths, repeat(COLUMN_ENTRY_OVERHEAD)), initial=0))

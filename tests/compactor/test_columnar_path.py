@@ -376,26 +376,29 @@ def estimates(entries: list[tuple[bytes, int, bytes]], compression: str, version
     return sizes
 
 
-@pytest.mark.parametrize("version", [5, 3])
+@pytest.mark.parametrize("version", [6, 5, 3])
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_extend_below_stops_where_a_loop_of_add_would(compression: str, version: int) -> None:
     """``extend_below`` adds what ``add`` one by one would before the estimated size reaches
     the limit (the first entry always), and the SSTs are byte-identical: limits at, just
-    below and just above the sizes the loop sees, inside blocks and right after one closed."""
+    below and just above the sizes the loop sees, inside blocks and right after one closed,
+    into an empty builder and into one whose open block holds entries added one by one."""
     entries = [(b"key%05d" % i, i + 1, b"v" * (i % 37)) for i in range(600)]
     keys, seqs, values = (list(column) for column in zip(*entries, strict=True))
     seen = estimates(entries, compression, version)
     limits = {1, 1 << 30} | {s + d for s in seen[::7] for d in (-1, 0, 1)}
     for limit in sorted(limits):
-        for begin in (0, 17):
-            one = builder(compression, version)
+        for begin, added in ((0, 0), (17, 0), (17, 17)):
+            one, bulk = builder(compression, version), builder(compression, version)
+            for entry in entries[:added]:
+                one.add(*entry)
+                bulk.add(*entry)
             stop = begin
             for i in range(begin, len(entries)):
                 if i > begin and one.estimated_size >= limit:
                     break
                 one.add(*entries[i])
                 stop = i + 1
-            bulk = builder(compression, version)
             assert bulk.extend_below(keys, seqs, values, begin, limit) == stop, limit
             assert bulk.estimated_size == one.estimated_size
             assert bytes(bulk.finish().data) == bytes(one.finish().data)

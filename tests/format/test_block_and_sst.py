@@ -167,7 +167,7 @@ def test_taking_data_while_building_gives_the_same_sst() -> None:
     st.dictionaries(keys, st.tuples(st.integers(0, 2**63), st.binary(max_size=300)), max_size=300),
     st.sampled_from([64, 512, 4096]),
     st.sampled_from([0, 10]),
-    st.sampled_from([2, 3, 5]),
+    st.sampled_from([2, 3, 5, 6]),
     st.data(),
 )
 def test_extend_writes_the_bytes_of_adding_one_by_one(
@@ -206,6 +206,18 @@ def test_extend_rejects_keys_out_of_order() -> None:
         builder.extend([b"c", b"a"], [1, 1], [b"", b""])
     with pytest.raises(InvalidArgument):
         builder.extend([b"b"], [1], [b""])
+
+
+def test_extend_below_refuses_keys_out_of_order_and_adds_none_of_them() -> None:
+    builder = SstBuilder(writer_epoch=1)
+    builder.add(b"b", 1, b"x")
+    size = builder.estimated_size
+    with pytest.raises(InvalidArgument):
+        builder.extend_below([b"c", b"d", b"a"], [1, 1, 1], [b"", b"", b""], 0, 1 << 30)
+    with pytest.raises(InvalidArgument):
+        builder.extend_below([b"a", b"c"], [1, 1], [b"", b""], 0, 1 << 30)
+    assert builder.estimated_size == size
+    assert [entry[0] for entry in decode_sst(builder.finish().data)[1]] == [b"b"]
 
 
 def test_a_partition_indexes_a_bounded_amount_of_data_whatever_the_block_size() -> None:
