@@ -90,12 +90,16 @@ class BloomFilter:
     def may_contain_hash(self, h: int) -> bool:
         """:meth:`may_contain` of the key whose :func:`key_hash` is ``h``: a caller asking
         many filters about one key (a get over several L0 SSTs) hashes it once."""
-        h1 = h & _MASK64
-        h2 = (h >> 64) | 1
-        bits, num_bits = self._bits, self._num_bits
+        # The probes as build_filter steps them: below num_bits, so the ints stay small
+        # (h1 + i * h2 itself outgrows 64 bits, and a big int's every operation costs more).
+        num_bits = self._num_bits
+        bit = (h & _MASK64) % num_bits
+        step = ((h >> 64) | 1) % num_bits
+        bits = self._bits
         for _ in range(self._probes):
-            bit = h1 % num_bits
-            if not bits[bit >> 3] & (1 << (bit & 7)):
+            if not bits[bit >> 3] >> (bit & 7) & 1:
                 return False
-            h1 += h2
+            bit += step
+            if bit >= num_bits:
+                bit -= num_bits
         return True

@@ -100,6 +100,31 @@ def test_probes_past_two_to_the_64_do_not_wrap() -> None:
     assert wrapping(keys, len(keys)) != build_filter(keys, len(keys), 10)
 
 
+@pytest.mark.parametrize("bits_per_key", [1, 5, 10, 30, 64])
+def test_lookups_probe_the_bits_of_the_reference(bits_per_key: int) -> None:
+    """``may_contain`` steps its probes below ``num_bits`` (small ints): every answer, for
+    keys added and keys not, is the reference's (Python ints, ``h1 + i * h2`` unbounded)."""
+    rng = random.Random(bits_per_key)
+    keys = random_keys(rng, 300)
+    encoded = reference_filter(keys, len(keys), bits_per_key)
+    num_bits = 8 * (len(encoded) - 1)
+
+    def reference_may_contain(key: bytes) -> bool:
+        h = xxhash.xxh3_128_intdigest(key)
+        h1, h2 = h & _MASK64, (h >> 64) | 1
+        for _ in range(encoded[0]):
+            bit = h1 % num_bits
+            if not encoded[1 + (bit >> 3)] & (1 << (bit & 7)):
+                return False
+            h1 += h2
+        return True
+
+    probes = keys + random_keys(rng, 3000)
+    answers = list(map(BloomFilter(encoded).may_contain, probes))
+    assert answers == list(map(reference_may_contain, probes))
+    assert all(answers[:300]) and not all(answers[300:])
+
+
 def test_build_accepts_any_iterable() -> None:
     keys = random_keys(random.Random(11), 500)
 
