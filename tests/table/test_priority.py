@@ -7,12 +7,15 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from slatepy import Db, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.compactor.outputs import OutputWriter
 from slatepy.compactor.planner import CompactionPolicy
 from slatepy.store.base import ObjectMeta, ObjectStore, PutData, PutMode, WrappingStore
 from slatepy.store.url import open_store
+from slatepy.table import priority
 from slatepy.table.priority import FOREGROUND, Foreground
 
 
@@ -23,6 +26,24 @@ def test_yield_returns_at_once_without_a_foreground_wait() -> None:
         gate.yield_to(1.0)
     assert time.monotonic() - start < 0.5
     assert gate.pauses == 0
+
+
+def test_yield_points_hand_the_gil_off_at_most_every_hand_off_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hand-off is a timed sleep (25-110 µs here), so yield points without a foreground
+    wait sleep once per ``HAND_OFF_EVERY``, not at every call."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(priority.time, "sleep", sleeps.append)
+    gate = Foreground()
+    start = time.monotonic()
+    calls = 0
+    while time.monotonic() - start < 0.05 and calls < 1_000_000:
+        gate.yield_to()
+        calls += 1
+    elapsed = time.monotonic() - start
+    assert calls > 1000 and sleeps  # the first call hands off
+    assert len(sleeps) <= elapsed / priority.HAND_OFF_EVERY + 1
 
 
 def test_background_waits_while_the_gate_is_held_and_resumes_when_it_ends() -> None:
