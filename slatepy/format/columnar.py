@@ -145,12 +145,18 @@ class ColumnBlockBuilder:
             self._flags += bytes(len(keys))
         self._size += size + ENTRY_OVERHEAD * len(keys)
 
-    def finish(self) -> bytes:
-        """Encode the block and reset the builder."""
+    @property
+    def lookup(self) -> bool:
+        """Whether the blocks get a lookup index."""
+        return self._lookup
+
+    def finish(self, slots: bytes | None = None) -> bytes:
+        """Encode the block and reset the builder (``slots``: its lookup index's hash table,
+        if made already: :func:`~slatepy.format.lookup_index.blocks_slots`)."""
         flags = _EMPTY if self._flags is None else bytes(self._flags)
         keys, values, seqs = self._keys, self._values, pack_seqs(self._seqs)
         if self._lookup:
-            index, size = build_index(flags, keys, values, len(seqs))
+            index, size = build_index(flags, keys, values, len(seqs), slots)
             body = _ENCODER.encode((flags, keys, values, seqs, index))
             if len(body) != size:
                 raise AssertionError("the block encoder wrote other sizes than its index says")

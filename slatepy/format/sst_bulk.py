@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import accumulate, chain, islice, repeat
+from itertools import accumulate, chain, islice, pairwise, repeat
 
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import (
@@ -26,6 +26,7 @@ from slatepy.format.block import (
 from slatepy.format.columnar import BLOCK_OVERHEAD as COLUMN_BLOCK_OVERHEAD
 from slatepy.format.columnar import ENTRY_OVERHEAD as COLUMN_ENTRY_OVERHEAD
 from slatepy.format.columnar import ColumnBlockBuilder
+from slatepy.format.lookup_index import blocks_slots
 from slatepy.format.sst_index import INDEXED_BLOCKS_VERSION
 
 
@@ -143,8 +144,10 @@ class BulkAdds:
         assert isinstance(block, ColumnBlockBuilder)
         room = self._block_size - COLUMN_BLOCK_OVERHEAD
         whole = len(keys) - begin
+        tables = _tables_ahead(keys, ends, begin, room, block) if block.lookup else {}
         r = 0  # entries added so far
         while r < whole:
+            fresh = not len(block)
             closes = bisect_left(ends, ends[r] + room - block.filled, r + 1)
             end = min(closes, whole)
             if limit is not None:
@@ -155,7 +158,7 @@ class BulkAdds:
                 # close first (ends[e] - ends[r] is what entries r..e-1 add).
                 end = min(end, bisect_left(ends, ends[r] + limit - estimate, r + 1))
             i, j = begin + r, begin + end
-            if not len(block):
+            if fresh:
                 self._block_first = keys[i]
             if self._p_keys is not None:  # a new list once _close_block closes a partition
                 self._p_keys += keys[i:j]
@@ -169,7 +172,7 @@ class BulkAdds:
             r = end
             if end < closes:  # the block stays open: out of entries, or at the limit
                 break
-            self._add_block(block.finish())
+            self._add_block(block.finish(tables.get((i, j)) if fresh else None))
         if r:
             self._added(keys, seqs, begin, begin + r)
         return begin + r
@@ -203,6 +206,28 @@ class BulkAdds:
         self._check_order(keys, begin)
         ends = _column_ends(keys, values, begin)
         return self._extend_columns(keys, seqs, values, ends, begin=begin, limit=limit)
+
+
+def _tables_ahead(
+    keys: list[bytes], ends: Sequence[int], begin: int, room: int, block: ColumnBlockBuilder
+) -> dict[tuple[int, int], bytes]:
+    """The lookup hash tables of the blocks that :meth:`BulkAdds._extend_columns` will
+    start empty and close while adding ``keys[begin:]`` (``ends``, ``room`` and the open
+    ``block`` as there), by their rows ``(i, j)``, made in one go
+    (:func:`~slatepy.format.lookup_index.blocks_slots`). Its cuts do not depend on
+    ``limit``: a limit only leaves open a block this counts as closing, whose table is
+    then not used. Made only for two blocks or more (for one, ``finish`` makes it)."""
+    cuts: list[int] = []
+    r, filled, fresh = 0, block.filled, not len(block)
+    while (closes := bisect_left(ends, ends[r] + room - filled, r + 1)) < len(ends):
+        if fresh and not cuts:
+            cuts.append(begin + r)
+        if cuts:
+            cuts.append(begin + closes)
+        r, filled, fresh = closes, 0, True
+    if len(cuts) < 3:
+        return {}
+    return dict(zip(pairwise(cuts), blocks_slots(keys, cuts), strict=True))
 
 
 def _column_ends(keys: list[bytes], values: list[bytes], begin: int) -> Sequence[int]:

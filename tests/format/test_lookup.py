@@ -6,13 +6,14 @@ from __future__ import annotations
 import random
 import struct
 from array import array
+from itertools import pairwise
 
 import pytest
 
 from slatepy import Db, Settings
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import CorruptionError
-from slatepy.format import columnar, lookup
+from slatepy.format import columnar, lookup, lookup_index
 from slatepy.format.checksum import append_checksum
 from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
 from slatepy.format.kinds import Expiring, Operands
@@ -292,3 +293,25 @@ def test_a_big_endian_machine_reads_the_little_endian_columns(
     expected.frombytes(bytes(raw))
     expected.byteswap()
     assert column == expected and len(column) == 3
+
+
+def test_the_hash_tables_of_several_blocks_made_at_once_are_each_blocks_own() -> None:
+    """``blocks_slots`` (a compaction's bulk adds: one set of numpy calls for the blocks of
+    one add) gives every block the table ``_slots`` gives it alone: blocks of one entry, of
+    slot widths 1 and 2, placed past twice their count (probing without wrap-around), at
+    any offset of the keys."""
+    rnd = random.Random(5)
+    overflowed = 0
+    for _ in range(200):
+        counts = [rnd.choice([1, 2, 3, rnd.randint(1, 300), rnd.randint(250, 700)])]
+        counts += [rnd.randint(1, 300) for _ in range(rnd.randint(0, 5))]
+        keys = [rnd.randbytes(rnd.randint(0, 12)) for _ in range(sum(counts) + 8)]
+        cuts = [rnd.randint(0, 5)]
+        for count in counts:
+            cuts.append(cuts[-1] + count)
+        tables = lookup_index.blocks_slots(keys, cuts)
+        for (lo, hi), table in zip(pairwise(cuts), tables, strict=True):
+            width = lookup_index.slot_width(hi - lo)
+            assert table == lookup_index._slots(keys[lo:hi], width)
+            overflowed += len(table) > 2 * (hi - lo) * width
+    assert overflowed
