@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Sequence
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, islice, pairwise, repeat
 from operator import add
 
 import xxhash
@@ -33,8 +33,12 @@ def _array_header(count: int) -> int:
     return 1 if count < 16 else 3 if count < 65536 else 5
 
 
-def _starts(items: list[bytes], at: int) -> Sequence[int]:
-    """Where each of ``items``' bins starts from ``at``, and where the last one ends."""
+def _starts(items: list[bytes], at: int, width: int | None = None) -> Sequence[int]:
+    """Where each of ``items``' bins starts from ``at``, and where the last one ends
+    (``width``: the length of every item, when the caller knows they have one)."""
+    if width is not None:
+        step = _bin_size(width)
+        return range(at, at + step * (len(items) + 1), step)
     lengths = list(map(len, items))
     longest = max(lengths)
     if min(lengths) == longest:  # one size (fixed-size keys or values): a range
@@ -116,11 +120,16 @@ def blocks_slots(keys: list[bytes], cuts: Sequence[int]) -> list[bytes]:
     tables = np.concatenate(([0], np.cumsum(sizes)))
     slots = np.full(int(tables[-1]), 0xFFFFFFFF, dtype=np.uint32)  # a cast keeps all ones
     slots[places + np.repeat(tables[:-1], counts)] = order - block_starts
-    out = []
-    for b, count in enumerate(counts.tolist()):
-        table = slots[int(tables[b]) : int(tables[b + 1])]
-        out.append(table.astype(f"<u{slot_width(count)}").tobytes())
-    return out
+    widths = list(map(slot_width, counts.tolist()))
+    at = tables.tolist()
+    if min(widths) == max(widths):  # one cast for all (the common case)
+        width = widths[0]
+        data = slots.astype(f"<u{width}").tobytes()
+        return [data[width * lo : width * hi] for lo, hi in pairwise(at)]
+    return [
+        slots[lo:hi].astype(f"<u{width}").tobytes()
+        for (lo, hi), width in zip(pairwise(at), widths, strict=True)
+    ]
 
 
 def build_index(
@@ -128,17 +137,21 @@ def build_index(
     keys: list[bytes],
     values: list[bytes],
     seqs: int,
+    *,
     slots: bytes | None = None,
+    widths: tuple[int, int] | None = None,
 ) -> tuple[bytes, int]:
     """The index of a body ``[flags, keys, values, seqs, index]`` of these columns (``keys``
     not empty; a tombstone's value empty; ``seqs`` the seqs column's length), and the size
     that body must have: the offsets follow from the msgpack sizes the encoder is expected
     to write, and the caller checks that it did (another size is a bug, and would make
     lookups read the wrong bytes). ``slots``: the hash table if made already
-    (:func:`blocks_slots`)."""
+    (:func:`blocks_slots`); ``widths``: the length of every key and of every value, when
+    the caller knows them to be alike (the body's size check holds it to them)."""
+    key_width, value_width = (None, None) if widths is None else widths
     count = len(keys)
-    key_at = _starts(keys, 1 + _bin_size(len(flags)) + _array_header(count))
-    value_at = _starts(values, key_at[-1] + _array_header(count))
+    key_at = _starts(keys, 1 + _bin_size(len(flags)) + _array_header(count), key_width)
+    value_at = _starts(values, key_at[-1] + _array_header(count), value_width)
     width = 2 if value_at[-1] < 65536 else 4
     slot_bytes = slot_width(count)
     if slots is None:

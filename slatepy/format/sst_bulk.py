@@ -29,6 +29,11 @@ from slatepy.format.columnar import ColumnBlockBuilder
 from slatepy.format.lookup_index import blocks_slots
 from slatepy.format.sst_index import INDEXED_BLOCKS_VERSION
 
+TABLES_AHEAD_MIN = 3
+"""Blocks above which one bulk add makes their lookup hash tables together (about where it
+starts to pay on the shared machine: 15 blocks of 127 keys cost 16-18 us each that way,
+against 26 one by one; 2 blocks cost more)."""
+
 
 class BulkAdds:
     """:meth:`extend` and :meth:`extend_below` of an SST builder (see the module)."""
@@ -145,6 +150,8 @@ class BulkAdds:
         room = self._block_size - COLUMN_BLOCK_OVERHEAD
         whole = len(keys) - begin
         tables = _tables_ahead(keys, ends, begin, room, block) if block.lookup else {}
+        # Rows of one size (_column_ends' range): a block of them only needs no lengths.
+        widths = (len(keys[begin]), len(values[begin])) if isinstance(ends, range) else None
         r = 0  # entries added so far
         while r < whole:
             fresh = not len(block)
@@ -172,7 +179,10 @@ class BulkAdds:
             r = end
             if end < closes:  # the block stays open: out of entries, or at the limit
                 break
-            self._add_block(block.finish(tables.get((i, j)) if fresh else None))
+            if fresh:
+                self._add_block(block.finish(tables.get((i, j)), widths))
+            else:
+                self._add_block(block.finish())
         if r:
             self._added(keys, seqs, begin, begin + r)
         return begin + r
@@ -216,7 +226,8 @@ def _tables_ahead(
     ``block`` as there), by their rows ``(i, j)``, made in one go
     (:func:`~slatepy.format.lookup_index.blocks_slots`). Its cuts do not depend on
     ``limit``: a limit only leaves open a block this counts as closing, whose table is
-    then not used. Made only for two blocks or more (for one, ``finish`` makes it)."""
+    then not used. Made only for more than ``TABLES_AHEAD_MIN`` blocks (below that, a
+    block's own numpy calls cost less than the fixed ones of doing them all at once)."""
     cuts: list[int] = []
     r, filled, fresh = 0, block.filled, not len(block)
     while (closes := bisect_left(ends, ends[r] + room - filled, r + 1)) < len(ends):
@@ -225,7 +236,7 @@ def _tables_ahead(
         if cuts:
             cuts.append(begin + closes)
         r, filled, fresh = closes, 0, True
-    if len(cuts) < 3:
+    if len(cuts) <= TABLES_AHEAD_MIN:
         return {}
     return dict(zip(pairwise(cuts), blocks_slots(keys, cuts), strict=True))
 
