@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections.abc import Sequence
-from itertools import accumulate, islice, pairwise, repeat
+from itertools import accumulate, repeat
 from operator import add
 
 import xxhash
@@ -89,73 +89,27 @@ def slot_width(count: int) -> int:
     return 1 if count < 255 else 2 if count < 65535 else 4
 
 
-def blocks_slots(keys: list[bytes], cuts: Sequence[int]) -> list[bytes]:
-    """:func:`_slots` of each block ``keys[cuts[b]:cuts[b + 1]]`` (``cuts`` increasing, every
-    block not empty), the same bytes, with numpy's calls made once for all of them instead
-    of once a block: a compaction adds a few blocks at a time (``SstBuilder.extend_below``),
-    and per block those calls cost more than hashing its keys.
-
-    Each block's entries are sorted by their home slot as :func:`_slots` sorts them, but
-    all blocks in one sort: an entry's key is its home plus ``3 * s + c`` (``s`` its block's
-    first row, ``c`` its count), so the blocks' ranges of ``key - rank``, between
-    ``3 * s + 1`` and ``3 * s + 3 * c``, are disjoint and increasing: one running maximum
-    over all of them restarts at each block, as :func:`_slots`' own would.
-    """
-    import numpy as np
-
-    first = cuts[0]
-    bounds = np.asarray(cuts, dtype=np.int64) - first
-    counts = np.diff(bounds)
-    total = int(bounds[-1])
-    block_counts = np.repeat(counts, counts)  # each row's block's count
-    block_starts = np.repeat(bounds[:-1], counts)  # and first row
-    hashes = np.fromiter(map(_h64, islice(keys, first, cuts[-1])), dtype=np.uint64, count=total)
-    homes = (hashes % (2 * block_counts).astype(np.uint64)).view(np.int64)
-    shift = 3 * block_starts + block_counts
-    order = np.argsort(homes + shift, kind="stable")  # rows of a block stay in its range
-    ranks = np.arange(total, dtype=np.int64) - block_starts
-    places = np.maximum.accumulate(homes[order] + shift - ranks) + ranks - shift
-    ends = bounds[1:] - 1  # each block's last sorted row: its largest place
-    sizes = np.maximum(2 * counts, places[ends] + 1)
-    tables = np.concatenate(([0], np.cumsum(sizes)))
-    slots = np.full(int(tables[-1]), 0xFFFFFFFF, dtype=np.uint32)  # a cast keeps all ones
-    slots[places + np.repeat(tables[:-1], counts)] = order - block_starts
-    widths = list(map(slot_width, counts.tolist()))
-    at = tables.tolist()
-    if min(widths) == max(widths):  # one cast for all (the common case)
-        width = widths[0]
-        data = slots.astype(f"<u{width}").tobytes()
-        return [data[width * lo : width * hi] for lo, hi in pairwise(at)]
-    return [
-        slots[lo:hi].astype(f"<u{width}").tobytes()
-        for (lo, hi), width in zip(pairwise(at), widths, strict=True)
-    ]
-
-
 def build_index(
     flags: bytes,
     keys: list[bytes],
     values: list[bytes],
     seqs: int,
-    *,
-    slots: bytes | None = None,
     widths: tuple[int, int] | None = None,
 ) -> tuple[bytes, int]:
     """The index of a body ``[flags, keys, values, seqs, index]`` of these columns (``keys``
     not empty; a tombstone's value empty; ``seqs`` the seqs column's length), and the size
     that body must have: the offsets follow from the msgpack sizes the encoder is expected
     to write, and the caller checks that it did (another size is a bug, and would make
-    lookups read the wrong bytes). ``slots``: the hash table if made already
-    (:func:`blocks_slots`); ``widths``: the length of every key and of every value, when
-    the caller knows them to be alike (the body's size check holds it to them)."""
+    lookups read the wrong bytes). ``widths``: the length of every key and of every value,
+    when the caller knows them to be alike (a bulk add of rows of one size: no length is
+    measured then; the body's size check holds the encoder to them all the same)."""
     key_width, value_width = (None, None) if widths is None else widths
     count = len(keys)
     key_at = _starts(keys, 1 + _bin_size(len(flags)) + _array_header(count), key_width)
     value_at = _starts(values, key_at[-1] + _array_header(count), value_width)
     width = 2 if value_at[-1] < 65536 else 4
     slot_bytes = slot_width(count)
-    if slots is None:
-        slots = _slots(keys, slot_bytes)
+    slots = _slots(keys, slot_bytes)
     index = b"".join(
         (
             _packed(key_at, width),

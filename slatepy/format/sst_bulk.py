@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import accumulate, chain, islice, pairwise, repeat
+from itertools import accumulate, chain, islice, repeat
 
 from slatepy.errors import InvalidArgument
 from slatepy.format.block import (
@@ -26,13 +26,7 @@ from slatepy.format.block import (
 from slatepy.format.columnar import BLOCK_OVERHEAD as COLUMN_BLOCK_OVERHEAD
 from slatepy.format.columnar import ENTRY_OVERHEAD as COLUMN_ENTRY_OVERHEAD
 from slatepy.format.columnar import ColumnBlockBuilder
-from slatepy.format.lookup_index import blocks_slots
 from slatepy.format.sst_index import INDEXED_BLOCKS_VERSION
-
-TABLES_AHEAD_MIN = 3
-"""Blocks above which one bulk add makes their lookup hash tables together (about where it
-starts to pay on the shared machine: 15 blocks of 127 keys cost 16-18 us each that way,
-against 26 one by one; 2 blocks cost more)."""
 
 
 class BulkAdds:
@@ -149,8 +143,7 @@ class BulkAdds:
         assert isinstance(block, ColumnBlockBuilder)
         room = self._block_size - COLUMN_BLOCK_OVERHEAD
         whole = len(keys) - begin
-        tables = _tables_ahead(keys, ends, begin, room, block) if block.lookup else {}
-        # Rows of one size (_column_ends' range): a block of them only needs no lengths.
+        # Rows of one size (_column_ends' range): a block of them has no lengths to measure.
         widths = (len(keys[begin]), len(values[begin])) if isinstance(ends, range) else None
         r = 0  # entries added so far
         while r < whole:
@@ -179,10 +172,7 @@ class BulkAdds:
             r = end
             if end < closes:  # the block stays open: out of entries, or at the limit
                 break
-            if fresh:
-                self._add_block(block.finish(tables.get((i, j)), widths))
-            else:
-                self._add_block(block.finish())
+            self._add_block(block.finish(widths) if fresh else block.finish())
         if r:
             self._added(keys, seqs, begin, begin + r)
         return begin + r
@@ -216,29 +206,6 @@ class BulkAdds:
         self._check_order(keys, begin)
         ends = _column_ends(keys, values, begin)
         return self._extend_columns(keys, seqs, values, ends, begin=begin, limit=limit)
-
-
-def _tables_ahead(
-    keys: list[bytes], ends: Sequence[int], begin: int, room: int, block: ColumnBlockBuilder
-) -> dict[tuple[int, int], bytes]:
-    """The lookup hash tables of the blocks that :meth:`BulkAdds._extend_columns` will
-    start empty and close while adding ``keys[begin:]`` (``ends``, ``room`` and the open
-    ``block`` as there), by their rows ``(i, j)``, made in one go
-    (:func:`~slatepy.format.lookup_index.blocks_slots`). Its cuts do not depend on
-    ``limit``: a limit only leaves open a block this counts as closing, whose table is
-    then not used. Made only for more than ``TABLES_AHEAD_MIN`` blocks (below that, a
-    block's own numpy calls cost less than the fixed ones of doing them all at once)."""
-    cuts: list[int] = []
-    r, filled, fresh = 0, block.filled, not len(block)
-    while (closes := bisect_left(ends, ends[r] + room - filled, r + 1)) < len(ends):
-        if fresh and not cuts:
-            cuts.append(begin + r)
-        if cuts:
-            cuts.append(begin + closes)
-        r, filled, fresh = closes, 0, True
-    if len(cuts) <= TABLES_AHEAD_MIN:
-        return {}
-    return dict(zip(pairwise(cuts), blocks_slots(keys, cuts), strict=True))
 
 
 def _column_ends(keys: list[bytes], values: list[bytes], begin: int) -> Sequence[int]:

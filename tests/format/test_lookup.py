@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 import struct
 from array import array
-from itertools import pairwise
 
 import pytest
 
@@ -297,28 +296,6 @@ def test_a_big_endian_machine_reads_the_little_endian_columns(
     assert column == expected and len(column) == 3
 
 
-def test_the_hash_tables_of_several_blocks_made_at_once_are_each_blocks_own() -> None:
-    """``blocks_slots`` (a compaction's bulk adds: one set of numpy calls for the blocks of
-    one add) gives every block the table ``_slots`` gives it alone: blocks of one entry, of
-    slot widths 1 and 2, placed past twice their count (probing without wrap-around), at
-    any offset of the keys."""
-    rnd = random.Random(5)
-    overflowed = 0
-    for _ in range(200):
-        counts = [rnd.choice([1, 2, 3, rnd.randint(1, 300), rnd.randint(250, 700)])]
-        counts += [rnd.randint(1, 300) for _ in range(rnd.randint(0, 5))]
-        keys = [rnd.randbytes(rnd.randint(0, 12)) for _ in range(sum(counts) + 8)]
-        cuts = [rnd.randint(0, 5)]
-        for count in counts:
-            cuts.append(cuts[-1] + count)
-        tables = lookup_index.blocks_slots(keys, cuts)
-        for (lo, hi), table in zip(pairwise(cuts), tables, strict=True):
-            width = lookup_index.slot_width(hi - lo)
-            assert table == lookup_index._slots(keys[lo:hi], width)
-            overflowed += len(table) > 2 * (hi - lo) * width
-    assert overflowed
-
-
 @pytest.mark.parametrize(
     ("key_size", "value_size", "count"), [(16, 100, 127), (3, 300, 40), (8, 0, 900)]
 )
@@ -330,5 +307,5 @@ def test_an_index_told_its_rows_widths_is_the_one_it_finds_itself(
     keys = [b"%0*d" % (key_size, i) for i in range(count)]
     values = [bytes([i % 256]) * value_size for i in range(count)]
     assert lookup_index.build_index(
-        b"", keys, values, 8 * count, widths=(key_size, value_size)
+        b"", keys, values, 8 * count, (key_size, value_size)
     ) == lookup_index.build_index(b"", keys, values, 8 * count)
