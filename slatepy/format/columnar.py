@@ -145,12 +145,13 @@ class ColumnBlockBuilder:
             self._flags += bytes(len(keys))
         self._size += size + ENTRY_OVERHEAD * len(keys)
 
-    def finish(self) -> bytes:
-        """Encode the block and reset the builder."""
+    def finish(self, widths: tuple[int, int] | None = None) -> bytes:
+        """Encode the block and reset the builder (``widths``: the one length of its keys
+        and the one of its values, if known: :func:`~slatepy.format.lookup_index.build_index`)."""
         flags = _EMPTY if self._flags is None else bytes(self._flags)
         keys, values, seqs = self._keys, self._values, pack_seqs(self._seqs)
         if self._lookup:
-            index, size = build_index(flags, keys, values, len(seqs))
+            index, size = build_index(flags, keys, values, len(seqs), widths)
             body = _ENCODER.encode((flags, keys, values, seqs, index))
             if len(body) != size:
                 raise AssertionError("the block encoder wrote other sizes than its index says")

@@ -33,8 +33,12 @@ def _array_header(count: int) -> int:
     return 1 if count < 16 else 3 if count < 65536 else 5
 
 
-def _starts(items: list[bytes], at: int) -> Sequence[int]:
-    """Where each of ``items``' bins starts from ``at``, and where the last one ends."""
+def _starts(items: list[bytes], at: int, width: int | None = None) -> Sequence[int]:
+    """Where each of ``items``' bins starts from ``at``, and where the last one ends
+    (``width``: the length of every item, when the caller knows they have one)."""
+    if width is not None:
+        step = _bin_size(width)
+        return range(at, at + step * (len(items) + 1), step)
     lengths = list(map(len, items))
     longest = max(lengths)
     if min(lengths) == longest:  # one size (fixed-size keys or values): a range
@@ -80,26 +84,38 @@ def _slots(keys: list[bytes], slot_width: int) -> bytes:
     return slots.tobytes()
 
 
+def slot_width(count: int) -> int:
+    """Bytes of a slot of a block of ``count`` entries (all ones marks an empty slot)."""
+    return 1 if count < 255 else 2 if count < 65535 else 4
+
+
 def build_index(
-    flags: bytes, keys: list[bytes], values: list[bytes], seqs: int
+    flags: bytes,
+    keys: list[bytes],
+    values: list[bytes],
+    seqs: int,
+    widths: tuple[int, int] | None = None,
 ) -> tuple[bytes, int]:
     """The index of a body ``[flags, keys, values, seqs, index]`` of these columns (``keys``
     not empty; a tombstone's value empty; ``seqs`` the seqs column's length), and the size
     that body must have: the offsets follow from the msgpack sizes the encoder is expected
     to write, and the caller checks that it did (another size is a bug, and would make
-    lookups read the wrong bytes)."""
+    lookups read the wrong bytes). ``widths``: the length of every key and of every value,
+    when the caller knows them to be alike (a bulk add of rows of one size: no length is
+    measured then; the body's size check holds the encoder to them all the same)."""
+    key_width, value_width = (None, None) if widths is None else widths
     count = len(keys)
-    key_at = _starts(keys, 1 + _bin_size(len(flags)) + _array_header(count))
-    value_at = _starts(values, key_at[-1] + _array_header(count))
+    key_at = _starts(keys, 1 + _bin_size(len(flags)) + _array_header(count), key_width)
+    value_at = _starts(values, key_at[-1] + _array_header(count), value_width)
     width = 2 if value_at[-1] < 65536 else 4
-    slot_width = 1 if count < 255 else 2 if count < 65535 else 4  # all ones: empty
-    slots = _slots(keys, slot_width)
+    slot_bytes = slot_width(count)
+    slots = _slots(keys, slot_bytes)
     index = b"".join(
         (
             _packed(key_at, width),
             _packed(value_at, width),
             slots,
-            TRAILER.pack(count, len(slots) // slot_width, width, slot_width),
+            TRAILER.pack(count, len(slots) // slot_bytes, width, slot_bytes),
         )
     )
     return index, value_at[-1] + _bin_size(seqs) + _bin_size(len(index))

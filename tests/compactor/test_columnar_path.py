@@ -22,6 +22,9 @@ from slatepy.compactor import columnar_merge
 from slatepy.compactor.executor import compact_plan
 from slatepy.compactor.outputs import handle_of
 from slatepy.compactor.planner import CompactionPolicy, L0ToRun, Plan, WalToL0
+from slatepy.format import sst_bulk
+from slatepy.format.block import Entry
+from slatepy.format.columnar import ENTRY_OVERHEAD as COLUMN_ENTRY_OVERHEAD
 from slatepy.format.compression import Compression
 from slatepy.format.kinds import Expiring, Operands, RangeTombstone
 from slatepy.format.sst import SstBuilder
@@ -376,17 +379,38 @@ def estimates(entries: list[tuple[bytes, int, bytes]], compression: str, version
     return sizes
 
 
-@pytest.mark.parametrize("version", [6, 5, 3])
+def _rows(kind: str) -> list[Entry]:
+    """600 entries whose keys and values vary in length, have one length each (the bulk
+    adds' shortcut), or vary while their lengths sum to the count times the first's."""
+    if kind == "varying":
+        return [(b"key%05d" % i, i + 1, b"v" * (i % 37)) for i in range(600)]
+
+    def extra(i: int) -> int:
+        return 0 if kind == "fixed" or i in (0, 599) else (-1 if i % 2 else 1)
+
+    return [
+        (b"key%05d" % i + b"x" * (1 + extra(i)), i + 1, b"v" * (20 + extra(i))) for i in range(600)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("version", "rows"),
+    [(6, "varying"), (5, "varying"), (3, "varying"), (6, "fixed"), (6, "alike_in_sum")],
+)
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_extend_below_stops_where_a_loop_of_add_would(compression: str, version: int) -> None:
+def test_extend_below_stops_where_a_loop_of_add_would(
+    compression: str, version: int, rows: str
+) -> None:
     """``extend_below`` adds what ``add`` one by one would before the estimated size reaches
     the limit (the first entry always), and the SSTs are byte-identical: limits at, just
     below and just above the sizes the loop sees, inside blocks and right after one closed,
-    into an empty builder and into one whose open block holds entries added one by one."""
-    entries = [(b"key%05d" % i, i + 1, b"v" * (i % 37)) for i in range(600)]
+    into an empty builder and into one whose open block holds entries added one by one; rows
+    of varying sizes, of one size, and of sizes that differ but sum as if they were one."""
+    entries = _rows(rows)
     keys, seqs, values = (list(column) for column in zip(*entries, strict=True))
     seen = estimates(entries, compression, version)
-    limits = {1, 1 << 30} | {s + d for s in seen[::7] for d in (-1, 0, 1)}
+    every = 7 if rows == "varying" else 29  # the others: as many block cuts, fewer limits
+    limits = {1, 1 << 30} | {s + d for s in seen[::every] for d in (-1, 0, 1)}
     for limit in sorted(limits):
         for begin, added in ((0, 0), (17, 0), (17, 17)):
             one, bulk = builder(compression, version), builder(compression, version)
@@ -417,3 +441,17 @@ def test_input_groups_are_bounded_in_rows_and_bytes() -> None:
     groups = list(columnar_merge.groups(iter(big), 64 * 1024))
     assert [len(g[0]) for g in groups] == [7, 7, 7, 7, 7, 7, 7, 1]
     assert [g[3] for g in groups] == [False] + [True] * 7
+
+
+def test_rows_of_one_size_take_the_bulk_adds_shortcut() -> None:
+    """Block cuts of fixed-size rows come from a ``range`` (no length summed per row); rows
+    whose lengths vary, even summing as if they did not, from the lengths themselves."""
+    for kind, shortcut in (("fixed", True), ("alike_in_sum", False), ("varying", False)):
+        keys, _, values = (list(column) for column in zip(*_rows(kind), strict=True))
+        ends = sst_bulk._column_ends(keys, values, 0)
+        assert isinstance(ends, range) == shortcut, kind
+        sizes = [len(k) + len(v) + COLUMN_ENTRY_OVERHEAD for k, v in zip(keys, values, strict=True)]
+        assert list(ends) == [sum(sizes[:r]) for r in range(len(sizes) + 1)], kind
+        assert list(sst_bulk._column_ends(keys, values, 17)) == [
+            sum(sizes[17 : 17 + r]) for r in range(len(sizes) - 16)
+        ], kind

@@ -12,7 +12,7 @@ import pytest
 from slatepy import Db, Settings
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.errors import CorruptionError
-from slatepy.format import columnar, lookup
+from slatepy.format import columnar, lookup, lookup_index
 from slatepy.format.checksum import append_checksum
 from slatepy.format.columnar import ColumnBlockBuilder, decode_columnar
 from slatepy.format.kinds import Expiring, Operands
@@ -162,7 +162,9 @@ def test_the_writer_refuses_a_body_its_index_does_not_describe(
     """The offsets follow from the sizes msgpack's encoder is expected to write: a body of
     another size (a changed encoder) must fail the write, not write lookups that misread."""
     real = columnar.build_index
-    monkeypatch.setattr(columnar, "build_index", lambda *a: (real(*a)[0], real(*a)[1] + 1))
+    monkeypatch.setattr(
+        columnar, "build_index", lambda *a, **k: (real(*a, **k)[0], real(*a, **k)[1] + 1)
+    )
     with pytest.raises(AssertionError, match="other sizes"):
         block_of(entries(10, 16, 20))
 
@@ -292,3 +294,18 @@ def test_a_big_endian_machine_reads_the_little_endian_columns(
     expected.frombytes(bytes(raw))
     expected.byteswap()
     assert column == expected and len(column) == 3
+
+
+@pytest.mark.parametrize(
+    ("key_size", "value_size", "count"), [(16, 100, 127), (3, 300, 40), (8, 0, 900)]
+)
+def test_an_index_told_its_rows_widths_is_the_one_it_finds_itself(
+    key_size: int, value_size: int, count: int
+) -> None:
+    """``build_index`` with ``widths`` (a bulk add of rows of one size) writes the index it
+    writes measuring every key and value (bin 8 and bin 16 values, 1 and 2-byte slots)."""
+    keys = [b"%0*d" % (key_size, i) for i in range(count)]
+    values = [bytes([i % 256]) * value_size for i in range(count)]
+    assert lookup_index.build_index(
+        b"", keys, values, 8 * count, (key_size, value_size)
+    ) == lookup_index.build_index(b"", keys, values, 8 * count)
