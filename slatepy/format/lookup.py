@@ -38,7 +38,7 @@ import xxhash
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block
-from slatepy.format.checksum import CHECKSUM_SIZE, verify_checksummed
+from slatepy.format.checksum import CHECKSUM_SIZE
 from slatepy.format.columnar import decode_columnar, flagged_value
 from slatepy.format.lookup_index import BIG_ENDIAN, BIN_HEADER, FORMATS, LOOKUP_ARRAY, TRAILER
 
@@ -65,6 +65,11 @@ class LookupBlock:
     """A version 6 block kept as its bytes, verified, searched through its index: what the
     block cache holds for a block read by point gets. It costs its encoded size (a decoded
     block about twice that), and a get on it costs a hash and one or two key comparisons.
+
+    Built by :func:`open_lookup`, on the cold path of every get that reads a block: besides
+    the bytes it holds one ``memoryview`` (the key and value offsets, cast to their width;
+    a one-byte hash table is read from the bytes themselves, a wider one through a second
+    view), each made once and searched in C.
     """
 
     __slots__ = (
@@ -73,15 +78,18 @@ class LookupBlock:
         "_empty",
         "_flags_at",
         "_seqs_at",
+        "_slot0",
         "_slots",
+        "_slots_end",
         "_values",
         "data",
         "size_in_memory",
     )
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, view: memoryview | None = None) -> None:
         """``data``: the block as stored, its checksum last, already verified (see
-        :func:`open_lookup`, which verifies it)."""
+        :func:`open_lookup`, which verifies it); ``view``: a ``memoryview`` of it, if the
+        caller has one."""
         self.data = data
         end = len(data) - CHECKSUM_SIZE - TRAILER.size
         if end < 2:
@@ -93,25 +101,40 @@ class LookupBlock:
         index_at = slots_at - 2 * (count + 1) * width
         if index_at < 2:
             raise CorruptionError("data block: a lookup index larger than the block")
-        view = memoryview(data)
+        if view is None:
+            view = memoryview(data)
         # key_at then value_at: one view, value_at[i] at count + 1 + i.
-        self._at = at = _column(view, index_at, slots_at, width)
-        self._slots = _column(view, slots_at, end, slot_width)
+        if BIG_ENDIAN:
+            self._at = at = _column(view, index_at, slots_at, width)
+        else:
+            self._at = at = view[index_at:slots_at].cast("H" if width == 2 else "I")
+        self._slots: bytes | memoryview | array[int]
+        if slot_width == 1:  # the table's slots are the block's bytes
+            self._slots, self._slot0, self._slots_end = data, slots_at, end
+        else:
+            self._slots = _column(view, slots_at, end, slot_width)
+            self._slot0, self._slots_end = 0, slots
         self._values = values = count + 1
         self._buckets = 2 * count
         self._empty = (1 << (8 * slot_width)) - 1
         seqs = at[values + count]
         if not 0 < at[0] <= at[count] <= at[values] <= seqs < index_at:
             raise CorruptionError("data block: a lookup index out of the block's bounds")
-        self._seqs_at = seqs + _header(data, seqs)
+        header = _BIN_HEADERS[data[seqs]]
+        if not header:
+            raise CorruptionError(f"data block: no bin at byte {seqs} where its index points")
+        self._seqs_at = seqs + header
         if self._seqs_at + 8 * count > index_at:
             raise CorruptionError("data block: the seqs column is too short")
-        flags_header = _header(data, 1)
-        flags_length = int.from_bytes(data[2 : 1 + flags_header], "big")
+        header = _BIN_HEADERS[data[1]]
+        if not header:
+            raise CorruptionError("data block: no bin at byte 1 where its index points")
+        flags_length = int.from_bytes(data[2 : 1 + header], "big")
         if flags_length not in (0, count):
             raise CorruptionError("data block: the flags column has the wrong length")
-        self._flags_at = 1 + flags_header if flags_length else -1
-        self.size_in_memory = len(data) + 700  # the bytes, the two views and this object (measured)
+        self._flags_at = 1 + header if flags_length else -1
+        # The bytes, the view(s) and this object (measured: tests/format/test_lookup.py).
+        self.size_in_memory = len(data) + (600 if slot_width == 1 else 850)
 
     def first_key(self) -> bytes:
         """The block's first key (what the SST's index says it is)."""
@@ -127,7 +150,7 @@ class LookupBlock:
         data, at, slots, empty = self.data, self._at, self._slots, self._empty
         length = len(key)  # its bin header's size, if a stored key has its length:
         skip = 2 if length < 256 else 3 if length < 65536 else 5
-        s = _h64(key) % self._buckets
+        s = _h64(key) % self._buckets + self._slot0
         i = slots[s]
         while i != empty:
             if data[at[i] + skip : at[i + 1]] == key:
@@ -144,7 +167,7 @@ class LookupBlock:
                     value = flagged_value(i, flag, value)  # type: ignore[arg-type]
                 return seq, value
             s += 1
-            if s == len(slots):
+            if s == self._slots_end:
                 break
             i = slots[s]
         return None
@@ -158,14 +181,31 @@ def _header(data: bytes, at: int) -> int:
     return size
 
 
-def open_lookup(data: bytes) -> LookupBlock | None:
+def open_lookup(data: bytes, first_key: bytes | None = None) -> LookupBlock | None:
     """Verify a stored block (its checksum last) and open it for lookups: None when it has
     no index (a version 5 block).
 
+    Args:
+        first_key: What the SST's index says the block's first key is, checked if given.
+
     Raises:
-        CorruptionError: checksum mismatch, or an index that cannot be the block's.
+        CorruptionError: checksum mismatch, an index that cannot be the block's, or a first
+            key other than ``first_key``.
     """
-    verify_checksummed(data, "data block")
-    if data[0] != LOOKUP_ARRAY:
+    # verify_checksummed inline (this is every cold get's path), its view kept for the index.
+    end = len(data) - CHECKSUM_SIZE
+    if end < 0:
+        raise CorruptionError(f"data block: {len(data)} bytes is too short to hold a checksum")
+    view = memoryview(data)
+    if _h64(view[:end]) != _unpack_u64(data, end)[0]:
+        raise CorruptionError("data block: checksum mismatch")
+    if not end or data[0] != LOOKUP_ARRAY:
         return None
-    return LookupBlock(data)
+    block = LookupBlock(data, view)
+    if first_key is not None:
+        at = block._at
+        start = at[0]
+        header = _BIN_HEADERS[data[start]]
+        if not header or data[start + header : at[1]] != first_key:
+            raise CorruptionError("disagrees with the index")
+    return block

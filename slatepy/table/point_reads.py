@@ -285,9 +285,9 @@ class PointReads(SstTops):
         index = part.first_block + j
         if top.lookup_blocks and not top.compressed_blocks and data[:1] == _INDEXED:
             try:
-                lookup = open_lookup(data if data.__class__ is bytes else bytes(data))
-                if lookup is not None and lookup.first_key() != part.first_keys[j]:
-                    raise CorruptionError("disagrees with the index")
+                lookup = open_lookup(
+                    data if data.__class__ is bytes else bytes(data), part.first_keys[j]
+                )
             except CorruptionError as exc:
                 raise _block_error(path, index, start, exc) from exc
             if lookup is not None:  # (it is: its first byte was checked)
