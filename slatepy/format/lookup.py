@@ -38,7 +38,7 @@ import xxhash
 
 from slatepy.errors import CorruptionError
 from slatepy.format.block import Block
-from slatepy.format.checksum import CHECKSUM_SIZE
+from slatepy.format.checksum import CHECKSUM_SIZE, verify_checksummed
 from slatepy.format.columnar import decode_columnar, flagged_value
 from slatepy.format.lookup_index import BIG_ENDIAN, BIN_HEADER, FORMATS, LOOKUP_ARRAY, TRAILER
 
@@ -66,10 +66,11 @@ class LookupBlock:
     block cache holds for a block read by point gets. It costs its encoded size (a decoded
     block about twice that), and a get on it costs a hash and one or two key comparisons.
 
-    Built by :func:`open_lookup`, on the cold path of every get that reads a block: besides
-    the bytes it holds one ``memoryview`` (the key and value offsets, cast to their width;
-    a one-byte hash table is read from the bytes themselves, a wider one through a second
-    view), each made once and searched in C.
+    Opening one is on the cold path of every get that reads a block, so the constructor
+    does all of it in one frame: the checksum, the index's bounds, the first key. Besides
+    the bytes a block holds one ``memoryview`` (the key and value offsets, cast to their
+    width; a one-byte hash table is read from the bytes themselves, a wider one through a
+    second view), made once and searched in C.
     """
 
     __slots__ = (
@@ -86,12 +87,26 @@ class LookupBlock:
         "size_in_memory",
     )
 
-    def __init__(self, data: bytes, view: memoryview | None = None) -> None:
-        """``data``: the block as stored, its checksum last, already verified (see
-        :func:`open_lookup`, which verifies it); ``view``: a ``memoryview`` of it, if the
-        caller has one."""
+    def __init__(self, data: bytes, first_key: bytes | None = None) -> None:
+        """Verify ``data``, a stored block with a lookup index (its first byte says so; see
+        :func:`open_lookup` for any block), and open it.
+
+        Args:
+            first_key: What the SST's index says the block's first key is, checked if given.
+
+        Raises:
+            CorruptionError: checksum mismatch, an index that cannot be the block's, or a
+                first key other than ``first_key``.
+        """
         self.data = data
-        end = len(data) - CHECKSUM_SIZE - TRAILER.size
+        # verify_checksummed inline, its view kept for the index.
+        end = len(data) - CHECKSUM_SIZE
+        if end < 0:
+            raise CorruptionError(f"data block: {len(data)} bytes is too short to hold a checksum")
+        view = memoryview(data)
+        if _h64(view[:end]) != _unpack_u64(data, end)[0]:
+            raise CorruptionError("data block: checksum mismatch")
+        end -= TRAILER.size
         if end < 2:
             raise CorruptionError("data block: too short for a lookup index")
         count, slots, width, slot_width = _unpack_trailer(data, end)
@@ -101,8 +116,6 @@ class LookupBlock:
         index_at = slots_at - 2 * (count + 1) * width
         if index_at < 2:
             raise CorruptionError("data block: a lookup index larger than the block")
-        if view is None:
-            view = memoryview(data)
         # key_at then value_at: one view, value_at[i] at count + 1 + i.
         if BIG_ENDIAN:
             self._at = at = _column(view, index_at, slots_at, width)
@@ -117,8 +130,9 @@ class LookupBlock:
         self._values = values = count + 1
         self._buckets = 2 * count
         self._empty = (1 << (8 * slot_width)) - 1
+        first = at[0]
         seqs = at[values + count]
-        if not 0 < at[0] <= at[count] <= at[values] <= seqs < index_at:
+        if not 0 < first <= at[count] <= at[values] <= seqs < index_at:
             raise CorruptionError("data block: a lookup index out of the block's bounds")
         header = _BIN_HEADERS[data[seqs]]
         if not header:
@@ -129,10 +143,14 @@ class LookupBlock:
         header = _BIN_HEADERS[data[1]]
         if not header:
             raise CorruptionError("data block: no bin at byte 1 where its index points")
-        flags_length = int.from_bytes(data[2 : 1 + header], "big")
+        flags_length = data[2] if header == 2 else int.from_bytes(data[2 : 1 + header], "big")
         if flags_length not in (0, count):
             raise CorruptionError("data block: the flags column has the wrong length")
         self._flags_at = 1 + header if flags_length else -1
+        if first_key is not None:
+            header = _BIN_HEADERS[data[first]]
+            if not header or data[first + header : at[1]] != first_key:
+                raise CorruptionError("disagrees with the index")
         # The bytes, the view(s) and this object (measured: tests/format/test_lookup.py).
         self.size_in_memory = len(data) + (600 if slot_width == 1 else 850)
 
@@ -183,7 +201,7 @@ def _header(data: bytes, at: int) -> int:
 
 def open_lookup(data: bytes, first_key: bytes | None = None) -> LookupBlock | None:
     """Verify a stored block (its checksum last) and open it for lookups: None when it has
-    no index (a version 5 block).
+    no index (a version 5 block, verified all the same).
 
     Args:
         first_key: What the SST's index says the block's first key is, checked if given.
@@ -192,20 +210,7 @@ def open_lookup(data: bytes, first_key: bytes | None = None) -> LookupBlock | No
         CorruptionError: checksum mismatch, an index that cannot be the block's, or a first
             key other than ``first_key``.
     """
-    # verify_checksummed inline (this is every cold get's path), its view kept for the index.
-    end = len(data) - CHECKSUM_SIZE
-    if end < 0:
-        raise CorruptionError(f"data block: {len(data)} bytes is too short to hold a checksum")
-    view = memoryview(data)
-    if _h64(view[:end]) != _unpack_u64(data, end)[0]:
-        raise CorruptionError("data block: checksum mismatch")
-    if not end or data[0] != LOOKUP_ARRAY:
-        return None
-    block = LookupBlock(data, view)
-    if first_key is not None:
-        at = block._at
-        start = at[0]
-        header = _BIN_HEADERS[data[start]]
-        if not header or data[start + header : at[1]] != first_key:
-            raise CorruptionError("disagrees with the index")
-    return block
+    if len(data) > CHECKSUM_SIZE and data[0] == LOOKUP_ARRAY:
+        return LookupBlock(data, first_key)
+    verify_checksummed(data, "data block")
+    return None

@@ -58,7 +58,8 @@ class PointReads(SstTops):
         if first is None or last is None or not first <= key <= last:
             return None
         p = bisect_right(top.first_keys, key) - 1
-        p = max(p, 0)
+        if p < 0:  # noqa: PLR1730 (max() is a call, on every get)
+            p = 0
         part = self._metas.get((path, p))
         if part.__class__ is not Partition:
             part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
@@ -100,7 +101,8 @@ class PointReads(SstTops):
         if first is None or last is None or not first <= key <= last:
             return None
         p = bisect_right(top.first_keys, key) - 1
-        p = max(p, 0)
+        if p < 0:  # noqa: PLR1730 (max() is a call, on every get)
+            p = 0
         part = self._metas.get((path, p))
         if part.__class__ is not Partition:
             part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
@@ -294,18 +296,17 @@ class PointReads(SstTops):
             and top.version >= LOOKUP_BLOCKS_VERSION
             and top.props.compression == "none"
         ):
-            try:
-                lookup = open_lookup(
+            try:  # verified (checksum, index bounds, first key) as it is opened
+                lookup = LookupBlock(
                     data if data.__class__ is bytes else bytes(data), part.first_keys[j]
                 )
             except CorruptionError as exc:
                 raise _block_error(path, index, start, exc) from exc
-            if lookup is not None:  # (it is: its first byte was checked)
-                self._blocks.put(where, lookup, lookup.size_in_memory)
-                try:
-                    return lookup.get(key)
-                except (CorruptionError, IndexError) as exc:
-                    raise _named_search(path, part, j, exc) from exc
+            self._blocks.put(where, lookup, lookup.size_in_memory)
+            try:
+                return lookup.get(key)
+            except (CorruptionError, IndexError) as exc:
+                raise _named_search(path, part, j, exc) from exc
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
             self._blocks.put(where, cached, cached.size_in_memory)
