@@ -165,7 +165,11 @@ class LookupBlock:
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
-        data, at, slots, empty = self.data, self._at, self._slots, self._empty
+        # (Separate assignments: four names at once would build and unpack a tuple.)
+        data = self.data
+        at = self._at
+        slots = self._slots
+        empty = self._empty
         length = len(key)  # its bin header's size, if a stored key has its length:
         skip = 2 if length < 256 else 3 if length < 65536 else 5
         s = _h64(key) % self._buckets + self._slot0
@@ -173,13 +177,14 @@ class LookupBlock:
         while i != empty:
             if data[at[i] + skip : at[i + 1]] == key:
                 # The entry: its value, seq and flags.
-                start = at[self._values + i]
+                v = self._values + i
+                start = at[v]
                 header = _BIN_HEADERS[data[start]]
                 if not header:
                     raise CorruptionError(
                         f"data block: entry {i}'s value is not where its index says"
                     )
-                value: bytes | None = data[start + header : at[self._values + i + 1]]
+                value: bytes | None = data[start + header : at[v + 1]]
                 seq: int = _unpack_u64(data, self._seqs_at + 8 * i)[0]
                 if self._flags_at >= 0 and (flag := data[self._flags_at + i]):
                     value = flagged_value(i, flag, value)  # type: ignore[arg-type]
