@@ -65,6 +65,12 @@ class LookupBlock:
     """A version 6 block kept as its bytes, verified, searched through its index: what the
     block cache holds for a block read by point gets. It costs its encoded size (a decoded
     block about twice that), and a get on it costs a hash and one or two key comparisons.
+
+    Opening one is on the cold path of every get that reads a block, so the constructor
+    does all of it in one frame: the checksum, the index's bounds, the first key. Besides
+    the bytes a block holds one ``memoryview`` (the key and value offsets, cast to their
+    width; a one-byte hash table is read from the bytes themselves, a wider one through a
+    second view), made once and searched in C.
     """
 
     __slots__ = (
@@ -73,17 +79,34 @@ class LookupBlock:
         "_empty",
         "_flags_at",
         "_seqs_at",
+        "_slot0",
         "_slots",
+        "_slots_end",
         "_values",
         "data",
         "size_in_memory",
     )
 
-    def __init__(self, data: bytes) -> None:
-        """``data``: the block as stored, its checksum last, already verified (see
-        :func:`open_lookup`, which verifies it)."""
+    def __init__(self, data: bytes, first_key: bytes | None = None) -> None:
+        """Verify ``data``, a stored block with a lookup index (its first byte says so; see
+        :func:`open_lookup` for any block), and open it.
+
+        Args:
+            first_key: What the SST's index says the block's first key is, checked if given.
+
+        Raises:
+            CorruptionError: checksum mismatch, an index that cannot be the block's, or a
+                first key other than ``first_key``.
+        """
         self.data = data
-        end = len(data) - CHECKSUM_SIZE - TRAILER.size
+        # verify_checksummed inline, its view kept for the index.
+        end = len(data) - CHECKSUM_SIZE
+        if end < 0:
+            raise CorruptionError(f"data block: {len(data)} bytes is too short to hold a checksum")
+        view = memoryview(data)
+        if _h64(view[:end]) != _unpack_u64(data, end)[0]:
+            raise CorruptionError("data block: checksum mismatch")
+        end -= TRAILER.size
         if end < 2:
             raise CorruptionError("data block: too short for a lookup index")
         count, slots, width, slot_width = _unpack_trailer(data, end)
@@ -93,25 +116,43 @@ class LookupBlock:
         index_at = slots_at - 2 * (count + 1) * width
         if index_at < 2:
             raise CorruptionError("data block: a lookup index larger than the block")
-        view = memoryview(data)
         # key_at then value_at: one view, value_at[i] at count + 1 + i.
-        self._at = at = _column(view, index_at, slots_at, width)
-        self._slots = _column(view, slots_at, end, slot_width)
+        if BIG_ENDIAN:
+            self._at = at = _column(view, index_at, slots_at, width)
+        else:
+            self._at = at = view[index_at:slots_at].cast("H" if width == 2 else "I")
+        self._slots: bytes | memoryview | array[int]
+        if slot_width == 1:  # the table's slots are the block's bytes
+            self._slots, self._slot0, self._slots_end = data, slots_at, end
+        else:
+            self._slots = _column(view, slots_at, end, slot_width)
+            self._slot0, self._slots_end = 0, slots
         self._values = values = count + 1
         self._buckets = 2 * count
         self._empty = (1 << (8 * slot_width)) - 1
+        first = at[0]
         seqs = at[values + count]
-        if not 0 < at[0] <= at[count] <= at[values] <= seqs < index_at:
+        if not 0 < first <= at[count] <= at[values] <= seqs < index_at:
             raise CorruptionError("data block: a lookup index out of the block's bounds")
-        self._seqs_at = seqs + _header(data, seqs)
+        header = _BIN_HEADERS[data[seqs]]
+        if not header:
+            raise CorruptionError(f"data block: no bin at byte {seqs} where its index points")
+        self._seqs_at = seqs + header
         if self._seqs_at + 8 * count > index_at:
             raise CorruptionError("data block: the seqs column is too short")
-        flags_header = _header(data, 1)
-        flags_length = int.from_bytes(data[2 : 1 + flags_header], "big")
+        header = _BIN_HEADERS[data[1]]
+        if not header:
+            raise CorruptionError("data block: no bin at byte 1 where its index points")
+        flags_length = data[2] if header == 2 else int.from_bytes(data[2 : 1 + header], "big")
         if flags_length not in (0, count):
             raise CorruptionError("data block: the flags column has the wrong length")
-        self._flags_at = 1 + flags_header if flags_length else -1
-        self.size_in_memory = len(data) + 700  # the bytes, the two views and this object (measured)
+        self._flags_at = 1 + header if flags_length else -1
+        if first_key is not None:
+            header = _BIN_HEADERS[data[first]]
+            if not header or data[first + header : at[1]] != first_key:
+                raise CorruptionError("disagrees with the index")
+        # The bytes, the view(s) and this object (measured: tests/format/test_lookup.py).
+        self.size_in_memory = len(data) + (600 if slot_width == 1 else 850)
 
     def first_key(self) -> bytes:
         """The block's first key (what the SST's index says it is)."""
@@ -124,27 +165,32 @@ class LookupBlock:
 
     def get(self, key: bytes) -> tuple[int, bytes | None] | None:
         """``(seq, value)`` for ``key`` if the block holds it (``value`` None = tombstone)."""
-        data, at, slots, empty = self.data, self._at, self._slots, self._empty
+        # (Separate assignments: four names at once would build and unpack a tuple.)
+        data = self.data
+        at = self._at
+        slots = self._slots
+        empty = self._empty
         length = len(key)  # its bin header's size, if a stored key has its length:
         skip = 2 if length < 256 else 3 if length < 65536 else 5
-        s = _h64(key) % self._buckets
+        s = _h64(key) % self._buckets + self._slot0
         i = slots[s]
         while i != empty:
             if data[at[i] + skip : at[i + 1]] == key:
                 # The entry: its value, seq and flags.
-                start = at[self._values + i]
+                v = self._values + i
+                start = at[v]
                 header = _BIN_HEADERS[data[start]]
                 if not header:
                     raise CorruptionError(
                         f"data block: entry {i}'s value is not where its index says"
                     )
-                value: bytes | None = data[start + header : at[self._values + i + 1]]
+                value: bytes | None = data[start + header : at[v + 1]]
                 seq: int = _unpack_u64(data, self._seqs_at + 8 * i)[0]
                 if self._flags_at >= 0 and (flag := data[self._flags_at + i]):
                     value = flagged_value(i, flag, value)  # type: ignore[arg-type]
                 return seq, value
             s += 1
-            if s == len(slots):
+            if s == self._slots_end:
                 break
             i = slots[s]
         return None
@@ -158,14 +204,18 @@ def _header(data: bytes, at: int) -> int:
     return size
 
 
-def open_lookup(data: bytes) -> LookupBlock | None:
+def open_lookup(data: bytes, first_key: bytes | None = None) -> LookupBlock | None:
     """Verify a stored block (its checksum last) and open it for lookups: None when it has
-    no index (a version 5 block).
+    no index (a version 5 block, verified all the same).
+
+    Args:
+        first_key: What the SST's index says the block's first key is, checked if given.
 
     Raises:
-        CorruptionError: checksum mismatch, or an index that cannot be the block's.
+        CorruptionError: checksum mismatch, an index that cannot be the block's, or a first
+            key other than ``first_key``.
     """
+    if len(data) > CHECKSUM_SIZE and data[0] == LOOKUP_ARRAY:
+        return LookupBlock(data, first_key)
     verify_checksummed(data, "data block")
-    if data[0] != LOOKUP_ARRAY:
-        return None
-    return LookupBlock(data)
+    return None

@@ -76,20 +76,20 @@ class LruCache(Generic[V]):
         return found.value
 
     def put(self, key: Hashable, value: V, size: int) -> None:
-        # _put inline, and the lock by acquire/release: every cold read puts.
+        # _put inline, in locals, and the lock by acquire/release: every cold read puts.
         lock = self._lock
         lock.acquire()
         try:
             entries = self._entries
             old = entries.pop(key, None)
-            if old is not None:
-                self._size -= old.size
-            self._inserted += 1
-            entries[key] = _Entry(value, size, self._inserted)
-            self._size += size
-            if self._size > self.capacity:
-                while self._size > self.capacity and len(entries) > 1:
-                    self._size -= entries.popitem(last=False)[1].size
+            total = self._size + size if old is None else self._size - old.size + size
+            self._inserted = inserted = self._inserted + 1
+            entries[key] = _Entry(value, size, inserted)
+            if total > self.capacity:
+                capacity, popitem = self.capacity, entries.popitem
+                while total > capacity and len(entries) > 1:
+                    total -= popitem(False)[1].size
+            self._size = total
             self._window = len(entries) >> RECENCY_SHIFT
         finally:
             lock.release()

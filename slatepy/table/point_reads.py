@@ -15,7 +15,7 @@ from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_search
 from slatepy.format.compression import unframe_block
 from slatepy.format.lookup import LookupBlock, open_lookup
 from slatepy.format.lookup_index import LOOKUP_ARRAY
-from slatepy.format.sst import Partition, SstTop, decode_stored_block
+from slatepy.format.sst import LOOKUP_BLOCKS_VERSION, Partition, SstTop, decode_stored_block
 from slatepy.table.sst_tops import Cached, SstTops, _block_error, _named_decode
 
 PROMOTE_AFTER_HITS = 8
@@ -32,6 +32,8 @@ this lie between them: a wasted 32 KiB costs less than a request's latency and f
 _INDEXED = bytes((LOOKUP_ARRAY,))  # a block with a lookup index starts so (version 6)
 Found = tuple[int, bytes | None]
 """``(seq, value)`` of a key in an SST (``value`` None = tombstone)."""
+BlockKey = tuple[str, int]
+"""A block's key in the block cache: its SST's path and its index in the SST."""
 
 
 class PointReads(SstTops):
@@ -56,14 +58,16 @@ class PointReads(SstTops):
         if first is None or last is None or not first <= key <= last:
             return None
         p = bisect_right(top.first_keys, key) - 1
-        p = max(p, 0)
+        if p < 0:  # noqa: PLR1730 (max() is a call, on every get)
+            p = 0
         part = self._metas.get((path, p))
         if part.__class__ is not Partition:
             part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
         j = bisect_right(part.first_keys, key) - 1
         if j < 0:
             return None
-        block = self._blocks.get((path, part.first_block + j))
+        where = (path, part.first_block + j)
+        block = self._blocks.get(where)
         if block.__class__ is LookupBlock:  # the warm path: searching the block beats the filter
             try:  # free unless it raises
                 return block.get(key)
@@ -81,7 +85,7 @@ class PointReads(SstTops):
             bloom = part.bloom  # Partition.may_contain, inline
             if bloom is not None and not bloom.may_contain(key):
                 return None
-            return self._cold_get(path, top, part, j, key)
+            return self._cold_get(top, part, j, key, where)
         return self._block(path, top, part, j, block).get(key)
 
     def get_filtered(
@@ -97,7 +101,8 @@ class PointReads(SstTops):
         if first is None or last is None or not first <= key <= last:
             return None
         p = bisect_right(top.first_keys, key) - 1
-        p = max(p, 0)
+        if p < 0:  # noqa: PLR1730 (max() is a call, on every get)
+            p = 0
         part = self._metas.get((path, p))
         if part.__class__ is not Partition:
             part = self._load_partition(path, top, p, part)  # type: ignore[arg-type]
@@ -107,7 +112,8 @@ class PointReads(SstTops):
         j = bisect_right(part.first_keys, key) - 1
         if j < 0:
             return None
-        block = self._blocks.get((path, part.first_block + j))
+        where = (path, part.first_block + j)
+        block = self._blocks.get(where)
         if block.__class__ is LookupBlock:
             try:  # free unless it raises
                 return block.get(key)
@@ -120,7 +126,7 @@ class PointReads(SstTops):
                 return block.seqs[i], block.values[i]
             return None
         if block is None:
-            return self._cold_get(path, top, part, j, key)
+            return self._cold_get(top, part, j, key, where)
         return self._block(path, top, part, j, block).get(key)
 
     def get_many(
@@ -259,7 +265,7 @@ class PointReads(SstTops):
         return views
 
     def _cold_get(
-        self, path: str, top: SstTop, part: Partition, j: int, key: bytes
+        self, top: SstTop, part: Partition, j: int, key: bytes, where: BlockKey
     ) -> Found | None:
         """``key`` looked up in block ``j`` of ``part``, which the block cache does not hold:
         the block read, verified, decoded, cached (see :meth:`_new_block`) and searched.
@@ -269,8 +275,10 @@ class PointReads(SstTops):
         success is read again through the store stack, which maps, retries and counts), and
         a block with a lookup index (version 6) is cached as those bytes and searched; a
         version 5 block is decoded straight from them, copied to be cached raw only when
-        the cache has no room for it decoded.
+        the cache has no room for it decoded. ``where`` is the block's key in the cache (its
+        SST's path and index).
         """
+        path, index = where
         offsets = part.offsets
         start, end = offsets[j], offsets[j + 1]
         kept = self._kept.get(path)
@@ -282,23 +290,26 @@ class PointReads(SstTops):
         c.block_reads += 1
         c.bytes_read += len(data)
         c.lock.release()
-        index = part.first_block + j
-        if top.lookup_blocks and not top.compressed_blocks and data[:1] == _INDEXED:
-            try:
-                lookup = open_lookup(data if data.__class__ is bytes else bytes(data))
-                if lookup is not None and lookup.first_key() != part.first_keys[j]:
-                    raise CorruptionError("disagrees with the index")
+        # SstTop.lookup_blocks and not .compressed_blocks, inline (two property calls).
+        if (
+            data[:1] == _INDEXED
+            and top.version >= LOOKUP_BLOCKS_VERSION
+            and top.props.compression == "none"
+        ):
+            try:  # verified (checksum, index bounds, first key) as it is opened
+                lookup = LookupBlock(
+                    data if data.__class__ is bytes else bytes(data), part.first_keys[j]
+                )
             except CorruptionError as exc:
                 raise _block_error(path, index, start, exc) from exc
-            if lookup is not None:  # (it is: its first byte was checked)
-                self._blocks.put((path, index), lookup, lookup.size_in_memory)
-                try:
-                    return lookup.get(key)
-                except (CorruptionError, IndexError) as exc:
-                    raise _named_search(path, part, j, exc) from exc
+            self._blocks.put(where, lookup, lookup.size_in_memory)
+            try:
+                return lookup.get(key)
+            except (CorruptionError, IndexError) as exc:
+                raise _named_search(path, part, j, exc) from exc
         if not top.columnar_blocks or top.compressed_blocks:
             found, cached = self._new_block(path, top, part, j, data)
-            self._blocks.put((path, index), cached, cached.size_in_memory)
+            self._blocks.put(where, cached, cached.size_in_memory)
             return found.get(key)
         try:
             block = open_searchable(data)
@@ -309,9 +320,9 @@ class PointReads(SstTops):
             raise _block_error(path, index, start, "disagrees with the index")
         # Kept decoded while the cache has room for it (it evicts nothing), else as its
         # bytes (half the memory) until it is hit again.
-        if not self._blocks.put_if_room((path, index), block, block.size_in_memory):
+        if not self._blocks.put_if_room(where, block, block.size_in_memory):
             raw = RawColumnarBlock(data[:-CHECKSUM_SIZE])
-            self._blocks.put((path, index), raw, raw.size_in_memory)
+            self._blocks.put(where, raw, raw.size_in_memory)
         i = bisect_left(keys, key)
         if i < len(keys) and keys[i] == key:
             return block.seqs[i], block.values[i]

@@ -309,3 +309,38 @@ def test_an_index_told_its_rows_widths_is_the_one_it_finds_itself(
     assert lookup_index.build_index(
         b"", keys, values, 8 * count, (key_size, value_size)
     ) == lookup_index.build_index(b"", keys, values, 8 * count)
+
+
+def test_open_lookup_checks_the_first_key_the_index_gives() -> None:
+    stored = entries(30, 16, 20)
+    data = block_of(stored)
+    block = open_lookup(data, stored[0][0])
+    assert block is not None and block.first_key() == stored[0][0]
+    for other in (stored[1][0], stored[0][0][:-1], stored[0][0] + b"\x00"):
+        with pytest.raises(CorruptionError, match="disagrees with the index"):
+            open_lookup(data, other)
+    unindexed = block_of(stored, lookup=False)
+    assert open_lookup(unindexed, stored[1][0]) is None  # (its first key is its decoder's)
+
+
+def test_a_block_whose_first_key_disagrees_with_the_index_is_reported() -> None:
+    """A block that passes its checksum but starts with another key than the SST's index
+    says (the cold get's check, made while the block is opened) fails the get as
+    ``CorruptionError`` naming the object and the block, and is not cached."""
+    rows = [(b"k%05d" % i, i, b"v" * 100) for i in range(200)]
+    sst = SstBuilder(writer_epoch=1, block_size=4096).add_all(rows).finish()
+    data = bytearray(sst.data)
+    handle = sst.meta.blocks[1]
+    body = bytearray(data[handle.offset : handle.offset + handle.length - 8])
+    first = decode_columnar(resealed(bytes(body))).keys[0]
+    at = body.index(first)
+    body[at : at + len(first)] = b"j" + first[1:]  # same length: the offsets stay right
+    data[handle.offset : handle.offset + handle.length] = resealed(bytes(body))
+    store = open_store("memory://")
+    store.put("sst", bytes(data))
+    tables = TableReader(store)
+    match = f"sst: block 1 at byte {handle.offset}: disagrees with the index"
+    with pytest.raises(CorruptionError, match=match):
+        tables.get("sst", first)
+    assert len(tables._blocks) == 0
+    assert tables.get("sst", rows[0][0]) == rows[0][1:]  # the other blocks still read
