@@ -267,6 +267,8 @@ class Compactor:
                 clock=self._expiry_clock,
                 merging=self._merging,
                 progress=lambda: self._progress(todo),
+                # A closing writer has no foreground left to hand the GIL to.
+                hand_off=lambda: self._close_by is None,
             )
         finally:
             self._unbudgeted = 0

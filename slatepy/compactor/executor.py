@@ -141,6 +141,7 @@ def compact_plan(
     merging: Merging = NO_MERGING,
     progress: Callable[[], None] | None = None,
     columnar: bool = True,
+    hand_off: Callable[[], bool] = lambda: True,
 ) -> list[SstHandle]:
     """Merge a plan's inputs and write the outputs, in key order, cut at
     ``policy.target_sst_bytes``.
@@ -168,6 +169,8 @@ def compact_plan(
 
     ``progress`` is called before the first entry and about every ``PROGRESS_EVERY``
     entries after (the compactor checks for cancellation and renews its lease there).
+    ``hand_off`` says at each yield point whether to hand the GIL to other threads
+    (``Foreground.yield_to``).
     """
     bottom = drops_tombstones(plan)
     range_tombstones = plan_range_tombstones(plan, manifest, tables)
@@ -183,6 +186,7 @@ def compact_plan(
         # blocks cost the writer's awaited batches a fifth of their rate (RFC 0022's
         # addendum); a sorted run's SSTs have them.
         lookup_index=not isinstance(plan, WalToL0),
+        hand_off=hand_off,
     )
     try:
         if range_tombstones or not columnar:

@@ -10,7 +10,7 @@ succeeds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from slatepy.compactor.planner import CompactionPolicy
 from slatepy.format.block import Entry
@@ -43,6 +43,7 @@ class OutputWriter:
         compression: Compression,
         compression_level: int,
         lookup_index: bool = True,
+        hand_off: Callable[[], bool] = lambda: True,
     ) -> None:
         self._store = store
         self._target = policy.target_sst_bytes
@@ -52,6 +53,8 @@ class OutputWriter:
         self._compression: Compression = compression
         self._level = compression_level
         self._lookup = lookup_index
+        self._hand_off = hand_off
+        """Whether yield points hand the GIL off now (``Foreground.yield_to``)."""
         self.handles: list[SstHandle] = []
         self.output: StreamedSst | None = None
         self.count = 0
@@ -77,7 +80,7 @@ class OutputWriter:
                     # Let the writer's threads have the GIL: a thread back from its WAL PUT
                     # would otherwise wait out the interpreter's 5 ms switch interval (RFC 0006),
                     # and a durable write in progress goes first (table/priority.py).
-                    FOREGROUND.yield_to()
+                    FOREGROUND.yield_to(hand_off=self._hand_off())
                     if self.output is not None:
                         self.output.send_if_due()
                 count += 1
@@ -95,7 +98,7 @@ class OutputWriter:
 
     def add_plain(self, keys: list[bytes], seqs: list[int], values: list[bytes]) -> None:
         """Add plain entries in key order, after those added before, in bulk."""
-        FOREGROUND.yield_to()  # as add_entries does
+        FOREGROUND.yield_to(hand_off=self._hand_off())  # as add_entries does
         output = self.output
         if output is not None:
             output.send_if_due()

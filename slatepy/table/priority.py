@@ -31,12 +31,6 @@ PAUSE_MAX = 0.01
 """Seconds background work waits at one yield point for foreground waits to end: about
 two switch intervals, longer than a WAL SST's write on a quiet disk."""
 
-HAND_OFF_EVERY = 0.002
-"""Seconds between the GIL hand-offs (``time.sleep(0)``) of yield points with no foreground
-wait open. A hand-off is a timed sleep, 25-110 µs on the shared machine whether or not any
-thread wants the GIL, and yield points come about every millisecond of compaction: one at
-each of them cost a compaction 10-14% of its wall time (py-spy)."""
-
 
 class Foreground:
     """Counts the foreground waits open in this process; background work yields to them.
@@ -51,7 +45,6 @@ class Foreground:
         self._ended = 0  # foreground waits ended so far: a pause ends at the next one
         self.pauses = 0
         """Times background work paused for one (for tests and benchmarks)."""
-        self._handed_off = 0.0  # monotonic time of the last hand-off (racy: a heuristic)
 
     def __enter__(self) -> None:
         with self._cond:
@@ -68,10 +61,18 @@ class Foreground:
             self._ended += 1
             self._cond.notify_all()
 
-    def yield_to(self, max_wait: float = PAUSE_MAX) -> None:
+    def yield_to(self, max_wait: float = PAUSE_MAX, *, hand_off: bool = True) -> None:
         """A background yield point: if a foreground wait is open, wait until one ends, at
-        most ``max_wait`` seconds; otherwise hand the GIL to any thread that wants it
-        (``time.sleep(0)``), at most every ``HAND_OFF_EVERY`` seconds."""
+        most ``max_wait`` seconds; otherwise, with ``hand_off``, hand the GIL to any thread
+        that wants it (``time.sleep(0)``).
+
+        The hand-off is a timed sleep, 25-110 µs on the shared machine whether or not any
+        thread wants the GIL (10-14% of a compaction's wall time at a yield point every
+        millisecond), and without it a thread that gave up the GIL for I/O (a get's read)
+        waits out the interpreter's switch interval: a compaction that handed off every 2 ms
+        instead cut the gets running beside it by a third. So background work passes
+        ``hand_off=False`` only when no foreground of its own is left (a closing writer's
+        compactions)."""
         if self.active:  # read without the lock: a stale answer costs one pause or one skip
             with self._cond:
                 if self.active:
@@ -82,9 +83,7 @@ class Foreground:
                     self.pauses += 1
                     self._cond.wait_for(lambda: self._ended != ended, max_wait)
                     return
-        now = time.monotonic()
-        if now - self._handed_off >= HAND_OFF_EVERY:
-            self._handed_off = now
+        if hand_off:
             time.sleep(0)
 
 

@@ -28,22 +28,45 @@ def test_yield_returns_at_once_without_a_foreground_wait() -> None:
     assert gate.pauses == 0
 
 
-def test_yield_points_hand_the_gil_off_at_most_every_hand_off_interval(
+def test_yield_points_hand_the_gil_off_unless_told_not_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A hand-off is a timed sleep (25-110 µs here), so yield points without a foreground
-    wait sleep once per ``HAND_OFF_EVERY``, not at every call."""
     sleeps: list[float] = []
     monkeypatch.setattr(priority.time, "sleep", sleeps.append)
     gate = Foreground()
-    start = time.monotonic()
-    calls = 0
-    while time.monotonic() - start < 0.05 and calls < 1_000_000:
+    for _ in range(5):
         gate.yield_to()
-        calls += 1
-    elapsed = time.monotonic() - start
-    assert calls > 1000 and sleeps  # the first call hands off
-    assert len(sleeps) <= elapsed / priority.HAND_OFF_EVERY + 1
+    assert sleeps == [0] * 5
+    for _ in range(5):
+        gate.yield_to(hand_off=False)
+    assert len(sleeps) == 5
+
+
+def test_a_closing_writers_compactions_do_not_hand_the_gil_off(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-off is a timed sleep (10-14% of a compaction's wall time): a compaction hands
+    off at its yield points while its writer runs, and not once the writer is closing."""
+    url = f"file://{tmp_path}/db"
+    settings = Settings(compactor="off")
+    asked: list[bool] = []
+
+    def yield_to(max_wait: float = priority.PAUSE_MAX, *, hand_off: bool = True) -> None:
+        asked.append(hand_off)
+
+    monkeypatch.setattr(FOREGROUND, "yield_to", yield_to)
+    with Db.open(url, settings=settings) as db:
+        compactor = Compactor(open_store(url), settings=settings)
+        for closing in (False, True):
+            batch = WriteBatch()
+            for i in range(3000):
+                batch.put(b"key%06d" % i, b"v" * 100)
+            db.write(batch)
+            if closing:
+                compactor.closing(time.monotonic() + 60.0)
+            asked.clear()
+            assert compactor.run_once() is not None
+            assert asked and set(asked) == {not closing}, closing
 
 
 def test_background_waits_while_the_gate_is_held_and_resumes_when_it_ends() -> None:
