@@ -91,15 +91,15 @@ class ManifestAdoption(DbState):
                 # deleted since, so it keeps nothing compacted from now on.
                 self._retain_bytes = 0
                 compacted.append(0)
-            # A closing writer drops its whole memtable when the close's compactions are
-            # done: pruning it after each of them (8% of a close's CPU) would be wasted.
-            if compacted and not self._closed:
-                self._memtable.prune(
-                    max(compacted),
-                    retain_bytes=self._retain_bytes,
-                    floor_seq=manifest.last_ingest_seq,
-                )
             if compacted:
+                # A closing writer drops its whole memtable when the close's compactions
+                # are done: pruning it after each of them (8% of a close's CPU) is wasted.
+                if not self._closed:
+                    self._memtable.prune(
+                        max(compacted),
+                        retain_bytes=self._retain_bytes,
+                        floor_seq=manifest.last_ingest_seq,
+                    )
                 self._pruned.set()
             for wal_id in [i for i in known if i <= cutoff]:
                 self._replayed_max_seq.pop(wal_id, None)

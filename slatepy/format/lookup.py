@@ -99,14 +99,8 @@ class LookupBlock:
                 first key other than ``first_key``.
         """
         self.data = data
-        # verify_checksummed inline, its view kept for the index.
-        end = len(data) - CHECKSUM_SIZE
-        if end < 0:
-            raise CorruptionError(f"data block: {len(data)} bytes is too short to hold a checksum")
-        view = memoryview(data)
-        if _h64(view[:end]) != _unpack_u64(data, end)[0]:
-            raise CorruptionError("data block: checksum mismatch")
-        end -= TRAILER.size
+        view = verify_checksummed(data, "data block")  # the body: kept for the index's views
+        end = len(view) - TRAILER.size
         if end < 2:
             raise CorruptionError("data block: too short for a lookup index")
         count, slots, width, slot_width = _unpack_trailer(data, end)
@@ -134,15 +128,10 @@ class LookupBlock:
         seqs = at[values + count]
         if not 0 < first <= at[count] <= at[values] <= seqs < index_at:
             raise CorruptionError("data block: a lookup index out of the block's bounds")
-        header = _BIN_HEADERS[data[seqs]]
-        if not header:
-            raise CorruptionError(f"data block: no bin at byte {seqs} where its index points")
-        self._seqs_at = seqs + header
+        self._seqs_at = seqs + _header(data, seqs)
         if self._seqs_at + 8 * count > index_at:
             raise CorruptionError("data block: the seqs column is too short")
-        header = _BIN_HEADERS[data[1]]
-        if not header:
-            raise CorruptionError("data block: no bin at byte 1 where its index points")
+        header = _header(data, 1)
         flags_length = data[2] if header == 2 else int.from_bytes(data[2 : 1 + header], "big")
         if flags_length not in (0, count):
             raise CorruptionError("data block: the flags column has the wrong length")

@@ -15,7 +15,7 @@ from slatepy.format.columnar import RawColumnarBlock, open_columnar, open_search
 from slatepy.format.compression import unframe_block
 from slatepy.format.lookup import LookupBlock, open_lookup
 from slatepy.format.lookup_index import LOOKUP_ARRAY
-from slatepy.format.sst import LOOKUP_BLOCKS_VERSION, Partition, SstTop, decode_stored_block
+from slatepy.format.sst import Partition, SstTop, decode_stored_block
 from slatepy.table.sst_tops import Cached, SstTops, _block_error, _named_decode
 
 PROMOTE_AFTER_HITS = 8
@@ -290,12 +290,7 @@ class PointReads(SstTops):
         c.block_reads += 1
         c.bytes_read += len(data)
         c.lock.release()
-        # SstTop.lookup_blocks and not .compressed_blocks, inline (two property calls).
-        if (
-            data[:1] == _INDEXED
-            and top.version >= LOOKUP_BLOCKS_VERSION
-            and top.props.compression == "none"
-        ):
+        if data[:1] == _INDEXED and top.lookup_blocks and not top.compressed_blocks:
             try:  # verified (checksum, index bounds, first key) as it is opened
                 lookup = LookupBlock(
                     data if data.__class__ is bytes else bytes(data), part.first_keys[j]
