@@ -15,7 +15,11 @@ of one ``Db.write``, CPU per batch (the process, and the writer's thread alone),
 compactor thread's CPU during the phase (from ``/proc``, so Linux only), the close's time,
 the process's CPU over the phase and the close together (work the compactor put off is done
 by the close's drain), and where the data is after it: what competes with an awaited batch
-for the GIL.
+for the GIL. ``--compactor in-process process`` adds, interleaved, the deployment where the
+compactor runs in its own process and shares no GIL with the writer (``compactor="off"``,
+``slatepy compactor URL`` started before the writes, polling every 0.1 s, and stopped by
+SIGTERM after the close; "compactor CPU s" is then the child's, the other CPU figures the
+writer's process alone).
 """
 
 from __future__ import annotations
@@ -68,23 +72,36 @@ def run(batches: int, file_sync: str) -> str:
 
 
 SEQUENCE = """
-import json, os, statistics, sys, tempfile, threading, time
+import json, os, signal, statistics, subprocess, sys, tempfile, threading, time
 from bench.engines import ENGINES
 from slatepy import Db, Settings, WriteBatch
 keys = [b"key%013d" % i for i in range(int(sys.argv[1]))]  # as bench.__main__.key
+own_process = sys.argv[2] == "process"
+
+def cpu_of(stat):
+    with open(stat) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 def thread_cpu(name):
+    if child is not None:  # the compactor's own process
+        return cpu_of(f"/proc/{child.pid}/stat")
     ids = [t.native_id for t in threading.enumerate() if t.name == name]
-    total = 0.0
-    for tid in ids:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(cpu_of(f"/proc/self/task/{tid}/stat") for tid in ids)
 
 with tempfile.TemporaryDirectory() as tmp:
-    engine = ENGINES["slatepy"](f"file://{tmp}/db", Settings())  # as the benchmark opens it
+    url = f"file://{tmp}/db"
+    # As the benchmark opens it; or with the compactor in its own process.
+    engine = ENGINES["slatepy"](url, Settings(compactor="off") if own_process else Settings())
     db = engine.db
+    child = None
+    if own_process:
+        # Nothing wakes it when writes come: it polls, every 0.1 s as a writer flushes.
+        polls = dict(os.environ, SLATEPY_COMPACTION_INTERVAL="0.1")
+        polls.update(SLATEPY_COMPACTION_MAX_INTERVAL="0.1")
+        command = [sys.executable, "-m", "slatepy.cli.main", "compactor", url]
+        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(command, env=polls, **quiet)
     engine.put_many(keys, b"v" * 100)
     compactor = thread_cpu("slatepy-compactor")
     latencies, writer = [], []
@@ -102,6 +119,9 @@ with tempfile.TemporaryDirectory() as tmp:
     began, total = time.perf_counter(), time.process_time()
     db.close()
     closed, total = time.perf_counter() - began, time.process_time() - total + cpu
+    if child is not None:
+        child.send_signal(signal.SIGTERM)  # it hands its lease back and exits
+        child.wait(timeout=60)
     with Db.open(f"file://{tmp}/db", settings=Settings(compactor="off")) as again:
         view = again._view
         layout = f"L0 {len(view.l0)}, runs {len(view.sorted_runs)}"
@@ -120,24 +140,28 @@ print(json.dumps({
 """
 
 
-def sequence(trees: list[str], keys: int, repeat: int) -> None:
-    """``--sequence``: the reopen benchmark's write phases, trees interleaved (module doc)."""
-    runs: dict[str, list[dict[str, float | str]]] = {tree: [] for tree in trees}
+def sequence(trees: list[str], keys: int, repeat: int, compactors: list[str]) -> None:
+    """``--sequence``: the reopen benchmark's write phases, trees (and where the compactor
+    runs) interleaved (module doc)."""
+    runs: dict[str, list[dict[str, float | str]]] = {
+        f"{tree} {where}": [] for tree in trees for where in compactors
+    }
     for _ in range(repeat):
-        for tree in trees:
+        for name, results in runs.items():
+            tree, where = name.rsplit(" ", 1)
             env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
             out = subprocess.run(
-                [sys.executable, "-c", SEQUENCE, str(keys)],
+                [sys.executable, "-c", SEQUENCE, str(keys), where],
                 cwd=tree,  # ``-c`` puts the working directory first on sys.path
                 env=env,
                 check=True,
                 capture_output=True,
                 text=True,
             ).stdout
-            runs[tree].append(json.loads(out.strip().splitlines()[-1]))
-            print(tree, runs[tree][-1], flush=True)
-    figures = [k for k in runs[trees[0]][0] if k != "after close"]
-    print("| tree | " + " | ".join(figures) + " | after close |")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+            print(name, results[-1], flush=True)
+    figures = [k for k in next(iter(runs.values()))[0] if k != "after close"]
+    print("| tree, compactor | " + " | ".join(figures) + " | after close |")
     print("|---|" + "---|" * (len(figures) + 1))
     for tree, results in runs.items():
         cells = []
@@ -160,9 +184,16 @@ def main() -> None:
     parser.add_argument("--sequence", action="store_true", help="see the module's doc")
     parser.add_argument("--keys", type=int, default=200_000, help="--sequence: keys written")
     parser.add_argument("--trees", nargs="+", default=["."], help="--sequence: source trees")
+    parser.add_argument(
+        "--compactor",
+        nargs="+",
+        default=["in-process"],
+        choices=["in-process", "process"],
+        help="--sequence: where the compactor runs (see the module's doc)",
+    )
     args = parser.parse_args()
     if args.sequence:
-        sequence(args.trees, args.keys, args.repeat)
+        sequence(args.trees, args.keys, args.repeat, args.compactor)
         return
     print("| file_sync | batches/s | ms/batch | CPU ms/batch | fsyncs/batch | PUTs/batch |")
     print("|---|---|---|---|---|---|")
