@@ -5,15 +5,22 @@ lost or duplicated, the slot never confirms beyond the shards, and a later resta
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from slatepy.persist import PersistClient
-from slatepy.sources.postgres import slot_name_of
+from slatepy.sources import Ingest, IngestConflict, SlotLost, SourceUnavailable
+from slatepy.sources.base import OffsetFrontier, SourceReader
+from slatepy.sources.postgres import PostgresSource, slot_name_of
 from tests.sources.crashkit import (
     Txn,
     assert_bounded_reliance,
@@ -22,10 +29,11 @@ from tests.sources.crashkit import (
     table_contents,
     workload,
 )
-from tests.sources.pgkit import setup_orders, snapshot, sql
+from tests.sources.pgkit import caught_up, expected, setup_orders, snapshot, sql, step_until
 from tests.sources.test_cli import Running
 
 SLOT = slot_name_of("orders")
+SHARDS: dict[str, Any] = {"data_shards": ["orders"], "remap_shard": "orders.remap", "tick": 0}
 
 
 def ingest(pg_url: str, store: str) -> Running:
@@ -111,3 +119,83 @@ def test_two_concurrent_ingests_one_stops_nothing_lost(pg_url: str, tmp_path: Pa
         assert upper is not None
         assert snapshot(client, "orders", upper - 1) == table_contents(pg_url)
         assert hold.since == 0
+
+
+class HeldOpen:
+    """``source``, whose :meth:`open` says it was called (with which offsets) and then
+    waits for ``proceed``: the ingest has read the shards' uppers and not yet the slot."""
+
+    def __init__(self, source: PostgresSource) -> None:
+        self.source = source
+        self.opening = threading.Event()
+        self.proceed = threading.Event()
+        self.resume: OffsetFrontier = ()
+
+    @property
+    def outputs(self) -> Sequence[str]:
+        return self.source.outputs
+
+    @property
+    def partitions(self) -> int:
+        return self.source.partitions
+
+    def shapes(self) -> Sequence[bytes]:
+        return self.source.shapes()
+
+    def open(self, resume: OffsetFrontier) -> SourceReader:
+        self.resume = resume
+        self.opening.set()
+        assert self.proceed.wait(30)
+        return self.source.open(resume)
+
+
+def test_a_newcomer_that_waited_for_the_slot_stops_with_ingest_conflict(
+    client: PersistClient, pg_url: str
+) -> None:
+    """The second ingest reads the uppers, the first commits further upstream, the second
+    takes the slot (after 5 s) and finds it confirmed beyond what it read: that is the other
+    ingest's progress, not lost WAL, so it stops with IngestConflict (it said SlotLost, "that
+    WAL may be gone"); the first loses its stream, resumes from the shards and carries on."""
+    setup_orders(pg_url, rows=5)
+    first = Ingest(client, PostgresSource(pg_url, "pub", slot="s"), **SHARDS)
+    first.start()
+    step_until(first, caught_up(first, pg_url))
+    held = HeldOpen(PostgresSource(pg_url, "pub", slot="s"))
+    second = Ingest(client, held, **SHARDS)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            second.start()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    try:
+        assert held.opening.wait(30)
+        sql(pg_url, "INSERT INTO orders VALUES (6, 'six', 6)", "DELETE FROM orders WHERE id = 2")
+        step_until(first, caught_up(first, pg_url))
+        assert first.committed[0] > held.resume[0]
+    finally:
+        held.proceed.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive() and len(errors) == 1
+    error = errors[0]
+    assert isinstance(error, IngestConflict) and isinstance(error.__cause__, SlotLost)
+    assert re.match(
+        r"remap shard 'orders.remap' moved to \d+ while this ingest opened the source "
+        rf"\(expected \d+\): another ingest .* \(writers: {socket.gethostname()}:{os.getpid()} "
+        r"ingest remap\); this one stops",
+        str(error),
+    ), error
+    second.close()
+    # The newcomer terminated the first's walsender: the first resumes, as run() does.
+    with pytest.raises(SourceUnavailable):
+        step_until(first, lambda: False, timeout=10)
+    first.start()
+    sql(pg_url, "UPDATE orders SET qty = 0 WHERE id = 1")
+    step_until(first, caught_up(first, pg_url))
+    assert snapshot(client, "orders", first.resumption - 1) == expected(pg_url)["public.orders"]
+    assert_bounded_reliance(client, "orders", pg_url, "s")
+    first.close()
