@@ -44,7 +44,9 @@ from slatepy.sources.base import (
 )
 from slatepy.sources.errors import (
     IngestConflict,
+    OffsetOutOfRange,
     SchemaChanged,
+    SlotLost,
     SourceError,
     SourceUnavailable,
 )
@@ -172,7 +174,35 @@ class Ingest:
         log.info(
             "ingest %s resumes at time %d, offsets %s", self.remap_shard, self.resumption, resume
         )
-        self._reader = self.source.open(resume)
+        try:
+            self._reader = self.source.open(resume)
+        except (OffsetOutOfRange, SlotLost) as exc:
+            # Opening may wait (a PostgreSQL slot another session holds: 5 s), and another
+            # ingest may commit upstream beyond what this one read meanwhile.
+            self._check_unmoved("while this ingest opened the source", exc)
+            raise
+
+    def _check_unmoved(self, when: str, cause: SourceError | None = None) -> None:
+        """Raise :class:`IngestConflict` if a shard's upper is not where this ingest's own
+        appends left it (or :meth:`start` read it): another ingest of the same shards wrote.
+        Never adopt such an upper: this ingest would bind again, at later times, the offsets
+        the other one wrote (every row twice)."""
+        for handle, then in zip(
+            (self._remap, *self._data), (self.bindings.upper, *self._uppers), strict=True
+        ):
+            now = self._fetch_upper(handle)
+            if now != then:
+                raise self._conflict(handle, now, then, when) from cause
+
+    def _conflict(
+        self, handle: WriteHandle, current: int | None, expected: int, when: str
+    ) -> IngestConflict:
+        kind = "remap" if handle is self._remap else "data"
+        return IngestConflict(
+            f"{kind} shard {handle.shard_id!r} moved to {current} {when} (expected {expected}): "
+            f"another ingest of the same shards is running ({holders(self._client, handle)}); "
+            "this one stops"
+        )
 
     def _check_shapes(self) -> None:
         for i, shape in enumerate(self.source.shapes()):
@@ -245,11 +275,7 @@ class Ingest:
         try:
             self._remap.compare_and_append(updates, upper, new_upper)
         except UpperMismatch as exc:
-            raise IngestConflict(
-                f"remap shard {self.remap_shard!r} moved to {exc.current} under this ingest "
-                f"(expected {upper}): another ingest of the same shards is running "
-                f"({holders(self._client, self._remap)}); this one stops"
-            ) from exc
+            raise self._conflict(self._remap, exc.current, upper, "under this ingest") from exc
 
     def _append(self) -> None:
         target = self.bindings.complete_upper(self.progress)
@@ -276,11 +302,7 @@ class Ingest:
             try:
                 handle.compare_and_append(updates, lower, target)
             except UpperMismatch as exc:
-                raise IngestConflict(
-                    f"data shard {handle.shard_id!r} moved to {exc.current} under this ingest "
-                    f"(expected {lower}): another ingest of the same shards is running "
-                    f"({holders(self._client, handle)}); this one stops"
-                ) from exc
+                raise self._conflict(handle, exc.current, lower, "under this ingest") from exc
             self._uppers[i] = target
             self.rows += len(updates)
             self._hook("data-appended")
@@ -289,8 +311,7 @@ class Ingest:
     def commit(self) -> None:
         """Commit the offset resumption frontier upstream and move the remap since."""
         assert self._reader is not None and self._since is not None
-        self._uppers = [self._fetch_upper(w) for w in self._data]
-        self.bindings.advance(self._fetch_upper(self._remap))
+        self._check_unmoved("under this ingest")
         t = self._resumption_frontier()
         if t <= 0:
             return

@@ -189,3 +189,25 @@ def test_an_idle_source_still_advances_the_uppers(client: PersistClient) -> None
     assert ingest.bindings.latest == (0,) and stats.committed == (0,)
     assert client.machine("idle").fetch().upper == stats.data_uppers[0]
     ingest.close()
+
+
+def test_a_commit_does_not_adopt_uppers_another_ingest_moved(client: PersistClient) -> None:
+    """The second ingest commits after the first appended (its commit re-reads the uppers):
+    it must stop there, not take the moved uppers as its own and then bind and append the
+    offsets the first already wrote (a corrupt remap shard, every row twice)."""
+    gen = LoadGen(2, batch=20)
+    first = Ingest(client, gen, data_shards=["a"], remap_shard="a.remap", tick=0)
+    second = Ingest(client, gen, data_shards=["a"], remap_shard="a.remap", tick=0)
+    first.start()
+    second.start()
+    first.step()
+    with pytest.raises(IngestConflict, match=r"remap shard 'a.remap' moved .* ingest remap"):
+        second.commit()
+        second.step()
+    second.close()
+    first.step()
+    first.commit()
+    upper = first.stats().data_uppers[0]
+    first.close()
+    got = collection(client, "a", upper - 1)
+    assert set(got.values()) == {1} and got == contents(first.bindings.before(upper))
