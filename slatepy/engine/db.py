@@ -31,7 +31,7 @@ from slatepy.engine.db_manifest import ManifestAdoption
 from slatepy.engine.db_reads import Reads
 from slatepy.engine.db_writes import Writes
 from slatepy.engine.embedded import LiveViews, embedded_gc
-from slatepy.engine.malloc import fix_mmap_threshold
+from slatepy.engine.malloc import fix_mmap_threshold, limit_arenas
 from slatepy.engine.startup import start_writer
 from slatepy.engine.surface import ReadSurface, WriteSurface, as_url
 from slatepy.engine.txn import ConflictTracker
@@ -194,6 +194,8 @@ class Db(Lifecycle, Reads, Writes, ManifestAdoption, Closing, ReadSurface, Write
         """
         started = time.monotonic()
         settings = resolve_settings(settings)
+        if settings.malloc_arena_max is not None:
+            limit_arenas(settings.malloc_arena_max)  # before the store starts its threads
         url = as_url(url)
         target = url
         if not isinstance(url, ObjectStore):

@@ -53,6 +53,7 @@ from slatepy.engine.clone import with_external
 from slatepy.engine.fencing import check_gap
 from slatepy.engine.forking import forked_error
 from slatepy.engine.iterator import View
+from slatepy.engine.malloc import limit_arenas
 from slatepy.engine.memtable import Version
 from slatepy.engine.snapshot import Snapshot as ReadSnapshot
 from slatepy.engine.snapshot import pin_manifest
@@ -205,6 +206,8 @@ class DbReader(Closing, ReadSurface):
             InvalidArgument: the URL or settings are unusable.
         """
         settings = resolve_settings(settings)
+        if settings.malloc_arena_max is not None:
+            limit_arenas(settings.malloc_arena_max)  # before the store starts its threads
         store = open_stack(with_external(as_url(url), settings), settings)  # a clone's SSTs
         clock = clock or time.time
         if checkpoint is not None:
