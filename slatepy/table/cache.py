@@ -76,21 +76,11 @@ class LruCache(Generic[V]):
         return found.value
 
     def put(self, key: Hashable, value: V, size: int) -> None:
-        # _put inline, in locals, and the lock by acquire/release: every cold read puts.
+        # The lock by acquire/release, not ``with``: every cold read puts.
         lock = self._lock
         lock.acquire()
         try:
-            entries = self._entries
-            old = entries.pop(key, None)
-            total = self._size + size if old is None else self._size - old.size + size
-            self._inserted = inserted = self._inserted + 1
-            entries[key] = _Entry(value, size, inserted)
-            if total > self.capacity:
-                capacity, popitem = self.capacity, entries.popitem
-                while total > capacity and len(entries) > 1:
-                    total -= popitem(False)[1].size
-            self._size = total
-            self._window = len(entries) >> RECENCY_SHIFT
+            self._put(key, value, size)
         finally:
             lock.release()
 
@@ -129,16 +119,19 @@ class LruCache(Generic[V]):
             return True
 
     def _put(self, key: Hashable, value: V, size: int) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._size -= old.size
-        self._inserted += 1
-        self._entries[key] = _Entry(value, size, self._inserted)
-        self._size += size
-        while self._size > self.capacity and len(self._entries) > 1:
-            _, evicted = self._entries.popitem(last=False)
-            self._size -= evicted.size
-        self._window = len(self._entries) >> RECENCY_SHIFT
+        """Insert (or replace), evicting the oldest entries past ``capacity``; under the lock.
+        In locals: it is on every cold read's path."""
+        entries = self._entries
+        old = entries.pop(key, None)
+        total = self._size + size if old is None else self._size - old.size + size
+        self._inserted = inserted = self._inserted + 1
+        entries[key] = _Entry(value, size, inserted)
+        if total > self.capacity:
+            capacity, popitem = self.capacity, entries.popitem
+            while total > capacity and len(entries) > 1:
+                total -= popitem(False)[1].size
+        self._size = total
+        self._window = len(entries) >> RECENCY_SHIFT
 
     @property
     def size(self) -> int:
