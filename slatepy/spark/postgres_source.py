@@ -33,7 +33,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from slatepy.errors import InvalidArgument
 from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
-from slatepy.sources.errors import SourceUnavailable
+from slatepy.sources.errors import OffsetOutOfRange, SlotLost, SourceUnavailable
 from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
 from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
 
@@ -152,7 +152,14 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._stream is not None:
                 self._stream.close()
             assert self._source is not None
-            self._stream = self._source.open(start)
+            try:
+                self._stream = self._source.open(start)
+            except (SlotLost, OffsetOutOfRange) as exc:
+                self._stream = None
+                # Opening waits for a slot another session holds (5 s); another ingest of
+                # the same shards may have committed beyond ``start`` meanwhile.
+                self._state.check_unmoved("while this stream opened the source", exc)
+                raise
             self._at, self._progress, self._chunks = start, start, []
         return self._stream
 
