@@ -99,6 +99,46 @@ def holders(client: PersistClient, handle: WriteHandle) -> str:
     return "writers: " + ", ".join(sorted(others)) if others else "its writer has expired"
 
 
+def conflict(
+    client: PersistClient,
+    handle: WriteHandle,
+    *,
+    kind: str,
+    current: int | None,
+    expected: int,
+    when: str,
+) -> IngestConflict:
+    """The :class:`IngestConflict` of ``handle``'s shard (the ``kind`` one: remap or data),
+    found at ``current`` where this ingest expected ``expected``."""
+    return IngestConflict(
+        f"{kind} shard {handle.shard_id!r} moved to {current} {when} (expected {expected}): "
+        f"another ingest of the same shards is running ({holders(client, handle)}); "
+        "this one stops"
+    )
+
+
+def check_unmoved(
+    client: PersistClient,
+    expected: Sequence[tuple[str, WriteHandle, int]],
+    when: str,
+    cause: BaseException | None = None,
+) -> None:
+    """Raise :class:`IngestConflict` (caused by ``cause``) if a shard's upper is not the
+    expected one of its ``(kind, handle, upper)``: another ingest of the same shards wrote.
+    Whoever opens a source after reading the uppers asks this when the source says offsets
+    are gone (``SlotLost``, ``OffsetOutOfRange``): opening may wait (a PostgreSQL slot
+    another session holds: 5 s), and another ingest may commit upstream meanwhile beyond
+    what was read. That is its progress, not lost data."""
+    for kind, handle, then in expected:
+        now = handle.fetch_recent_upper()
+        if now is None:
+            raise IngestConflict(f"shard {handle.shard_id!r} is closed") from cause
+        if now != then:
+            raise conflict(
+                client, handle, kind=kind, current=now, expected=then, when=when
+            ) from cause
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -187,21 +227,16 @@ class Ingest:
         appends left it (or :meth:`start` read it): another ingest of the same shards wrote.
         Never adopt such an upper: this ingest would bind again, at later times, the offsets
         the other one wrote (every row twice)."""
-        for handle, then in zip(
-            (self._remap, *self._data), (self.bindings.upper, *self._uppers), strict=True
-        ):
-            now = self._fetch_upper(handle)
-            if now != then:
-                raise self._conflict(handle, now, then, when) from cause
+        expected = [("remap", self._remap, self.bindings.upper)]
+        expected += [("data", h, u) for h, u in zip(self._data, self._uppers, strict=True)]
+        check_unmoved(self._client, expected, when, cause)
 
     def _conflict(
         self, handle: WriteHandle, current: int | None, expected: int, when: str
     ) -> IngestConflict:
         kind = "remap" if handle is self._remap else "data"
-        return IngestConflict(
-            f"{kind} shard {handle.shard_id!r} moved to {current} {when} (expected {expected}): "
-            f"another ingest of the same shards is running ({holders(self._client, handle)}); "
-            "this one stops"
+        return conflict(
+            self._client, handle, kind=kind, current=current, expected=expected, when=when
         )
 
     def _check_shapes(self) -> None:

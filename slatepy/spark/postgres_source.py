@@ -33,13 +33,17 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from slatepy.errors import InvalidArgument
 from slatepy.sources.base import Chunk, OffsetFrontier, Progress, frontier_join
-from slatepy.sources.errors import SourceUnavailable
-from slatepy.sources.postgres import PostgresReader, PostgresSource, connect, slot_name_of
+from slatepy.sources.errors import OffsetOutOfRange, SlotLost, SourceUnavailable
+from slatepy.sources.postgres import (
+    PostgresReader,
+    PostgresSource,
+    connect,
+    format_lsn,
+    slot_name_of,
+)
 from slatepy.spark.reclocked import SCHEMA, Reclocked, arrow_batches, offsets_of
 
 log = logging.getLogger(__name__)
-
-_REPLAY_TIMEOUT = 120.0
 
 OPTIONS = frozenset(
     {"url", "path", "shard", "consensus", "connection", "publication", "slot", "pollseconds"}
@@ -106,6 +110,10 @@ class PostgresDataSource(DataSource):
 class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The driver side: the replication stream, bindings, planning, committing."""
 
+    replay_timeout = 120.0
+    """Seconds a replayed batch may take to be read again to its end (then
+    ``SourceUnavailable``)."""
+
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
         self._state = Reclocked(config.url, config.consensus, config.shard)
@@ -152,7 +160,14 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._stream is not None:
                 self._stream.close()
             assert self._source is not None
-            self._stream = self._source.open(start)
+            try:
+                self._stream = self._source.open(start)
+            except (SlotLost, OffsetOutOfRange) as exc:
+                self._stream = None
+                # Opening waits for a slot another session holds (5 s); another ingest of
+                # the same shards may have committed beyond ``start`` meanwhile.
+                self._state.check_unmoved("while this stream opened the source", exc)
+                raise
             self._at, self._progress, self._chunks = start, start, []
         return self._stream
 
@@ -202,12 +217,13 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stream = self._read_from(lo)
         # A batch replayed after a restart (Spark plans it from its offset log, with no
         # latestOffset first) is read again from its start, to its end.
-        deadline = time.monotonic() + _REPLAY_TIMEOUT
+        deadline = time.monotonic() + self.replay_timeout
         while self._progress[0] < hi[0]:
             if time.monotonic() > deadline:
                 raise SourceUnavailable(
-                    f"slot {self.config.slot!r}: the batch [{lo[0]}, {hi[0]}) was not read "
-                    f"again within {_REPLAY_TIMEOUT:.0f} s (at {self._progress[0]})"
+                    f"slot {self.config.slot!r}: the batch [{format_lsn(lo[0])}, "
+                    f"{format_lsn(hi[0])}) was not read again within {self.replay_timeout:g} s "
+                    f"(at {format_lsn(self._progress[0])})"
                 )
             try:
                 self._take(stream.poll(self.config.poll))

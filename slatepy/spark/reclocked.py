@@ -15,8 +15,7 @@ from slatepy.persist import PersistClient, SinceHandle, UpperMismatch, WriteHand
 from slatepy.persist.frontier import meet
 from slatepy.sources import remap
 from slatepy.sources.base import OffsetFrontier
-from slatepy.sources.errors import IngestConflict
-from slatepy.sources.ingest import SINCE_HOLDER, holders, remap_shard_of
+from slatepy.sources.ingest import SINCE_HOLDER, check_unmoved, conflict, remap_shard_of
 
 
 class Reclocked:
@@ -67,13 +66,25 @@ class Reclocked:
             self.remap.compare_and_append(remap.bind_updates(ts, latest, candidate), upper, ts + 1)
         except UpperMismatch as exc:
             assert self.client is not None
-            raise IngestConflict(
-                f"remap shard {self.remap_shard!r} moved to {exc.current} under this stream "
-                f"(expected {upper}): another ingest of the same shards is running "
-                f"({holders(self.client, self.remap)}); this one stops"
+            raise conflict(
+                self.client,
+                self.remap,
+                kind="remap",
+                current=exc.current,
+                expected=upper,
+                when="under this stream",
             ) from exc
         self.bindings.mint(ts, candidate)
         return candidate
+
+    def check_unmoved(self, when: str, cause: BaseException) -> None:
+        """Raise :class:`IngestConflict` (caused by ``cause``: the source said offsets this
+        stream needs are gone) if another ingest wrote the remap shard. Only this stream
+        binds in it, so its upper moved beyond the loaded bindings' means another writer,
+        whose upstream commits explain ``cause``. (The data shard is not compared: this
+        stream's own sink moves it.)"""
+        assert self.client is not None
+        check_unmoved(self.client, [("remap", self.remap, self.bindings.upper)], when, cause)
 
     def commit(self) -> OffsetFrontier | None:
         """Move the remap since to the resumption frontier; the offsets to commit upstream

@@ -35,11 +35,12 @@ def workload(
     *,
     pause: float = 0.01,
     updated: int | None = None,
+    base: int = 100,
 ) -> None:
     """At most ``count`` small transactions of inserts, updates and deletes (until ``stop``),
     each recorded with the LSN bounds of its commit record and the table's contents once it
     committed. Each updates a seventh of the table (of its rows with ``id <= updated`` when
-    given: a long run stays small)."""
+    given: a long run stays small); the ``i``-th inserts the id ``base + i``."""
     bound = "" if updated is None else f" AND id <= {int(updated)}"
     conn = psycopg2.connect(url)
     table = describe(connect(url), "pub", url)[0]
@@ -48,10 +49,10 @@ def workload(
             for i in range(count):
                 if stop.is_set():
                     return
-                cur.execute("INSERT INTO orders VALUES (%s, %s, %s)", (100 + i, f"n{i}", i))
+                cur.execute("INSERT INTO orders VALUES (%s, %s, %s)", (base + i, f"n{i}", i))
                 cur.execute(f"UPDATE orders SET qty = qty + 1 WHERE id %% 7 = %s{bound}", (i % 7,))
                 if i % 3 == 2:
-                    cur.execute("DELETE FROM orders WHERE id = %s", (100 + i - 2,))
+                    cur.execute("DELETE FROM orders WHERE id = %s", (base + i - 2,))
                 state = contents(conn, table)
                 cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
                 before = int(cur.fetchone()[0])
@@ -139,7 +140,9 @@ def check_bound_times(
 def assert_bounded_reliance(client: PersistClient, shard: str, url: str, slot: str) -> None:
     """The slot confirmed nothing beyond the shards' offset resumption frontier (before
     anything is durable, that frontier is the snapshot's, and the slot's creation point
-    may be anywhere: a restart takes the snapshot again)."""
-    offset = resumption_offset(client, shard)
+    may be anywhere: a restart takes the snapshot again). The slot is read first: the shards
+    only move on, so a running ingest that commits between the two reads cannot fail it
+    (read the other way round, it did, now and then, with an ingest under load)."""
     confirmed = flushed(url, slot)
+    offset = resumption_offset(client, shard)
     assert offset == 0 or confirmed <= offset, f"slot {slot} at {confirmed}, shards at {offset}"

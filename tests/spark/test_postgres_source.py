@@ -4,12 +4,16 @@ from the checkpoint, and the slot is committed at the shards' resumption frontie
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slatepy.persist import PersistClient
-from slatepy.sources import remap
+from slatepy.sources import SourceUnavailable, remap
+from slatepy.sources.postgres import format_lsn
 from slatepy.spark.postgres_source import PostgresStreamReader, postgres_config
 from slatepy.spark.reclocked import offsets_of
 from tests.sources.conftest import logical_postgres, pg_url  # noqa: F401 - fixtures
@@ -109,3 +113,37 @@ def test_a_replayed_batch_survives_a_dropped_stream(pg_url: str, tmp_path: Path)
         assert [p.rows for p in replay.partitions(snapshot_end, end)] == planned
     finally:
         replay.stop()
+
+
+def test_a_replay_not_read_in_time_names_its_lsns(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """A replayed batch the stream does not read to its end in time stops with
+    ``SourceUnavailable`` naming the slot, the batch and where the stream got, as LSNs
+    written as PostgreSQL writes them (``0/1A2B3C4D``, as every other message of the
+    source), not raw integers."""
+    (tmp_path / "store").mkdir()
+    options = {
+        "url": f"file://{tmp_path / 'store'}",
+        "shard": "orders",
+        "connection": pg_url,
+        "publication": "pub",
+        "pollSeconds": "0.2",
+    }
+    setup_orders(pg_url, rows=2)
+    reader = PostgresStreamReader(postgres_config(options))
+    reader.replay_timeout = 1.0
+    start = reader.initialOffset()
+    written = int(sql(pg_url, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+    end = written + (1 << 32)  # never written during the test
+    try:
+        with pytest.raises(SourceUnavailable) as caught:
+            reader.partitions(start, {"offsets": [end]})
+    finally:
+        reader.stop()
+    assert re.fullmatch(
+        re.escape(
+            f"slot 'slatepy_orders': the batch [0/0, {format_lsn(end)}) was not read again "
+            "within 1 s (at "
+        )
+        + r"[0-9A-F]+/[0-9A-F]+\)",
+        str(caught.value),
+    ), caught.value
