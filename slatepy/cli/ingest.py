@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -138,6 +139,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _error_names(kind: type[SlatepyError] = SlatepyError) -> set[str]:
+    """The names of ``kind`` and of every error class derived from it."""
+    return {kind.__name__}.union(*map(_error_names, kind.__subclasses__()))
+
+
+def query_failure(text: str) -> str:
+    """What a failed Spark query's exception ``text`` says a user should read: the last
+    slatepy error in it (``IngestConflict: ...``, the end of its Python worker's traceback,
+    where a chain of causes ends), or else its first line."""
+    names = _error_names()  # slatepy.sources's errors among them (imported above)
+    for line in reversed(text.splitlines()):
+        found = re.match(r"\s*(?:[\w.]+\.)?(\w+): (.+)", line)
+        if found and found[1] in names:
+            return f"{found[1]}: {found[2]}"
+    return f"SlatepyError: {text.splitlines()[0] if text else 'the query failed'}"
+
+
 def run_spark(args: argparse.Namespace, stop: threading.Event, session: Any = None) -> int:
     """``--spark``: one streaming query, source to ``slatepy.persist``, until stopped (the
     same remap shard, resumption and commits as in-process: RFC 0027 §10). In ``session``
@@ -196,7 +214,8 @@ def run_spark(args: argparse.Namespace, stop: threading.Event, session: Any = No
         query = writer.start()
         while not stop.wait(max(0.5, args.report_interval)):
             if query.exception() is not None:
-                raise SlatepyError(str(query.exception()).splitlines()[0])
+                print(f"slatepy ingest: {query_failure(str(query.exception()))}", file=sys.stderr)
+                return 1
             progress = query.lastProgress
             if progress:
                 print(

@@ -133,3 +133,43 @@ def test_postgres_without_psycopg2_names_the_extra(tmp_path: Path) -> None:
     assert child.returncode == 1
     err = child.stderr
     assert 'pip install "slatepy[sources]"' in err and err.strip().count("\n") == 0
+
+
+# A Spark query's failure as StreamingQueryException says it (trimmed): the error the stream
+# raised is the last traceback line that names a slatepy error; the first line names none.
+SPARK_FAILURE = """\
+[STREAM_FAILED] Query [id = 63396dd7, runId = d8e2561e] terminated with exception: \
+[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source \
+perform planPartitions: Traceback (most recent call last):
+  File "/work/main/slatepy/sources/postgres.py", line 276, in _start
+    raise SlotLost(
+slatepy.sources.errors.SlotLost: replication slot 'slatepy_orders' confirmed 0/1925478, \
+beyond the shards' resumption LSN 0/1924F58: that WAL may be gone
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/work/main/slatepy/sources/ingest.py", line 137, in check_unmoved
+    raise conflict(
+slatepy.sources.errors.IngestConflict: remap shard 'orders.remap' moved to 17959 while \
+this stream opened the source (expected 17958): another ingest of the same shards is \
+running (writers: vm:23062 ingest remap); this one stops
+ SQLSTATE: 38000 SQLSTATE: XXKST
+=== Streaming Query ===
+Current State: ACTIVE
+"""
+
+
+def test_a_failed_spark_query_is_reported_by_the_slatepy_error_that_stopped_it() -> None:
+    """``slatepy ingest --spark`` prints what stopped the query, typed (it printed
+    "SlatepyError: [STREAM_FAILED] Query [...] terminated with exception: ...")."""
+    from slatepy.cli.ingest import query_failure
+
+    assert query_failure(SPARK_FAILURE) == (
+        "IngestConflict: remap shard 'orders.remap' moved to 17959 while this stream opened "
+        "the source (expected 17958): another ingest of the same shards is running (writers: "
+        "vm:23062 ingest remap); this one stops"
+    )
+    assert query_failure("[STREAM_FAILED] Query [id = 1] terminated\n  at Java frames") == (
+        "SlatepyError: [STREAM_FAILED] Query [id = 1] terminated"
+    )
