@@ -214,10 +214,19 @@ class Collection:
 
     def key_bytes(self, key: Any) -> bytes:
         """The canonical JSON of ``key`` (a Struct of this collection or a JSON-able dict)."""
-        return msgspec.json.encode(self._convert(key, self.key, "key"))
+        return self._encode(self._convert(key, self.key, "key"), "key")
 
     def value_bytes(self, value: Any) -> bytes:
-        return msgspec.json.encode(self._convert(value, self.value, "value"))
+        return self._encode(self._convert(value, self.value, "value"), "value")
+
+    def _encode(self, obj: _Object, what: str) -> bytes:
+        try:
+            return msgspec.json.encode(obj)
+        except UnicodeEncodeError as exc:  # a lone surrogate: JSON input (``\ud800``) has them
+            raise InvalidCatalogObject(
+                f"the {what} does not fit collection {self.name!r}: a string is not valid "
+                f"UTF-8 ({exc.reason} at position {exc.start})"
+            ) from None
 
     def _convert(self, obj: Any, kind: type[_Object], what: str) -> _Object:
         if isinstance(obj, kind):

@@ -12,6 +12,7 @@ compaction can consolidate the history below it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -25,6 +26,8 @@ from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
 FENCE = "_fence"
 """The hidden collection of the epoch row (never returned by a read's entries)."""
 CRITICAL_READER = "catalog"
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+"""What a collection's name looks like (this version's, or a newer one's)."""
 
 
 class _Fence(msgspec.Struct):
@@ -86,22 +89,29 @@ class PersistStorage(Storage):
         """
         entries: list[tuple[str, bytes, bytes]] = []
         fence_row = None
+        foreign = False
         for (key, value), _, diff in updates:
-            coll, _, k = key.partition(b"\x00")
+            coll, nul, k = key.partition(b"\x00")
             name = coll.decode(errors="replace")
             if diff != 1:
                 raise CatalogError(f"{self.description}: corrupt: row {key!r} counts {diff}")
             if name == FENCE:
                 fence_row = value
-            elif name in COLLECTIONS:
+            elif nul and (name in COLLECTIONS or _NAME.fullmatch(name)):
+                # An unknown name is a newer version's collection (the version check
+                # refuses the catalog) or corruption (the open's check names it).
                 entries.append((name, k, value))
             else:
-                fence_row = None
-                break
-        if fence_row is None:
+                foreign = True
+        if fence_row is None or foreign:
             raise CatalogError(f"{self.description} holds something that is not a catalog")
         self._fence_row = fence_row
-        fence = msgspec.json.decode(fence_row, type=_Fence)
+        try:
+            fence = msgspec.json.decode(fence_row, type=_Fence)
+        except msgspec.DecodeError as exc:
+            raise CatalogError(
+                f"{self.description}: corrupt: its fence row does not decode ({exc})"
+            ) from None
         return Contents(upper, fence.epoch, entries, fence.holder)
 
     def write(

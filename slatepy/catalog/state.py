@@ -34,6 +34,7 @@ from slatepy.catalog.objects import (
 from slatepy.catalog.reads import TypedReads
 from slatepy.catalog.snapshot import (
     add_open_event,
+    check_objects,
     diff_objects,
     dump_json,
     holder,
@@ -122,11 +123,12 @@ class CatalogState(TypedReads):
         self._check_unopened()
         for attempt in range(OPEN_ATTEMPTS):
             contents = self._storage.read()
-            old = objects_of(contents)
+            old = objects_of(contents, self.description)
             if contents.upper == 0:
                 new, event = initial_objects(self._deploy_generation or 0), "initialize"
             else:
                 new, found = upgrade({k: dict(v) for k, v in old.items()})
+                check_objects(new, self.description)
                 event = "migrate" if found != CATALOG_VERSION else "open"
                 if self._deploy_generation is not None:
                     new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
@@ -164,7 +166,7 @@ class CatalogState(TypedReads):
         with self._lock:
             self._check_unopened()
             contents = self._read_initialized()
-            objects = objects_of(contents)
+            objects = objects_of(contents, self.description)
             found = catalog_version(objects)
             check_version(found)
             if found < CATALOG_VERSION:
@@ -172,6 +174,7 @@ class CatalogState(TypedReads):
                     f"catalog {self.description} is at version {found}; this code's version "
                     f"is {CATALOG_VERSION}: open it for writing once to migrate it"
                 )
+            check_objects(objects, self.description)
             self._cache = Cache(objects)
             self._upper, self._epoch = contents.upper, contents.epoch
             self._mode = "read_only"
@@ -185,13 +188,15 @@ class CatalogState(TypedReads):
 
         Raises:
             IncompatibleCatalogVersion: it would not (the catalog is too new or too old).
-            CatalogError: it would not (a migration step fails).
+            CatalogError: it would not (a migration step fails, or the catalog holds an
+                object this code's version cannot read: corrupt).
         """
         self._check_not_closed()
         contents = self._storage.read()
         if contents.upper == 0:
             return 0, CATALOG_VERSION
-        _, found = upgrade(objects_of(contents))
+        new, found = upgrade(objects_of(contents, self.description))
+        check_objects(new, self.description)
         return found, CATALOG_VERSION
 
     # -- transactions ------------------------------------------------------------------
@@ -278,7 +283,7 @@ class CatalogState(TypedReads):
         delay = 0.01
         while True:
             contents = self._read_initialized()
-            objects = objects_of(contents)
+            objects = objects_of(contents, self.description)
             tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
             result = edit(tx)
             rows = tx.batch()
@@ -314,9 +319,11 @@ class CatalogState(TypedReads):
             FencedError: this state leads no more (uncached collections only).
         """
         coll = collection(name)
-        if coll.cached and self._mode in ("writable", "read_only"):
-            raw = list(self._cache.rows[name].items())
-        else:
+        with self._lock:  # never a cache half-way through applying a commit
+            cached = coll.cached and self._mode in ("writable", "read_only")
+            if cached:
+                raw = list(self._cache.rows[name].items())
+        if not cached:
             self._check_not_closed()
             if self._mode in ("writable", "fenced"):
                 # As Materialize's persist catalog: a leader reads only while it leads.
@@ -327,7 +334,7 @@ class CatalogState(TypedReads):
                 (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
                 for k, v in raw
             ]
-        except msgspec.ValidationError as exc:  # unopened, on a catalog of another version
+        except msgspec.DecodeError as exc:  # unopened, on a catalog of another version
             raise CatalogError(
                 f"catalog {self.description}: {name} holds an object this code's version "
                 f"{CATALOG_VERSION} cannot read ({exc}): check_open() says why"
@@ -345,7 +352,9 @@ class CatalogState(TypedReads):
         """
         self._check_not_closed()
         return dump_json(
-            self._read_initialized(), ignore_large_collections=ignore_large_collections
+            self._read_initialized(),
+            description=self.description,
+            ignore_large_collections=ignore_large_collections,
         )
 
     def current(self) -> Contents:

@@ -75,13 +75,13 @@ class Cache:
 
 def _unique_of(name: str, value: bytes) -> object | None:
     """The unique part of a stored value (None: no rule, or a value of an older version,
-    which the debug tool may see before a migration)."""
+    which the debug tool may see before a migration, or a corrupt one it may repair)."""
     rule = COLLECTIONS[name].unique
     if rule is None:
         return None
     try:
         return rule(COLLECTIONS[name].decode_value(value))
-    except msgspec.ValidationError:
+    except msgspec.DecodeError:  # also: not JSON at all (corrupt; the tool may repair it)
         return None
 
 
@@ -128,7 +128,7 @@ class Transaction:
             **self._pending.get(name, {}),
         }
         return [
-            (msgspec.json.decode(k), msgspec.json.decode(v))
+            (msgspec.json.decode(k), _json(v) or {})
             for k, v in sorted(merged.items())
             if v is not None
         ]
@@ -146,9 +146,11 @@ class Transaction:
         previous = self._get(name, key_b)
         self._check_unique(coll, key_b, value_b)
         if previous is not None and name == "id_allocators":
-            was, now = (
-                msgspec.json.decode(v, type=IdAllocator).next_id for v in (previous, value_b)
-            )
+            now = msgspec.json.decode(value_b, type=IdAllocator).next_id
+            try:
+                was = msgspec.json.decode(previous, type=IdAllocator).next_id
+            except msgspec.DecodeError:  # corrupt: the tool's repair sets it (creates
+                was = now  # still never replace an object whose id is taken)
             if now < was:
                 raise _rewound(key_b)
         self._put(coll, key_b, value_b)
@@ -347,5 +349,12 @@ def _change(old: bytes | None, new: bytes | None) -> str | None:
 
 def _json(raw: bytes | None) -> dict[str, Any] | None:
     """A stored value as a dict (as stored: also one of an older version, before a
-    migration, which the debug tool may replace)."""
-    return None if raw is None else msgspec.json.decode(raw)
+    migration, which the debug tool may replace); one that is not JSON (corrupt) as
+    ``{"unreadable": its text}``, so that the tool shows what it replaces or deletes."""
+    if raw is None:
+        return None
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return {"unreadable": raw.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"unreadable": raw.decode(errors="replace")}
