@@ -45,11 +45,16 @@ from slatepy.catalog.storage import Contents, Row, Storage
 from slatepy.catalog.transaction import Cache, Transaction
 from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
 from slatepy.errors import FencedError, TransactionConflict
+from slatepy.persist import StateConflictError
 
 T = TypeVar("T")
 Mode = Literal["unopened", "writable", "read_only", "fenced", "closed"]
 OPEN_ATTEMPTS = 5
 """Tries of ``open()`` when another opener wins the race for the same upper."""
+LOST_RACES = (FencedError, StateConflictError)
+"""What a write that lost to other writers raises, nothing written: another writer took
+the upper, or (persist) other actors kept winning the shard's consensus log (its reader
+registrations count). An open and a debug edit start again from a fresh read."""
 
 
 class CatalogState(TypedReads):
@@ -115,6 +120,8 @@ class CatalogState(TypedReads):
         Raises:
             IncompatibleCatalogVersion: the catalog is newer than this code (or too old).
             FencedError: other openers kept winning the race (after several tries).
+            StateConflictError: (persist) other actors kept winning its consensus log
+                (after as many tries; nothing written).
         """
         with self._lock:
             self._open()
@@ -122,38 +129,40 @@ class CatalogState(TypedReads):
     def _open(self) -> None:
         self._check_unopened()
         for attempt in range(OPEN_ATTEMPTS):
-            contents = self._storage.read()
-            old = objects_of(contents, self.description)
-            if contents.upper == 0:
-                new, event = initial_objects(self._deploy_generation or 0), "initialize"
-            else:
-                new, found = upgrade({k: dict(v) for k, v in old.items()})
-                check_objects(new, self.description)
-                event = "migrate" if found != CATALOG_VERSION else "open"
-                if self._deploy_generation is not None:
-                    new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
-                        msgspec.json.encode(ConfigValue(self._deploy_generation))
-                    )
-            epoch = contents.epoch + 1
-            now_ms = int(self._clock() * 1000)
-            add_open_event(new, event, epoch=epoch, user=self._user, now_ms=now_ms)
-            rows = diff_objects(old, new)
             try:
-                self._upper = self._storage.write(
-                    rows,
-                    expected_upper=contents.upper,
-                    epoch=contents.epoch,
-                    new_epoch=epoch,
-                    holder=holder(),
-                )
-            except FencedError:
+                self._open_once()
+                return
+            except LOST_RACES:
                 if attempt == OPEN_ATTEMPTS - 1:
                     raise
-                continue
-            self._epoch = epoch
-            self._cache = Cache(new)
-            self._mode = "writable"
-            return
+
+    def _open_once(self) -> None:
+        contents = self._storage.read()
+        old = objects_of(contents, self.description)
+        if contents.upper == 0:
+            new, event = initial_objects(self._deploy_generation or 0), "initialize"
+        else:
+            new, found = upgrade({k: dict(v) for k, v in old.items()})
+            check_objects(new, self.description)
+            event = "migrate" if found != CATALOG_VERSION else "open"
+            if self._deploy_generation is not None:
+                new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
+                    msgspec.json.encode(ConfigValue(self._deploy_generation))
+                )
+        epoch = contents.epoch + 1
+        now_ms = int(self._clock() * 1000)
+        add_open_event(new, event, epoch=epoch, user=self._user, now_ms=now_ms)
+        rows = diff_objects(old, new)
+        self._upper = self._storage.write(
+            rows,
+            expected_upper=contents.upper,
+            epoch=contents.epoch,
+            new_epoch=epoch,
+            holder=holder(),
+        )
+        self._epoch = epoch
+        self._cache = Cache(new)
+        self._mode = "writable"
 
     def open_read_only(self) -> None:
         """Cache the catalog as it is now, changing nothing; every mutation then fails.
@@ -263,8 +272,8 @@ class CatalogState(TypedReads):
     ) -> T:
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
-        a fresh read while another writer wins (up to ``timeout`` seconds): the debug
-        tool's edits. A live leader is fenced by them.
+        a fresh read while other writers win (:data:`LOST_RACES`; up to ``timeout``
+        seconds): the debug tool's edits. A live leader is fenced by them.
 
         Raises:
             ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
@@ -282,31 +291,34 @@ class CatalogState(TypedReads):
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
-            contents = self._read_initialized()
-            objects = objects_of(contents, self.description)
-            tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
-            result = edit(tx)
-            rows = tx.batch()
-            if not rows:
-                return result
-            if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
-                found = catalog_version(objects)
-                if found != CATALOG_VERSION:
-                    raise IncompatibleCatalogVersion(
-                        f"catalog {self.description} is at version {found}, this code's "
-                        f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
-                        "or open() it to migrate it first",
-                        found=found,
-                        code=CATALOG_VERSION,
-                    )
             try:
-                self._storage.write(rows, expected_upper=contents.upper, epoch=None)
-                return result
-            except FencedError:
+                return self._debug_commit_once(edit, user=user)
+            except LOST_RACES:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+    def _debug_commit_once(self, edit: Callable[[Transaction], T], *, user: str) -> T:
+        contents = self._read_initialized()
+        objects = objects_of(contents, self.description)
+        tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
+        result = edit(tx)
+        rows = tx.batch()
+        if not rows:
+            return result
+        if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
+            found = catalog_version(objects)
+            if found != CATALOG_VERSION:
+                raise IncompatibleCatalogVersion(
+                    f"catalog {self.description} is at version {found}, this code's "
+                    f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
+                    "or open() it to migrate it first",
+                    found=found,
+                    code=CATALOG_VERSION,
+                )
+        self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        return result
 
     # -- reads ----------------------------------------------------------------------------
 

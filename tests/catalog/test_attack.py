@@ -205,3 +205,46 @@ def test_a_read_never_sees_half_a_commit(tmp_path: object) -> None:
     threads[0].join(timeout=10)
     assert seen == [{"n": "2"}]
     state.close()
+
+
+@pytest.mark.parametrize("call", ["debug_commit", "open"])
+def test_lost_consensus_races_are_retried_like_lost_upper_races(call: str) -> None:
+    """Was: persist's StateConflictError (its compare-and-set lost 64 races on the shard's
+    consensus log to other actors' reader registrations: nothing committed) ended a debug
+    edit or registration at once, though it promises to retry for 30 s while others win,
+    and ended an open. Here another client registers a reader before each of the first 64
+    consensus writes of this one."""
+    from slatepy.catalog import persist_catalog
+    from slatepy.config import Settings
+    from slatepy.persist import PersistClient
+    from slatepy.persist.location.objconsensus import ObjectConsensus
+    from slatepy.persist.machine import MAX_ATTEMPTS
+    from slatepy.store.stack import open_stack
+    from slatepy.testing.persist_faults import InterceptConsensus
+
+    store = open_stack("memory://", Settings())
+    lost = [0]
+
+    def another_actor_first(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and lost[0] < MAX_ATTEMPTS:
+            lost[0] += 1
+            other.open_leased_reader("catalog").expire()
+
+    with (
+        ObjectConsensus(store, min_age=0) as log,
+        PersistClient.open(store, consensus=log) as other,
+        PersistClient.open(
+            store, consensus=InterceptConsensus(log, before=another_actor_first)
+        ) as client,
+    ):
+        persist_catalog(other).open()
+        state = persist_catalog(client)
+        if call == "open":
+            state.open()
+            assert state.epoch == 2
+        else:
+            state.debug_commit(lambda tx: tx.set_setting("n", "v"), user="t")
+        assert lost[0] == MAX_ATTEMPTS  # one whole persist call gave up
+        reader = persist_catalog(other)
+        reader.open_read_only()
+        assert reader.settings() == ({} if call == "open" else {"n": "v"})
