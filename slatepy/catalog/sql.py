@@ -43,7 +43,8 @@ class SqlStorage(Storage):
     Args:
         sqlite_path: The SQLite database file (exactly one of the two).
         postgres_url: A ``postgresql://`` URL.
-        shard: The table-name prefix (lower-case letters, digits, ``_``).
+        shard: The table-name prefix, as it is (lower-case letters, digits, ``_``; anything
+            else is refused, never mapped: two names would then be one catalog).
     """
 
     def __init__(
@@ -54,9 +55,19 @@ class SqlStorage(Storage):
         shard: str = "catalog",
         description: str,
     ) -> None:
-        prefix = shard.replace("-", "_").replace(".", "_").lower()
-        if _PREFIX.fullmatch(prefix) is None:
-            raise InvalidArgument(f"catalog shard {shard!r} cannot name SQL tables")
+        if _PREFIX.fullmatch(shard) is None:
+            # No mapping of other names onto tables: two names would then be one catalog.
+            like = shard.replace("-", "_").replace(".", "_").lower()
+            hint = (
+                f"; shard {like!r} opens the tables it named before"
+                if _PREFIX.fullmatch(like)
+                else ""
+            )
+            raise InvalidArgument(
+                f"catalog shard {shard!r} cannot name SQL tables: in SQL a shard is up to 41 "
+                f"lower-case letters, digits and _, not starting with a digit{hint}"
+            )
+        prefix = shard
         if (sqlite_path is None) == (postgres_url is None):
             raise InvalidArgument("give exactly one of sqlite_path and postgres_url")
         self.description = description

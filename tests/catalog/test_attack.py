@@ -248,3 +248,17 @@ def test_lost_consensus_races_are_retried_like_lost_upper_races(call: str) -> No
         reader = persist_catalog(other)
         reader.open_read_only()
         assert reader.settings() == ({} if call == "open" else {"n": "v"})
+
+
+@pytest.mark.parametrize("single", ["sqlite", "postgres"], indirect=True)
+def test_two_sql_shard_names_never_name_one_catalog(single: Place) -> None:
+    """Was: the stash's table prefix lower-cased the shard and turned ``-`` and ``.`` into
+    ``_``, so ``Prod-1``, ``prod.1`` and ``prod_1`` were one catalog (an open of one fenced
+    the others' leader and each saw the others' objects), where persist has three shards."""
+    from slatepy.errors import InvalidArgument
+
+    with open_catalog(single.url, shard="prod_1") as state:
+        state.open()
+    for alias in ("prod-1", "prod.1", "Prod_1"):
+        with pytest.raises(InvalidArgument, match="prod_1"):
+            open_catalog(single.url, shard=alias)
