@@ -6,6 +6,7 @@ fix."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ from slatepy.catalog import (
 from slatepy.catalog.open import open_storage
 from slatepy.catalog.storage import Row
 from slatepy.cli.main import main
-from tests.catalog.conftest import Place
+from tests.catalog.conftest import Place, make_place
 
 SETTING = b'{"name":"n"}'
 
@@ -145,7 +146,7 @@ def test_a_catalog_of_a_newer_version_with_a_new_collection_says_so(
     assert code == 0 and '"clusters"' in out  # the whole catalog, its unknown part too
 
 
-def test_an_unknown_collection_at_this_version_is_corruption(tmp_path: object) -> None:
+def test_an_unknown_collection_at_this_version_is_corruption(tmp_path: Path) -> None:
     place = Place("persist-file", f"file://{tmp_path}/p")
     initialized(place)
     write_raw(place, [("settings", SETTING, b'{"value":"v"}', -1)])
@@ -163,7 +164,7 @@ def test_an_unknown_collection_at_this_version_is_corruption(tmp_path: object) -
 
 
 def test_a_name_that_cannot_be_encoded_is_refused(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Was: UnicodeEncodeError (a traceback) for a lone surrogate, which JSON input allows."""
     url = f"sqlite:///{tmp_path}/c.db"
@@ -178,7 +179,7 @@ def test_a_name_that_cannot_be_encoded_is_refused(
     assert (code, out) == (1, "") and err.count("\n") == 1 and "does not fit" in err
 
 
-def test_a_read_never_sees_half_a_commit(tmp_path: object) -> None:
+def test_a_read_never_sees_half_a_commit(tmp_path: Path) -> None:
     """Was: a read of the cache in another thread while a commit was being applied saw the
     key retracted and not yet re-inserted: a catalog no commit ever made."""
     state = open_catalog(f"sqlite:///{tmp_path}/c.db")
@@ -262,3 +263,60 @@ def test_two_sql_shard_names_never_name_one_catalog(single: Place) -> None:
     for alias in ("prod-1", "prod.1", "Prod_1"):
         with pytest.raises(InvalidArgument, match="prod_1"):
             open_catalog(single.url, shard=alias)
+
+
+@pytest.mark.parametrize(
+    ("kind", "point"),
+    [
+        ("sqlite", "in-sql-transaction"),
+        ("postgres", "in-sql-transaction"),
+        ("persist-file", "before-consensus"),
+        ("persist-file", "after-write"),
+    ],
+)
+def test_an_open_killed_mid_migration_leaves_the_old_catalog_or_the_new_one(
+    kind: str, point: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """No defect found: a process SIGKILLed inside an open that migrates leaves version 1
+    at epoch 1 or version 2 at epoch 2, never a mix, and the next open completes it."""
+    import os
+    import subprocess
+    import sys
+
+    import msgspec
+
+    from slatepy.catalog.snapshot import diff_objects
+    from slatepy.catalog.upgrade import v1
+
+    place = make_place(kind, request, tmp_path)
+    url, shard = place.url, place.shard
+    objects = v1.initial_objects()
+    old = v1.SourceV1("s", "postgres", url="postgresql://u:hunter2@h/d")
+    objects["sources"] = {b'{"id":1}': msgspec.json.encode(old)}
+    storage = open_storage(url, shard=shard)
+    try:
+        storage.write(diff_objects({}, objects), expected_upper=0, epoch=0, new_epoch=1)
+    finally:
+        storage.close()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("crash_child.py")), url, shard, point],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert child.returncode == -9, (child.stdout, child.stderr)
+    with open_catalog(url, shard=shard) as state:
+        found, _ = state.check_open()
+        landed = point == "after-write"
+        assert (found, state.current().epoch) == ((2, 2) if landed else (1, 1))
+    with open_catalog(url, shard=shard) as state:
+        state.open()
+        assert state.epoch == (3 if landed else 2)
+        [(_, source)] = state.sources()
+        assert source.connection == "postgresql://u@h/d"
+        events = [(e.event_type, e.key["epoch"]) for _, e in state.audit_log()]
+        assert events == ([("migrate", 2), ("open", 3)] if landed else [("migrate", 2)])
