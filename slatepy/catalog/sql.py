@@ -31,6 +31,8 @@ from slatepy.errors import FencedError, InvalidArgument, StoreUnavailable
 T = TypeVar("T")
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 SERIALIZATION_RETRIES = 20
+INSERT_ROWS = 1000
+"""Rows per PostgreSQL INSERT statement (5 parameters each: far below its 65535)."""
 
 
 class _Fenced(Exception):
@@ -236,6 +238,20 @@ class SqlStorage(Storage):
         cur.execute(f"SELECT min(upper) FROM {self._t['uppers']}")
         return int(cur.fetchone()[0])
 
+    def _insert(self, cur: Any, rows: list[tuple[int, bytes, bytes, int, int]]) -> None:
+        """Insert data rows. PostgreSQL: multi-row INSERTs, not psycopg's ``executemany``,
+        which pipelines: a serialization failure while it is still sending made psycopg log
+        "error ignored terminating <psycopg.Pipeline ...>" (a warning on the CLI's standard
+        error) before the retry that then succeeded."""
+        data = self._t["data"]
+        if self._sqlite_path is not None:
+            cur.executemany(f"INSERT INTO {data} VALUES (?, ?, ?, ?, ?)", rows)
+            return
+        for start in range(0, len(rows), INSERT_ROWS):
+            chunk = rows[start : start + INSERT_ROWS]
+            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+            cur.execute(f"INSERT INTO {data} VALUES {values}", [x for r in chunk for x in r])
+
     def _compact(self, cur: Any) -> None:
         """Delete the rows of every ``(collection, key, value)`` whose diffs sum to zero: what
         was retracted leaves the table (an open does this, so a catalog's history never
@@ -328,11 +344,7 @@ class SqlStorage(Storage):
                 )
             cur.execute(f"SELECT name, collection_id FROM {t['collections']}")
             ids = dict(cur.fetchall())
-            if rows:
-                cur.executemany(
-                    f"INSERT INTO {t['data']} VALUES ({p}, {p}, {p}, {p}, {p})",
-                    [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows],
-                )
+            self._insert(cur, [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows])
             cur.execute(f"UPDATE {t['uppers']} SET upper = {p}", (expected_upper + 1,))
             if new_epoch is not None:
                 self._compact(cur)

@@ -320,3 +320,41 @@ def test_an_open_killed_mid_migration_leaves_the_old_catalog_or_the_new_one(
         assert source.connection == "postgresql://u@h/d"
         events = [(e.event_type, e.key["epoch"]) for _, e in state.audit_log()]
         assert events == ([("migrate", 2), ("open", 3)] if landed else [("migrate", 2)])
+
+
+@pytest.mark.parametrize("single", ["postgres"], indirect=True)
+def test_a_retried_serialization_failure_logs_nothing(
+    single: Place, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Was: a serialization failure inside the batch's INSERT (psycopg's pipelined
+    ``executemany``) was retried, but psycopg logged ``error ignored terminating
+    <psycopg.Pipeline ...>: pipeline aborted`` (a WARNING: on the CLI's standard error, a
+    successful edit printed it). Seen with 3 editors and 2 openers on one catalog; here the
+    server refuses the third row of a batch of 2,000 (a pipeline still sending) with SQLSTATE
+    40001, once."""
+    import psycopg
+
+    initialized(single)
+    data = f"{single.shard}_data"
+    with psycopg.connect(single.url, autocommit=True) as pg:
+        pg.execute(f"CREATE SEQUENCE {single.shard}_tries")  # type: ignore[arg-type]
+        pg.execute(  # type: ignore[arg-type]
+            f"""CREATE FUNCTION {single.shard}_refuse() RETURNS trigger AS $$
+            BEGIN
+                IF nextval('{single.shard}_tries') = 3 THEN  -- not rolled back
+                    RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql"""
+        )
+        pg.execute(  # type: ignore[arg-type]
+            f"CREATE TRIGGER refuse BEFORE INSERT ON {data} "
+            f"FOR EACH ROW EXECUTE FUNCTION {single.shard}_refuse()"
+        )
+    caplog.set_level("WARNING")
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.debug_commit(lambda tx: [tx.set_setting(f"k{i}", "v") for i in range(1000)], user="t")
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open_read_only()
+        assert len(state.settings()) == 1001
+    assert [r.getMessage() for r in caplog.records] == []
