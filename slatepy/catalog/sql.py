@@ -223,20 +223,46 @@ class SqlStorage(Storage):
         cur.execute(f"SELECT count(*) FROM {t['fence']}")
         if cur.fetchone()[0] == 0:
             cur.execute(f"INSERT INTO {t['fence']} VALUES (0, {p}, '')", (b"",))
-        for cid, name in enumerate(COLLECTIONS, start=1):
-            cur.execute(f"SELECT 1 FROM {t['collections']} WHERE name = {p}", (name,))
-            if cur.fetchone() is None:
+        ids = self._collection_ids(cur)
+        upper = self._upper(cur) if ids else 0
+        cid = max(ids.values(), default=0)
+        for name in COLLECTIONS:
+            if name not in ids:  # a fresh id: one of a collection gone may still hold rows
+                cid += 1
                 cur.execute(f"INSERT INTO {t['collections']} VALUES ({p}, {p})", (cid, name))
-                cur.execute(f"INSERT INTO {t['uppers']} VALUES ({p}, 0)", (cid,))
+                cur.execute(f"INSERT INTO {t['uppers']} VALUES ({p}, {p})", (cid, upper))
 
     def _fence(self, cur: Any) -> tuple[int, bytes, str]:
-        cur.execute(f"SELECT epoch, nonce, holder FROM {self._t['fence']}")
-        epoch, nonce, holder = cur.fetchone()
-        return int(epoch), bytes(nonce), str(holder)
+        """The one fence row.
+
+        Raises:
+            CatalogError: there is not exactly one, or it is not of the fence's types
+                (SQLite keeps any value in any column).
+        """
+        fence = self._t["fence"]
+        cur.execute(f"SELECT epoch, nonce, holder FROM {fence}")
+        found = cur.fetchall()
+        if len(found) != 1:
+            raise self._corrupt(f"{fence} holds {len(found)} rows, not 1")
+        epoch, nonce, holder = found[0]
+        if type(epoch) is not int or not isinstance(nonce, bytes | memoryview):
+            raise self._corrupt(f"{fence} holds an epoch or nonce of the wrong type")
+        return epoch, bytes(nonce), str(holder)
 
     def _upper(self, cur: Any) -> int:
-        cur.execute(f"SELECT min(upper) FROM {self._t['uppers']}")
-        return int(cur.fetchone()[0])
+        uppers = self._t["uppers"]
+        cur.execute(f"SELECT min(upper) FROM {uppers}")
+        upper = cur.fetchone()[0]
+        if type(upper) is not int:
+            raise self._corrupt(f"{uppers} holds no upper, or one that is not a number")
+        return upper
+
+    def _collection_ids(self, cur: Any) -> dict[str, int]:
+        cur.execute(f"SELECT name, collection_id FROM {self._t['collections']}")
+        return {str(name): int(cid) for name, cid in cur.fetchall()}
+
+    def _corrupt(self, what: str) -> CatalogError:
+        return CatalogError(f"{self.description}: corrupt: {what}")
 
     def _insert(self, cur: Any, rows: list[tuple[int, bytes, bytes, int, int]]) -> None:
         """Insert data rows. PostgreSQL: multi-row INSERTs, not psycopg's ``executemany``,
@@ -280,18 +306,24 @@ class SqlStorage(Storage):
             epoch, nonce, holder = self._fence(cur)
             self._read_nonce = nonce
             cur.execute(
-                f"SELECT c.name, d.key, d.value, sum(d.diff) FROM {t['data']} d "
-                f"JOIN {t['collections']} c ON c.collection_id = d.collection_id "
-                "GROUP BY c.name, d.key, d.value HAVING sum(d.diff) <> 0"
+                f"SELECT d.collection_id, c.name, d.key, d.value, sum(d.diff) FROM {t['data']} d "
+                f"LEFT JOIN {t['collections']} c ON c.collection_id = d.collection_id "
+                "GROUP BY d.collection_id, c.name, d.key, d.value HAVING sum(d.diff) <> 0"
             )
             entries = []
-            for name, key, value, total in cur.fetchall():
-                if total != 1:
-                    raise CatalogError(
-                        f"{self.description}: corrupt: {name} row {key!r} counts {total}"
+            for cid, name, key, value, total in cur.fetchall():
+                if name is None:  # its collection row is gone: the rows would be unseen
+                    raise self._corrupt(
+                        f"{t['data']} holds rows of collection id {cid}, "
+                        f"which {t['collections']} does not name"
                     )
+                if total != 1:
+                    raise self._corrupt(f"{name} row {bytes(key)!r} counts {total}")
                 entries.append((str(name), bytes(key), bytes(value)))
-            return Contents(self._upper(cur), epoch, entries, holder)
+            upper = self._upper(cur)
+            if upper == 0 and (entries or epoch):  # an open would take it for a new one
+                raise self._corrupt(f"it holds rows and epoch {epoch} at upper 0")
+            return Contents(upper, epoch, entries, holder)
 
         return self._run(body, write=False) or Contents(0, 0, [])
 
@@ -342,8 +374,10 @@ class SqlStorage(Storage):
                     f"UPDATE {t['fence']} SET epoch = {p}, nonce = {p}, holder = {p}",
                     (new_epoch, nonce, holder),
                 )
-            cur.execute(f"SELECT name, collection_id FROM {t['collections']}")
-            ids = dict(cur.fetchall())
+            ids = self._collection_ids(cur)
+            if any(c not in ids for c, _, _, _ in rows):  # made by a version without it
+                self._create(cur)
+                ids = self._collection_ids(cur)
             self._insert(cur, [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows])
             cur.execute(f"UPDATE {t['uppers']} SET upper = {p}", (expected_upper + 1,))
             if new_epoch is not None:

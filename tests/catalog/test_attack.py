@@ -358,3 +358,76 @@ def test_a_retried_serialization_failure_logs_nothing(
         state.open_read_only()
         assert len(state.settings()) == 1001
     assert [r.getMessage() for r in caplog.records] == []
+
+
+CORRUPTIONS = [
+    ("DELETE FROM catalog_fence", "catalog_fence holds 0 rows"),
+    ("INSERT INTO catalog_fence VALUES (5, x'00', 'x')", "catalog_fence holds 2 rows"),
+    ("UPDATE catalog_fence SET epoch = 'abc'", "catalog_fence"),
+    ("DELETE FROM catalog_uppers", "catalog_uppers"),
+    ("UPDATE catalog_uppers SET upper = 0", "upper 0"),
+    ("DELETE FROM catalog_collections WHERE name = 'settings'", "collection id 7"),
+]
+
+
+@pytest.mark.parametrize(("sql", "message"), CORRUPTIONS)
+def test_a_corrupt_stash_table_is_a_typed_error_and_loses_nothing(
+    sql: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: TypeError or ValueError tracebacks (no fence row, no uppers, an epoch that is
+    not a number), a KeyError from an edit (a collection's row gone), a second fence row
+    taken silently, and, with every upper at 0, an open that took the catalog for a new
+    one and retracted everything in it."""
+    import sqlite3
+
+    place = Place("sqlite", f"sqlite:///{tmp_path}/c.db")
+    initialized(place)
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute(sql)
+        before = conn.execute("SELECT key, value, diff FROM catalog_data").fetchall()
+    conn.close()
+    for call in ("open", "dump", "check_open"):
+        with (
+            open_catalog(place.url) as state,
+            pytest.raises(CatalogError, match=f"corrupt: .*{message}"),
+        ):
+            getattr(state, call)()
+    for argv in (["dump"], ["epoch"], ["edit", "settings", '{"name": "a"}', '{"value": "b"}']):
+        code, out, err = run(capsys, argv[0], place.url, *argv[1:])
+        assert (code, out) == (1, "") and err.count("\n") == 1 and "corrupt" in err, (argv, err)
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        assert conn.execute("SELECT key, value, diff FROM catalog_data").fetchall() == before
+    conn.close()
+
+
+@pytest.mark.parametrize("single", ["sqlite", "postgres"], indirect=True)
+def test_a_stash_made_without_a_collection_gets_it_at_its_first_write(single: Place) -> None:
+    """Was: KeyError from the write (a stash made by a version that had fewer collections,
+    here without ``system_configurations``, could not store one)."""
+    import psycopg
+
+    initialized(single)
+    statements = [
+        f"DELETE FROM {single.shard}_uppers WHERE collection_id = 8",
+        f"DELETE FROM {single.shard}_collections WHERE collection_id = 8",
+    ]
+    if single.name == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(single.url.removeprefix("sqlite:///")) as conn:
+            for sql in statements:
+                conn.execute(sql)
+        conn.close()
+    else:
+        with psycopg.connect(single.url, autocommit=True) as pg:
+            for sql in statements:
+                pg.execute(sql)  # type: ignore[arg-type]
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open()
+        tx = state.transaction()
+        tx.set_system_configuration("max_tables", "9")
+        state.commit_transaction(tx)
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open_read_only()
+        assert state.system_configurations() == {"max_tables": "9"}
+        assert state.settings() == {"n": "v"}
