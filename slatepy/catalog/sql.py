@@ -154,6 +154,8 @@ class SqlStorage(Storage):
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.OperationalError) and not str(exc).startswith("no such"):
                 raise StoreUnavailable(self._say(exc)) from None
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_CORRUPT":  # damaged, not foreign
+                raise CatalogError(f"{self._say(exc)}: corrupt") from None
             if isinstance(exc, sqlite3.DatabaseError):  # not a database, a table not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
             raise

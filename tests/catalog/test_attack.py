@@ -431,3 +431,24 @@ def test_a_stash_made_without_a_collection_gets_it_at_its_first_write(single: Pl
         state.open_read_only()
         assert state.system_configurations() == {"max_tables": "9"}
         assert state.settings() == {"n": "v"}
+
+
+def test_a_damaged_sqlite_file_is_called_corrupt_not_foreign(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: "database disk image is malformed: not a catalog" for a truncated catalog."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path}/c.db"
+    place = Place("sqlite", url)
+    initialized(place)
+    for i in range(20):  # a few pages
+        write_raw(place, [("settings", b'{"name":"%d"}' % i, b'{"value":"%s"}' % (b"v" * 3000), 1)])
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = (tmp_path / "c.db").read_bytes()
+    (tmp_path / "c.db").write_bytes(data[: len(data) // 2])
+    code, out, err = run(capsys, "dump", url)
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert "corrupt" in err and "not a catalog" not in err
