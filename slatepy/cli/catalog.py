@@ -21,7 +21,7 @@ from typing import Any
 from slatepy.catalog import CatalogState, UninitializedCatalog, open_catalog
 from slatepy.catalog.errors import InvalidCatalogObject
 from slatepy.catalog.objects import collection, redact
-from slatepy.cli.output import print_json
+from slatepy.cli.output import location, print_json
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound
 
@@ -37,7 +37,10 @@ def add_catalog_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     def command(name: str, help: str) -> argparse.ArgumentParser:
         parser = csub.add_parser(name, help=help)
         parser.add_argument(
-            "url", help="sqlite:////abs/path.db, postgresql://..., or a persist location"
+            "url",
+            type=location,
+            help="sqlite:////abs/path.db, postgresql://..., or a persist location (a URL, or "
+            "a plain directory path)",
         )
         parser.add_argument("--shard", default="catalog", help="persist shard / SQL prefix")
         parser.add_argument(

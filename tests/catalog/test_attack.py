@@ -452,3 +452,14 @@ def test_a_damaged_sqlite_file_is_called_corrupt_not_foreign(
     code, out, err = run(capsys, "dump", url)
     assert (code, out) == (1, "") and err.count("\n") == 1
     assert "corrupt" in err and "not a catalog" not in err
+
+
+def test_the_tool_takes_a_plain_directory_path_as_every_command_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: "unsupported store URL 'plain'", where docs/cli-conventions.md has every
+    command take a plain directory path for a location (the ``location`` argument type)."""
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "init", "plain")[0] == 0
+    assert run(capsys, "epoch", f"file://{tmp_path}/plain")[:2] == (0, "Epoch: 1\n")
+    assert run(capsys, "epoch", str(tmp_path / "plain"))[:2] == (0, "Epoch: 1\n")
