@@ -62,8 +62,18 @@ class PersistStorage(Storage):
         return self._writer
 
     def upper(self) -> int:
+        """The shard's upper.
+
+        Raises:
+            CatalogError: the shard is closed (its upper empty): a catalog never is, so it
+                is another shard, or one closed by hand.
+        """
         upper = self._handle().fetch_recent_upper()
-        assert upper is not None, f"catalog shard {self._shard!r} is closed"
+        if upper is None:
+            raise CatalogError(
+                f"{self.description} is closed (its upper is empty): not a catalog, or one "
+                "closed by hand"
+            )
         return upper
 
     def read(self) -> Contents:

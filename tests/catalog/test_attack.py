@@ -463,3 +463,31 @@ def test_the_tool_takes_a_plain_directory_path_as_every_command_does(
     assert run(capsys, "init", "plain")[0] == 0
     assert run(capsys, "epoch", f"file://{tmp_path}/plain")[:2] == (0, "Epoch: 1\n")
     assert run(capsys, "epoch", str(tmp_path / "plain"))[:2] == (0, "Epoch: 1\n")
+
+
+def test_a_closed_persist_shard_is_a_typed_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: AssertionError (a traceback; nothing at all under ``python -O``) when the tool
+    was pointed at a closed shard (a wrong ``--shard``, or the catalog closed by hand)."""
+    from slatepy.persist import PersistClient
+
+    url = f"file://{tmp_path}/p"
+    with PersistClient.open(url) as client:
+        writer = client.open_writer("closed")
+        writer.compare_and_append([((b"k", b"v"), 0, 1)], 0, None)
+        writer.expire()
+    for command in ("dump", "epoch", "upgrade-check", "init"):
+        code, out, err = run(capsys, command, url, "--shard", "closed")
+        assert (code, out) == (1, "") and err.count("\n") == 1, (command, err)
+        assert "CatalogError" in err and "closed" in err
+
+
+def test_a_consensus_for_a_sql_catalog_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: ``--consensus`` (help: "persist only") silently ignored for a SQL catalog."""
+    url = f"sqlite:///{tmp_path}/c.db"
+    code, out, err = run(capsys, "init", url, "--consensus", "postgresql://h/db")
+    assert (code, out) == (1, "") and "consensus" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
