@@ -42,7 +42,7 @@ from slatepy.catalog.snapshot import (
     sort_key,
 )
 from slatepy.catalog.storage import Contents, Row, Storage
-from slatepy.catalog.transaction import Cache, Transaction
+from slatepy.catalog.transaction import Cache, Transaction, check_user
 from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
 from slatepy.errors import FencedError, TransactionConflict
 from slatepy.persist import StateConflictError
@@ -78,6 +78,7 @@ class CatalogState(TypedReads):
         user: str = "",
         deploy_generation: int | None = None,
     ) -> None:
+        check_user(user)
         self._storage = storage
         self._clock = clock
         self._user = user

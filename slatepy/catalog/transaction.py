@@ -19,6 +19,7 @@ import msgspec
 from slatepy.catalog.errors import InvalidCatalogObject, ReadOnlyCatalog
 from slatepy.catalog.objects import (
     COLLECTIONS,
+    MAX_USER_BYTES,
     AuditEvent,
     Collection,
     Database,
@@ -34,6 +35,7 @@ from slatepy.catalog.objects import (
     collection,
 )
 from slatepy.catalog.storage import Row
+from slatepy.errors import InvalidArgument
 
 
 class Cache:
@@ -102,6 +104,7 @@ class Transaction:
         clock: Callable[[], float] = time.time,
         writable: bool = True,
     ) -> None:
+        check_user(user)
         self._cache = cache
         self.base_upper = base_upper
         self.user = user
@@ -143,6 +146,7 @@ class Transaction:
         """
         coll = self._mutable(name)
         key_b, value_b = coll.key_bytes(key), coll.value_bytes(value)
+        coll.check_size(key_b, value_b)
         previous = self._get(name, key_b)
         self._check_unique(coll, key_b, value_b)
         if previous is not None and name == "id_allocators":
@@ -228,11 +232,11 @@ class Transaction:
     def record_storage_usage(self, usage: StorageUsage) -> int:
         """Append one storage-usage sample (an append-only, uncached collection)."""
         self._check_writable()
-        (new_id,) = self.allocate_ids("storage_usage")
         coll = COLLECTIONS["storage_usage"]
-        self._appended.append(
-            ("storage_usage", coll.key_bytes({"id": new_id}), coll.value_bytes(usage))
-        )
+        value = coll.value_bytes(usage)
+        coll.check_size(b'{"id":0}', value)
+        (new_id,) = self.allocate_ids("storage_usage")
+        self._appended.append(("storage_usage", coll.key_bytes({"id": new_id}), value))
         return new_id
 
     # -- the batch ---------------------------------------------------------------------------
@@ -326,6 +330,18 @@ class Transaction:
         owner = self._cache.unique[coll.name].get(wanted)
         if owner is not None and owner != key and owner not in self._pending.get(coll.name, {}):
             raise _taken(coll, wanted, owner)
+
+
+def check_user(user: str) -> None:
+    """Raise unless ``user`` fits an audit event (:data:`MAX_USER_BYTES`).
+
+    Raises:
+        InvalidArgument: it does not.
+    """
+    if len(user.encode(errors="replace")) > MAX_USER_BYTES:
+        raise InvalidArgument(
+            f"user {user[:40]!r}...: at most {MAX_USER_BYTES} bytes (audit events record it)"
+        )
 
 
 def _rewound(key: bytes) -> InvalidCatalogObject:

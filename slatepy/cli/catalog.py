@@ -89,10 +89,10 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
         if coll.append_only:
             raise InvalidCatalogObject(f"collection {coll.name!r} is append-only: no edits")
         key = _json(args.key, "the key")
-        coll.key_bytes(key)
+        key_bytes = coll.key_bytes(key)
         if command == "edit":
             value = _json(args.value, "the value")
-            coll.value_bytes(value)
+            coll.check_size(key_bytes, coll.value_bytes(value))
     try:
         state = open_catalog(
             args.url,

@@ -5,6 +5,7 @@ fix."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -491,3 +492,36 @@ def test_a_consensus_for_a_sql_catalog_is_refused(
     code, out, err = run(capsys, "init", url, "--consensus", "postgresql://h/db")
     assert (code, out) == (1, "") and "consensus" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("single", ["persist-file", "sqlite"], indirect=True)
+def test_an_object_too_large_for_any_implementation_is_refused_when_set(
+    single: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: SQL took a 70 kB setting that persist refused at commit with "update 0: key and
+    value are too large together" (naming no object; the transaction spent), so the two
+    held different catalogs. Now both refuse it when set, naming it, and take the largest
+    that fits."""
+    from slatepy.catalog.objects import MAX_KEY_BYTES, MAX_OBJECT_BYTES
+    from slatepy.errors import InvalidArgument
+
+    initialized(single)
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open()
+        with pytest.raises(InvalidArgument, match="at most 1024 bytes"):
+            state.transaction(user="u" * 1025)  # audit events repeat it
+        tx = state.transaction(user="u" * 1024)
+        with pytest.raises(InvalidCatalogObject, match=r'settings \{"name":"big"\}.* too large'):
+            tx.set_setting("big", "x" * 70_000)
+        with pytest.raises(InvalidCatalogObject, match=r"key .* too large"):
+            tx.set_setting("k" * (MAX_KEY_BYTES + 1), "v")
+        largest = MAX_OBJECT_BYTES - len(b'{"name":"big"}{"value":""}')
+        tx.set_setting("big", "x" * largest)  # the transaction is still usable
+        tx.set_setting("k" * (MAX_KEY_BYTES - len(b'{"name":""}')), "v")
+        state.commit_transaction(tx)
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open_read_only()
+        assert len(state.settings()["big"]) == largest
+    value = json.dumps({"value": "x" * 70_000})
+    code, out, err = run(capsys, "edit", single.url, "settings", '{"name": "b"}', value)
+    assert (code, out) == (1, "") and err.count("\n") == 1 and "too large" in err
