@@ -64,8 +64,8 @@ def check_objects(objects: Objects, description: str) -> None:
 
     Raises:
         CatalogError: naming the first object that does not decode, and why (msgspec's
-            reason names the field, never the value: it may hold a password), or a
-            collection this version does not have.
+            reason names the field, never the value: it may hold a password), a
+            collection this version does not have, or two objects of one unique name.
     """
     for name, entries in objects.items():
         coll = COLLECTIONS.get(name)
@@ -74,11 +74,21 @@ def check_objects(objects: Objects, description: str) -> None:
                 f"catalog {description}: corrupt: it holds collection {name!r}, which this "
                 "version does not have"
             )
-        for key, value in entries.items():
+        owners: dict[object, bytes] = {}
+        items = sorted(entries.items()) if coll.unique is not None else entries.items()
+        for key, value in items:
             try:
-                coll.decode_key(key), coll.decode_value(value)
+                coll.decode_key(key)
+                decoded = coll.decode_value(value)
             except msgspec.DecodeError as exc:
                 raise corrupt(description, name, key, exc) from None
+            if coll.unique is not None:
+                owner = owners.setdefault(coll.unique(decoded), key)
+                if owner != key:
+                    raise CatalogError(
+                        f"catalog {description}: corrupt: {name} {coll.unique(decoded)!r} "
+                        f"is held by {_text(owner)} and {_text(key)}; each is unique"
+                    )
 
 
 def corrupt(description: str, name: str, key: bytes, exc: Exception) -> CatalogError:

@@ -525,3 +525,21 @@ def test_an_object_too_large_for_any_implementation_is_refused_when_set(
     value = json.dumps({"value": "x" * 70_000})
     code, out, err = run(capsys, "edit", single.url, "settings", '{"name": "b"}', value)
     assert (code, out) == (1, "") and err.count("\n") == 1 and "too large" in err
+
+
+@pytest.mark.parametrize("single", ["persist-file", "sqlite"], indirect=True)
+def test_two_objects_of_one_unique_name_are_corruption(single: Place) -> None:
+    """Was: opened silently, the uniqueness index holding one of the two (so a rename of the
+    other could make a third)."""
+    initialized(single)
+    rows: list[Row] = [
+        ("databases", b'{"id":%d}' % i, b'{"name":"twin","url":"memory://","owner":""}', 1)
+        for i in (1, 2)
+    ]
+    write_raw(single, rows)
+    for call in ("open", "open_read_only", "check_open"):
+        with (
+            open_catalog(single.url, shard=single.shard) as state,
+            pytest.raises(CatalogError, match=r"corrupt: databases .*'twin'.* \{\"id\":1\}"),
+        ):
+            getattr(state, call)()
