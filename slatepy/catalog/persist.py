@@ -12,6 +12,7 @@ compaction can consolidate the history below it.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 
@@ -20,9 +21,10 @@ import msgspec
 from slatepy.catalog.errors import CatalogError
 from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
-from slatepy.errors import FencedError
+from slatepy.errors import FencedError, SlatepyError
 from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
 
+log = logging.getLogger(__name__)
 FENCE = "_fence"
 """The hidden collection of the epoch row (never returned by a read's entries)."""
 CRITICAL_READER = "catalog"
@@ -147,7 +149,10 @@ class PersistStorage(Storage):
             raise self._fenced(epoch, expected_upper, exc.current) from None
         self._fence_row = fence_row
         if new_epoch is not None:
-            self._downgrade_since(expected_upper)
+            try:
+                self._downgrade_since(expected_upper)
+            except SlatepyError as exc:  # the open landed: a compaction hint must not fail it
+                log.warning("%s: the critical since stays behind (%s)", self.description, exc)
         return expected_upper + 1
 
     def _downgrade_since(self, since: int) -> None:

@@ -543,3 +543,45 @@ def test_two_objects_of_one_unique_name_are_corruption(single: Place) -> None:
             pytest.raises(CatalogError, match=r"corrupt: databases .*'twin'.* \{\"id\":1\}"),
         ):
             getattr(state, call)()
+
+
+def test_an_open_whose_since_downgrade_fails_is_open() -> None:
+    """Was: the open's write landed (epoch 2, the migration, the audit event) and then the
+    failed downgrade of the critical since (a compaction hint) failed the open: the state
+    stayed unopened over a catalog it had changed, and a retry took epoch 3."""
+    from slatepy.catalog import persist_catalog
+    from slatepy.config import Settings
+    from slatepy.errors import StoreUnavailable
+    from slatepy.persist import PersistClient
+    from slatepy.persist.location.objconsensus import ObjectConsensus
+    from slatepy.store.stack import open_stack
+    from slatepy.testing.persist_faults import InterceptConsensus
+
+    store = open_stack("memory://", Settings())
+    armed = [False]
+
+    def refuse_once(op: str, key: str | None) -> None:
+        if op == "compare_and_set" and armed[0]:
+            armed[0] = False
+            raise StoreUnavailable("injected: refused", definite=True)
+
+    with (
+        ObjectConsensus(store, min_age=0) as log,
+        PersistClient.open(store, consensus=InterceptConsensus(log, before=refuse_once)) as client,
+    ):
+        persist_catalog(client).open()
+        state = persist_catalog(client)
+        storage = state._storage
+        real_downgrade = storage._downgrade_since  # type: ignore[attr-defined]
+
+        def arm_then_downgrade(since: int) -> None:
+            armed[0] = True  # the next consensus write (this downgrade's) is refused
+            real_downgrade(since)
+
+        storage._downgrade_since = arm_then_downgrade  # type: ignore[attr-defined]
+        state.open()
+        assert state.epoch == 2 and not armed[0]
+        tx = state.transaction()
+        tx.set_setting("n", "v")
+        state.commit_transaction(tx)
+        assert state.settings() == {"n": "v"}
