@@ -101,6 +101,7 @@ class PersistStorage(Storage):
         """
         entries: list[tuple[str, bytes, bytes]] = []
         fence_row = None
+        fences = 0
         foreign = False
         for (key, value), _, diff in updates:
             coll, nul, k = key.partition(b"\x00")
@@ -108,7 +109,7 @@ class PersistStorage(Storage):
             if diff != 1:
                 raise CatalogError(f"{self.description}: corrupt: row {key!r} counts {diff}")
             if name == FENCE:
-                fence_row = value
+                fence_row, fences = value, fences + 1
             elif nul and (name in COLLECTIONS or _NAME.fullmatch(name)):
                 # An unknown name is a newer version's collection (the version check
                 # refuses the catalog) or corruption (the open's check names it).
@@ -117,6 +118,8 @@ class PersistStorage(Storage):
                 foreign = True
         if fence_row is None or foreign:
             raise CatalogError(f"{self.description} holds something that is not a catalog")
+        if fences > 1:
+            raise CatalogError(f"{self.description}: corrupt: it holds {fences} fence rows")
         self._fence_row = fence_row
         try:
             fence = msgspec.json.decode(fence_row, type=_Fence)

@@ -585,3 +585,17 @@ def test_an_open_whose_since_downgrade_fails_is_open() -> None:
         tx.set_setting("n", "v")
         state.commit_transaction(tx)
         assert state.settings() == {"n": "v"}
+
+
+def test_two_persist_fence_rows_are_corruption(tmp_path: Path) -> None:
+    """Was: the last one read taken silently as the epoch (the open then retracted that one
+    only), as two SQL fence rows were."""
+    place = Place("persist-file", f"file://{tmp_path}/p")
+    initialized(place)
+    write_raw(place, [("_fence", b"{}", b'{"epoch":7,"holder":"x"}', 1)])
+    for call in ("open", "dump", "check_open"):
+        with (
+            open_catalog(place.url) as state,
+            pytest.raises(CatalogError, match="corrupt: it holds 2 fence rows"),
+        ):
+            getattr(state, call)()
