@@ -16,14 +16,16 @@ file too).
 from __future__ import annotations
 
 import os
+import random
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from slatepy.catalog.errors import CatalogError
+from slatepy.catalog.errors import CatalogContention, CatalogError
 from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
 from slatepy.errors import FencedError, InvalidArgument, StoreUnavailable
@@ -176,9 +178,13 @@ class SqlStorage(Storage):
                         if not conn.closed:
                             conn.execute("ROLLBACK")
                         raise
-            except (errors.SerializationFailure, errors.DeadlockDetected):
+            except (errors.SerializationFailure, errors.DeadlockDetected) as exc:
                 if attempt == SERIALIZATION_RETRIES - 1:
-                    raise
+                    raise CatalogContention(
+                        f"{self._say(exc)}: a serialization failure on each of "
+                        f"{SERIALIZATION_RETRIES} tries; nothing was written"
+                    ) from None
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # let the winner finish
             except psycopg.OperationalError as exc:
                 self._conn = None
                 raise StoreUnavailable(self._say(exc)) from None

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from slatepy.catalog.errors import (
+    CatalogContention,
     CatalogError,
     IncompatibleCatalogVersion,
     MigrationNeeded,
@@ -51,10 +52,11 @@ T = TypeVar("T")
 Mode = Literal["unopened", "writable", "read_only", "fenced", "closed"]
 OPEN_ATTEMPTS = 5
 """Tries of ``open()`` when another opener wins the race for the same upper."""
-LOST_RACES = (FencedError, StateConflictError)
+LOST_RACES = (FencedError, StateConflictError, CatalogContention)
 """What a write that lost to other writers raises, nothing written: another writer took
-the upper, or (persist) other actors kept winning the shard's consensus log (its reader
-registrations count). An open and a debug edit start again from a fresh read."""
+the upper, (persist) other actors kept winning the shard's consensus log (its reader
+registrations count), or (PostgreSQL) serialization failures outlasted the stash's retries.
+An open and a debug edit start again from a fresh read."""
 
 
 class CatalogState(TypedReads):

@@ -599,3 +599,43 @@ def test_two_persist_fence_rows_are_corruption(tmp_path: Path) -> None:
             pytest.raises(CatalogError, match="corrupt: it holds 2 fence rows"),
         ):
             getattr(state, call)()
+
+
+@pytest.mark.parametrize("single", ["postgres"], indirect=True)
+def test_serialization_failures_without_end_are_a_typed_error_and_lose_nothing(
+    single: Place,
+) -> None:
+    """Was: psycopg's own SerializationFailure (a traceback from the CLI) once the stash's
+    20 immediate retries were spent. Now a CatalogContention (nothing written), which a
+    debug edit retries until its timeout as a lost race, and the leader stays usable."""
+    import psycopg
+
+    from slatepy.catalog.errors import CatalogContention
+
+    initialized(single)
+    refuse = f"""CREATE FUNCTION {single.shard}_refuse() RETURNS trigger AS $$
+        BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '40001'; END $$ LANGUAGE plpgsql"""
+    trigger = (
+        f"CREATE TRIGGER refuse BEFORE INSERT ON {single.shard}_data "
+        f"FOR EACH ROW EXECUTE FUNCTION {single.shard}_refuse()"
+    )
+    with open_catalog(single.url, shard=single.shard) as state:
+        state.open()
+        with psycopg.connect(single.url, autocommit=True) as pg:
+            pg.execute(refuse)  # type: ignore[arg-type]
+            pg.execute(trigger)  # type: ignore[arg-type]
+        tx = state.transaction()
+        tx.set_setting("m", "w")
+        with pytest.raises(CatalogContention, match="serialization"):
+            state.commit_transaction(tx)
+        with (
+            open_catalog(single.url, shard=single.shard) as editor,
+            pytest.raises(CatalogContention),
+        ):
+            editor.debug_commit(lambda t: t.set_setting("e", "x"), user="t", timeout=0.2)
+        with psycopg.connect(single.url, autocommit=True) as pg:
+            pg.execute(f"DROP TRIGGER refuse ON {single.shard}_data")  # type: ignore[arg-type]
+        tx = state.transaction()
+        tx.set_setting("m", "w")
+        state.commit_transaction(tx)  # still the leader: nothing was written
+        assert state.settings() == {"m": "w", "n": "v"}
