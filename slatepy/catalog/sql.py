@@ -116,7 +116,7 @@ class SqlStorage(Storage):
         self._conn = conn
         return conn
 
-    def _say(self, exc: BaseException) -> str:
+    def _say(self, exc: BaseException | str) -> str:
         """``description: exc`` on one line, without the URL's password (a driver's message
         may quote the URL)."""
         text = " ".join(str(exc).split())
@@ -188,6 +188,9 @@ class SqlStorage(Storage):
             except psycopg.OperationalError as exc:
                 self._conn = None
                 raise StoreUnavailable(self._say(exc)) from None
+            except errors.InsufficientPrivilege as exc:  # refused: not a matter of content
+                refused = exc.diag.message_primary or str(exc)
+                raise StoreUnavailable(f"{self._say(refused)}", definite=True) from None
             except psycopg.ProgrammingError as exc:  # a table of the name that is not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
         raise AssertionError("unreachable")

@@ -639,3 +639,25 @@ def test_serialization_failures_without_end_are_a_typed_error_and_lose_nothing(
         tx.set_setting("m", "w")
         state.commit_transaction(tx)  # still the leader: nothing was written
         assert state.settings() == {"m": "w", "n": "v"}
+
+
+@pytest.mark.parametrize("single", ["postgres"], indirect=True)
+def test_a_role_without_privileges_is_told_so_not_that_it_is_no_catalog(
+    single: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: "permission denied for table ...: not a catalog" (every ProgrammingError was
+    taken for tables of another program)."""
+    import psycopg
+
+    with psycopg.connect(single.url, autocommit=True) as pg:
+        pg.execute(
+            "DO $$ BEGIN CREATE ROLE weak LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+    weak = single.url.replace("postgres@", "weak@", 1)
+    assert weak != single.url
+    code, out, err = run(capsys, "init", weak, "--shard", single.shard)
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert "StoreUnavailable" in err and "permission denied" in err and "not a catalog" not in err
+    initialized(single)
+    code, out, err = run(capsys, "dump", weak, "--shard", single.shard)
+    assert (code, out) == (1, "") and "permission denied" in err and "not a catalog" not in err
