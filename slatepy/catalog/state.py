@@ -123,8 +123,10 @@ class CatalogState(TypedReads):
         Raises:
             IncompatibleCatalogVersion: the catalog is newer than this code (or too old).
             FencedError: other openers kept winning the race (after several tries).
-            StateConflictError: (persist) other actors kept winning its consensus log
-                (after as many tries; nothing written).
+            StateConflictError, CatalogContention: (persist) other actors kept winning
+                its consensus log, (PostgreSQL) serialization failures; after as many tries,
+                nothing written.
+            CatalogError: the catalog holds an object this version cannot read (corrupt).
         """
         with self._lock:
             self._open()
