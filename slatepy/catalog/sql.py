@@ -190,7 +190,7 @@ class SqlStorage(Storage):
                 raise StoreUnavailable(self._say(exc)) from None
             except errors.InsufficientPrivilege as exc:  # refused: not a matter of content
                 refused = exc.diag.message_primary or str(exc)
-                raise StoreUnavailable(f"{self._say(refused)}", definite=True) from None
+                raise StoreUnavailable(self._say(refused), definite=True) from None
             except psycopg.ProgrammingError as exc:  # a table of the name that is not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
         raise AssertionError("unreachable")
