@@ -138,7 +138,7 @@ class SqlStorage(Storage):
             if conn is None:
                 return None
             if self._postgres_url is not None:
-                return self._run_postgres(conn, body)
+                return self._run_postgres(conn, body, write=write)
             return self._run_sqlite(conn, body, write=write)
 
     def _run_sqlite(self, conn: sqlite3.Connection, body: Callable[[Any], T], *, write: bool) -> T:
@@ -162,7 +162,7 @@ class SqlStorage(Storage):
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
             raise
 
-    def _run_postgres(self, conn: Any, body: Callable[[Any], T]) -> T:
+    def _run_postgres(self, conn: Any, body: Callable[[Any], T], *, write: bool) -> T:
         import psycopg
         from psycopg import errors
 
@@ -186,8 +186,9 @@ class SqlStorage(Storage):
                     ) from None
                 time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # let the winner finish
             except psycopg.OperationalError as exc:
+                # A write's connection lost at its COMMIT may have committed: indefinite.
                 self._conn = None
-                raise StoreUnavailable(self._say(exc)) from None
+                raise StoreUnavailable(self._say(exc), definite=not write) from None
             except errors.InsufficientPrivilege as exc:  # refused: not a matter of content
                 refused = exc.diag.message_primary or str(exc)
                 raise StoreUnavailable(self._say(refused), definite=True) from None

@@ -661,3 +661,35 @@ def test_a_role_without_privileges_is_told_so_not_that_it_is_no_catalog(
     initialized(single)
     code, out, err = run(capsys, "dump", weak, "--shard", single.shard)
     assert (code, out) == (1, "") and "permission denied" in err and "not a catalog" not in err
+
+
+@pytest.mark.parametrize("single", ["postgres"], indirect=True)
+def test_a_lost_commit_reply_is_an_indefinite_error(single: Place) -> None:
+    """Was: StoreUnavailable with ``definite=True`` ("certainly had no effect") when the
+    connection was lost at the COMMIT of an open that had landed (its epoch was taken)."""
+    from slatepy.errors import StoreUnavailable
+    from slatepy.testing.persist_faults import ProxyWriteFaults
+
+    initialized(single)
+    server = single.url.rsplit(":", 1)[1].split("/")[0]
+    proxy = ProxyWriteFaults(int(server))
+    try:
+        url = single.url.replace(f":{server}/", f":{proxy.port}/")
+        with open_catalog(url, shard=single.shard) as state:
+            state.check_open()  # connected before the fault is armed
+            storage = state._storage
+            real_compact = storage._compact  # type: ignore[attr-defined]
+
+            def compact_then_lose_the_commits_reply(cur: object) -> None:
+                real_compact(cur)
+                proxy.arm("lost_reply")  # the next request is the COMMIT
+
+            storage._compact = compact_then_lose_the_commits_reply  # type: ignore[attr-defined]
+            with pytest.raises(StoreUnavailable) as info:
+                state.open()
+            assert info.value.definite is False
+        proxy.heal()
+        with open_catalog(single.url, shard=single.shard) as state:
+            assert state.current().epoch == 2  # it had landed
+    finally:
+        proxy.close()
