@@ -693,3 +693,23 @@ def test_a_lost_commit_reply_is_an_indefinite_error(single: Place) -> None:
             assert state.current().epoch == 2  # it had landed
     finally:
         proxy.close()
+
+
+def test_an_edit_that_changes_nothing_warns_of_no_fence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: "a leader still running there is fenced by this change" for an edit or delete
+    that wrote nothing (the same value, a missing key), which fences nobody."""
+    url = f"sqlite:///{tmp_path}/c.db"
+    initialized(Place("sqlite", url))
+    with open_catalog(url) as leader:
+        leader.open()
+        for argv in (
+            ["delete", url, "settings", '{"name": "missing"}'],
+            ["edit", url, "settings", '{"name": "n"}', '{"value": "v"}'],
+        ):
+            code, out, err = run(capsys, *argv)
+            assert code == 0 and out.startswith("previous value:") and err == "", (argv, err)
+        leader.confirm_leadership()  # nothing fenced it
+        code, _, err = run(capsys, "edit", url, "settings", '{"name": "n"}', '{"value": "w"}')
+        assert code == 0 and "fenced by this change" in err
