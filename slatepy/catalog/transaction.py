@@ -153,8 +153,8 @@ class Transaction:
             now = msgspec.json.decode(value_b, type=IdAllocator).next_id
             try:
                 was = msgspec.json.decode(previous, type=IdAllocator).next_id
-            except msgspec.DecodeError:  # corrupt: the tool's repair sets it (creates
-                was = now  # still never replace an object whose id is taken)
+            except msgspec.DecodeError:  # corrupt: the tool's repair may set any value
+                was = now  # (a create still never replaces an object whose id is taken)
             if now < was:
                 raise _rewound(key_b)
         self._put(coll, key_b, value_b)
