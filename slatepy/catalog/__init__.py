@@ -8,6 +8,7 @@ it.
 """
 
 from slatepy.catalog.errors import (
+    CatalogContention,
     CatalogError,
     IncompatibleCatalogVersion,
     InvalidCatalogObject,
@@ -34,6 +35,7 @@ from slatepy.catalog.transaction import Transaction
 __all__ = [
     "CATALOG_VERSION",
     "COLLECTIONS",
+    "CatalogContention",
     "CatalogError",
     "CatalogState",
     "Database",

@@ -44,3 +44,9 @@ class ReadOnlyCatalog(CatalogError):
 class InvalidCatalogObject(CatalogError, InvalidArgument):
     """A key or value that does not fit its collection's schema, an unknown collection, a
     change to an append-only collection, or a uniqueness rule broken (nothing written)."""
+
+
+class CatalogContention(CatalogError):
+    """The SQL stash refused a write as a serialization failure on every retry: other
+    writers kept winning. Nothing was written; an open and a debug edit try again, as they
+    do when another writer took the upper."""

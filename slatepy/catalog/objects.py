@@ -22,6 +22,15 @@ from slatepy.catalog.errors import InvalidCatalogObject
 CATALOG_VERSION = 2
 """The schema version this code writes (config ``catalog_version``)."""
 
+MAX_KEY_BYTES = 4_096
+MAX_OBJECT_BYTES = 60_000
+"""The largest key JSON, and key plus value JSON, of one object in every implementation:
+persist stores an object as one update whose encoding (collection name and framing
+included) is at most 65,535 bytes (its SST key lengths are u16), and the object's audit
+event repeats its key; the SQL stash is held to the same, so that a catalog fits either."""
+MAX_USER_BYTES = 1_024
+"""The largest user name an audit event records (see :data:`MAX_OBJECT_BYTES`)."""
+
 _SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey", "api_key")
 _SECRET_NAMES = frozenset({"sig", "signature", "x-amz-signature"})  # signed URLs (SAS, S3)
 
@@ -214,10 +223,37 @@ class Collection:
 
     def key_bytes(self, key: Any) -> bytes:
         """The canonical JSON of ``key`` (a Struct of this collection or a JSON-able dict)."""
-        return msgspec.json.encode(self._convert(key, self.key, "key"))
+        return self._encode(self._convert(key, self.key, "key"), "key")
 
     def value_bytes(self, value: Any) -> bytes:
-        return msgspec.json.encode(self._convert(value, self.value, "value"))
+        return self._encode(self._convert(value, self.value, "value"), "value")
+
+    def check_size(self, key: bytes, value: bytes) -> None:
+        """Raise unless the object fits every implementation (:data:`MAX_OBJECT_BYTES`).
+
+        Raises:
+            InvalidCatalogObject: naming the object (its key, shortened).
+        """
+        shown = key[:100].decode(errors="replace") + ("..." if len(key) > 100 else "")
+        if len(key) > MAX_KEY_BYTES:
+            raise InvalidCatalogObject(
+                f"{self.name} {shown}: the key is too large ({len(key)} bytes of JSON; at "
+                f"most {MAX_KEY_BYTES})"
+            )
+        if len(key) + len(value) > MAX_OBJECT_BYTES:
+            raise InvalidCatalogObject(
+                f"{self.name} {shown}: the object is too large ({len(key) + len(value)} bytes "
+                f"of JSON; key and value at most {MAX_OBJECT_BYTES} together)"
+            )
+
+    def _encode(self, obj: _Object, what: str) -> bytes:
+        try:
+            return msgspec.json.encode(obj)
+        except UnicodeEncodeError as exc:  # a lone surrogate: JSON input (``\ud800``) has them
+            raise InvalidCatalogObject(
+                f"the {what} does not fit collection {self.name!r}: a string is not valid "
+                f"UTF-8 ({exc.reason} at position {exc.start})"
+            ) from None
 
     def _convert(self, obj: Any, kind: type[_Object], what: str) -> _Object:
         if isinstance(obj, kind):

@@ -61,6 +61,11 @@ def open_storage(
     """The storage ``url`` names (see :func:`open_catalog`; ``store_settings=`` is a
     deprecated alias of ``settings=``)."""
     settings = _store_settings(settings, store_settings, "open_storage")
+    if consensus is not None and url.startswith(("sqlite:", "postgresql://", "postgres://")):
+        raise InvalidArgument(
+            f"a consensus ({strip_password(consensus)}) is for a persist catalog; "
+            f"{strip_password(url)} is a SQL one, which has none"
+        )
     if url.startswith("sqlite:"):
         return SqlStorage(sqlite_path=sqlite_path(url), shard=shard, description=url)
     if url.startswith(("postgresql://", "postgres://")):
@@ -107,7 +112,8 @@ def open_catalog(
             SQLite; ``postgresql://user@host/db``: the stash in PostgreSQL; any persist
             location (``file:///...``, ``s3://...``, ``memory://``): one persist shard.
         shard: The persist shard; in SQL, the tables' name prefix.
-        consensus: The persist consensus (``postgresql://...``; default: on the store).
+        consensus: The persist consensus (``postgresql://...``; default: on the store;
+            refused for a SQL catalog, which has none).
         settings: The store's settings, as ``PersistClient.open`` takes them (a
             ``Settings``, a dict or a TOML path, over ``SLATEPY_*``; persist only).
         create: Create a missing ``file://`` location (persist only; False: ``NotFound``).

@@ -12,6 +12,8 @@ compaction can consolidate the history below it.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -19,12 +21,15 @@ import msgspec
 from slatepy.catalog.errors import CatalogError
 from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
-from slatepy.errors import FencedError
+from slatepy.errors import FencedError, SlatepyError
 from slatepy.persist import PersistClient, Update, UpperMismatch, WriteHandle
 
+log = logging.getLogger(__name__)
 FENCE = "_fence"
 """The hidden collection of the epoch row (never returned by a read's entries)."""
 CRITICAL_READER = "catalog"
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+"""What a collection's name looks like (this version's, or a newer one's)."""
 
 
 class _Fence(msgspec.Struct):
@@ -59,8 +64,18 @@ class PersistStorage(Storage):
         return self._writer
 
     def upper(self) -> int:
+        """The shard's upper.
+
+        Raises:
+            CatalogError: the shard is closed (its upper empty): a catalog never is, so it
+                is another shard, or one closed by hand.
+        """
         upper = self._handle().fetch_recent_upper()
-        assert upper is not None, f"catalog shard {self._shard!r} is closed"
+        if upper is None:
+            raise CatalogError(
+                f"{self.description} is closed (its upper is empty): not a catalog, or one "
+                "closed by hand"
+            )
         return upper
 
     def read(self) -> Contents:
@@ -86,22 +101,32 @@ class PersistStorage(Storage):
         """
         entries: list[tuple[str, bytes, bytes]] = []
         fence_row = None
+        fences = 0
+        foreign = False
         for (key, value), _, diff in updates:
-            coll, _, k = key.partition(b"\x00")
+            coll, nul, k = key.partition(b"\x00")
             name = coll.decode(errors="replace")
             if diff != 1:
                 raise CatalogError(f"{self.description}: corrupt: row {key!r} counts {diff}")
             if name == FENCE:
-                fence_row = value
-            elif name in COLLECTIONS:
+                fence_row, fences = value, fences + 1
+            elif nul and (name in COLLECTIONS or _NAME.fullmatch(name)):
+                # An unknown name is a newer version's collection (the version check
+                # refuses the catalog) or corruption (the open's check names it).
                 entries.append((name, k, value))
             else:
-                fence_row = None
-                break
-        if fence_row is None:
+                foreign = True
+        if fence_row is None or foreign:
             raise CatalogError(f"{self.description} holds something that is not a catalog")
+        if fences > 1:
+            raise CatalogError(f"{self.description}: corrupt: it holds {fences} fence rows")
         self._fence_row = fence_row
-        fence = msgspec.json.decode(fence_row, type=_Fence)
+        try:
+            fence = msgspec.json.decode(fence_row, type=_Fence)
+        except msgspec.DecodeError as exc:
+            raise CatalogError(
+                f"{self.description}: corrupt: its fence row does not decode ({exc})"
+            ) from None
         return Contents(upper, fence.epoch, entries, fence.holder)
 
     def write(
@@ -127,7 +152,10 @@ class PersistStorage(Storage):
             raise self._fenced(epoch, expected_upper, exc.current) from None
         self._fence_row = fence_row
         if new_epoch is not None:
-            self._downgrade_since(expected_upper)
+            try:
+                self._downgrade_since(expected_upper)
+            except SlatepyError as exc:  # the open landed: a compaction hint must not fail it
+                log.warning("%s: the critical since stays behind (%s)", self.description, exc)
         return expected_upper + 1
 
     def _downgrade_since(self, since: int) -> None:

@@ -16,14 +16,16 @@ file too).
 from __future__ import annotations
 
 import os
+import random
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from slatepy.catalog.errors import CatalogError
+from slatepy.catalog.errors import CatalogContention, CatalogError
 from slatepy.catalog.objects import COLLECTIONS
 from slatepy.catalog.storage import Contents, Row, Storage, fenced_message
 from slatepy.errors import FencedError, InvalidArgument, StoreUnavailable
@@ -31,6 +33,8 @@ from slatepy.errors import FencedError, InvalidArgument, StoreUnavailable
 T = TypeVar("T")
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 SERIALIZATION_RETRIES = 20
+INSERT_ROWS = 1000
+"""Rows per PostgreSQL INSERT statement (5 parameters each: far below its 65535)."""
 
 
 class _Fenced(Exception):
@@ -43,7 +47,8 @@ class SqlStorage(Storage):
     Args:
         sqlite_path: The SQLite database file (exactly one of the two).
         postgres_url: A ``postgresql://`` URL.
-        shard: The table-name prefix (lower-case letters, digits, ``_``).
+        shard: The table-name prefix, as it is (lower-case letters, digits, ``_``; anything
+            else is refused, never mapped: two names would then be one catalog).
     """
 
     def __init__(
@@ -54,9 +59,19 @@ class SqlStorage(Storage):
         shard: str = "catalog",
         description: str,
     ) -> None:
-        prefix = shard.replace("-", "_").replace(".", "_").lower()
-        if _PREFIX.fullmatch(prefix) is None:
-            raise InvalidArgument(f"catalog shard {shard!r} cannot name SQL tables")
+        if _PREFIX.fullmatch(shard) is None:
+            # No mapping of other names onto tables: two names would then be one catalog.
+            like = shard.replace("-", "_").replace(".", "_").lower()
+            hint = (
+                f"; shard {like!r} opens the tables it named before"
+                if _PREFIX.fullmatch(like)
+                else ""
+            )
+            raise InvalidArgument(
+                f"catalog shard {shard!r} cannot name SQL tables: in SQL a shard is up to 41 "
+                f"lower-case letters, digits and _, not starting with a digit{hint}"
+            )
+        prefix = shard
         if (sqlite_path is None) == (postgres_url is None):
             raise InvalidArgument("give exactly one of sqlite_path and postgres_url")
         self.description = description
@@ -101,7 +116,7 @@ class SqlStorage(Storage):
         self._conn = conn
         return conn
 
-    def _say(self, exc: BaseException) -> str:
+    def _say(self, exc: BaseException | str) -> str:
         """``description: exc`` on one line, without the URL's password (a driver's message
         may quote the URL)."""
         text = " ".join(str(exc).split())
@@ -123,7 +138,7 @@ class SqlStorage(Storage):
             if conn is None:
                 return None
             if self._postgres_url is not None:
-                return self._run_postgres(conn, body)
+                return self._run_postgres(conn, body, write=write)
             return self._run_sqlite(conn, body, write=write)
 
     def _run_sqlite(self, conn: sqlite3.Connection, body: Callable[[Any], T], *, write: bool) -> T:
@@ -141,11 +156,13 @@ class SqlStorage(Storage):
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.OperationalError) and not str(exc).startswith("no such"):
                 raise StoreUnavailable(self._say(exc)) from None
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_CORRUPT":  # damaged, not foreign
+                raise CatalogError(f"{self._say(exc)}: corrupt") from None
             if isinstance(exc, sqlite3.DatabaseError):  # not a database, a table not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
             raise
 
-    def _run_postgres(self, conn: Any, body: Callable[[Any], T]) -> T:
+    def _run_postgres(self, conn: Any, body: Callable[[Any], T], *, write: bool) -> T:
         import psycopg
         from psycopg import errors
 
@@ -161,12 +178,20 @@ class SqlStorage(Storage):
                         if not conn.closed:
                             conn.execute("ROLLBACK")
                         raise
-            except (errors.SerializationFailure, errors.DeadlockDetected):
+            except (errors.SerializationFailure, errors.DeadlockDetected) as exc:
                 if attempt == SERIALIZATION_RETRIES - 1:
-                    raise
+                    raise CatalogContention(
+                        f"{self._say(exc)}: a serialization failure on each of "
+                        f"{SERIALIZATION_RETRIES} tries; nothing was written"
+                    ) from None
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # let the winner finish
             except psycopg.OperationalError as exc:
+                # A write's connection lost at its COMMIT may have committed: indefinite.
                 self._conn = None
-                raise StoreUnavailable(self._say(exc)) from None
+                raise StoreUnavailable(self._say(exc), definite=not write) from None
+            except errors.InsufficientPrivilege as exc:  # refused: not a matter of content
+                refused = exc.diag.message_primary or str(exc)
+                raise StoreUnavailable(self._say(refused), definite=True) from None
             except psycopg.ProgrammingError as exc:  # a table of the name that is not ours
                 raise CatalogError(f"{self._say(exc)}: not a catalog") from None
         raise AssertionError("unreachable")
@@ -210,20 +235,60 @@ class SqlStorage(Storage):
         cur.execute(f"SELECT count(*) FROM {t['fence']}")
         if cur.fetchone()[0] == 0:
             cur.execute(f"INSERT INTO {t['fence']} VALUES (0, {p}, '')", (b"",))
-        for cid, name in enumerate(COLLECTIONS, start=1):
-            cur.execute(f"SELECT 1 FROM {t['collections']} WHERE name = {p}", (name,))
-            if cur.fetchone() is None:
+        ids = self._collection_ids(cur)
+        upper = self._upper(cur) if ids else 0
+        cid = max(ids.values(), default=0)
+        for name in COLLECTIONS:
+            if name not in ids:  # a fresh id: one of a collection gone may still hold rows
+                cid += 1
                 cur.execute(f"INSERT INTO {t['collections']} VALUES ({p}, {p})", (cid, name))
-                cur.execute(f"INSERT INTO {t['uppers']} VALUES ({p}, 0)", (cid,))
+                cur.execute(f"INSERT INTO {t['uppers']} VALUES ({p}, {p})", (cid, upper))
 
     def _fence(self, cur: Any) -> tuple[int, bytes, str]:
-        cur.execute(f"SELECT epoch, nonce, holder FROM {self._t['fence']}")
-        epoch, nonce, holder = cur.fetchone()
-        return int(epoch), bytes(nonce), str(holder)
+        """The one fence row.
+
+        Raises:
+            CatalogError: there is not exactly one, or it is not of the fence's types
+                (SQLite keeps any value in any column).
+        """
+        fence = self._t["fence"]
+        cur.execute(f"SELECT epoch, nonce, holder FROM {fence}")
+        found = cur.fetchall()
+        if len(found) != 1:
+            raise self._corrupt(f"{fence} holds {len(found)} rows, not 1")
+        epoch, nonce, holder = found[0]
+        if type(epoch) is not int or not isinstance(nonce, bytes | memoryview):
+            raise self._corrupt(f"{fence} holds an epoch or nonce of the wrong type")
+        return epoch, bytes(nonce), str(holder)
 
     def _upper(self, cur: Any) -> int:
-        cur.execute(f"SELECT min(upper) FROM {self._t['uppers']}")
-        return int(cur.fetchone()[0])
+        uppers = self._t["uppers"]
+        cur.execute(f"SELECT min(upper) FROM {uppers}")
+        upper = cur.fetchone()[0]
+        if type(upper) is not int:
+            raise self._corrupt(f"{uppers} holds no upper, or one that is not a number")
+        return upper
+
+    def _collection_ids(self, cur: Any) -> dict[str, int]:
+        cur.execute(f"SELECT name, collection_id FROM {self._t['collections']}")
+        return {str(name): int(cid) for name, cid in cur.fetchall()}
+
+    def _corrupt(self, what: str) -> CatalogError:
+        return CatalogError(f"{self.description}: corrupt: {what}")
+
+    def _insert(self, cur: Any, rows: list[tuple[int, bytes, bytes, int, int]]) -> None:
+        """Insert data rows. PostgreSQL: multi-row INSERTs, not psycopg's ``executemany``,
+        which pipelines: a serialization failure while it is still sending made psycopg log
+        "error ignored terminating <psycopg.Pipeline ...>" (a warning on the CLI's standard
+        error) before the retry that then succeeded."""
+        data = self._t["data"]
+        if self._sqlite_path is not None:
+            cur.executemany(f"INSERT INTO {data} VALUES (?, ?, ?, ?, ?)", rows)
+            return
+        for start in range(0, len(rows), INSERT_ROWS):
+            chunk = rows[start : start + INSERT_ROWS]
+            values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+            cur.execute(f"INSERT INTO {data} VALUES {values}", [x for r in chunk for x in r])
 
     def _compact(self, cur: Any) -> None:
         """Delete the rows of every ``(collection, key, value)`` whose diffs sum to zero: what
@@ -253,18 +318,24 @@ class SqlStorage(Storage):
             epoch, nonce, holder = self._fence(cur)
             self._read_nonce = nonce
             cur.execute(
-                f"SELECT c.name, d.key, d.value, sum(d.diff) FROM {t['data']} d "
-                f"JOIN {t['collections']} c ON c.collection_id = d.collection_id "
-                "GROUP BY c.name, d.key, d.value HAVING sum(d.diff) <> 0"
+                f"SELECT d.collection_id, c.name, d.key, d.value, sum(d.diff) FROM {t['data']} d "
+                f"LEFT JOIN {t['collections']} c ON c.collection_id = d.collection_id "
+                "GROUP BY d.collection_id, c.name, d.key, d.value HAVING sum(d.diff) <> 0"
             )
             entries = []
-            for name, key, value, total in cur.fetchall():
-                if total != 1:
-                    raise CatalogError(
-                        f"{self.description}: corrupt: {name} row {key!r} counts {total}"
+            for cid, name, key, value, total in cur.fetchall():
+                if name is None:  # its collection row is gone: the rows would be unseen
+                    raise self._corrupt(
+                        f"{t['data']} holds rows of collection id {cid}, "
+                        f"which {t['collections']} does not name"
                     )
+                if total != 1:
+                    raise self._corrupt(f"{name} row {bytes(key)!r} counts {total}")
                 entries.append((str(name), bytes(key), bytes(value)))
-            return Contents(self._upper(cur), epoch, entries, holder)
+            upper = self._upper(cur)
+            if upper == 0 and (entries or epoch):  # an open would take it for a new one
+                raise self._corrupt(f"it holds rows and epoch {epoch} at upper 0")
+            return Contents(upper, epoch, entries, holder)
 
         return self._run(body, write=False) or Contents(0, 0, [])
 
@@ -315,13 +386,11 @@ class SqlStorage(Storage):
                     f"UPDATE {t['fence']} SET epoch = {p}, nonce = {p}, holder = {p}",
                     (new_epoch, nonce, holder),
                 )
-            cur.execute(f"SELECT name, collection_id FROM {t['collections']}")
-            ids = dict(cur.fetchall())
-            if rows:
-                cur.executemany(
-                    f"INSERT INTO {t['data']} VALUES ({p}, {p}, {p}, {p}, {p})",
-                    [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows],
-                )
+            ids = self._collection_ids(cur)
+            if any(c not in ids for c, _, _, _ in rows):  # made by a version without it
+                self._create(cur)
+                ids = self._collection_ids(cur)
+            self._insert(cur, [(ids[c], k, v, expected_upper, d) for c, k, v, d in rows])
             cur.execute(f"UPDATE {t['uppers']} SET upper = {p}", (expected_upper + 1,))
             if new_epoch is not None:
                 self._compact(cur)

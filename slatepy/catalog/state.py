@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from slatepy.catalog.errors import (
+    CatalogContention,
     CatalogError,
     IncompatibleCatalogVersion,
     MigrationNeeded,
@@ -34,6 +35,7 @@ from slatepy.catalog.objects import (
 from slatepy.catalog.reads import TypedReads
 from slatepy.catalog.snapshot import (
     add_open_event,
+    check_objects,
     diff_objects,
     dump_json,
     holder,
@@ -41,14 +43,20 @@ from slatepy.catalog.snapshot import (
     sort_key,
 )
 from slatepy.catalog.storage import Contents, Row, Storage
-from slatepy.catalog.transaction import Cache, Transaction
+from slatepy.catalog.transaction import Cache, Transaction, check_user
 from slatepy.catalog.upgrade import catalog_version, check_version, upgrade
 from slatepy.errors import FencedError, TransactionConflict
+from slatepy.persist import StateConflictError
 
 T = TypeVar("T")
 Mode = Literal["unopened", "writable", "read_only", "fenced", "closed"]
 OPEN_ATTEMPTS = 5
 """Tries of ``open()`` when another opener wins the race for the same upper."""
+LOST_RACES = (FencedError, StateConflictError, CatalogContention)
+"""What a write that lost to other writers raises, nothing written: another writer took
+the upper, (persist) other actors kept winning the shard's consensus log (its reader
+registrations count), or (PostgreSQL) serialization failures outlasted the stash's retries.
+An open and a debug edit start again from a fresh read."""
 
 
 class CatalogState(TypedReads):
@@ -72,6 +80,7 @@ class CatalogState(TypedReads):
         user: str = "",
         deploy_generation: int | None = None,
     ) -> None:
+        check_user(user)
         self._storage = storage
         self._clock = clock
         self._user = user
@@ -114,6 +123,10 @@ class CatalogState(TypedReads):
         Raises:
             IncompatibleCatalogVersion: the catalog is newer than this code (or too old).
             FencedError: other openers kept winning the race (after several tries).
+            StateConflictError, CatalogContention: (persist) other actors kept winning
+                its consensus log, (PostgreSQL) serialization failures; after as many tries,
+                nothing written.
+            CatalogError: the catalog holds an object this version cannot read (corrupt).
         """
         with self._lock:
             self._open()
@@ -121,37 +134,40 @@ class CatalogState(TypedReads):
     def _open(self) -> None:
         self._check_unopened()
         for attempt in range(OPEN_ATTEMPTS):
-            contents = self._storage.read()
-            old = objects_of(contents)
-            if contents.upper == 0:
-                new, event = initial_objects(self._deploy_generation or 0), "initialize"
-            else:
-                new, found = upgrade({k: dict(v) for k, v in old.items()})
-                event = "migrate" if found != CATALOG_VERSION else "open"
-                if self._deploy_generation is not None:
-                    new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
-                        msgspec.json.encode(ConfigValue(self._deploy_generation))
-                    )
-            epoch = contents.epoch + 1
-            now_ms = int(self._clock() * 1000)
-            add_open_event(new, event, epoch=epoch, user=self._user, now_ms=now_ms)
-            rows = diff_objects(old, new)
             try:
-                self._upper = self._storage.write(
-                    rows,
-                    expected_upper=contents.upper,
-                    epoch=contents.epoch,
-                    new_epoch=epoch,
-                    holder=holder(),
-                )
-            except FencedError:
+                self._open_once()
+                return
+            except LOST_RACES:
                 if attempt == OPEN_ATTEMPTS - 1:
                     raise
-                continue
-            self._epoch = epoch
-            self._cache = Cache(new)
-            self._mode = "writable"
-            return
+
+    def _open_once(self) -> None:
+        contents = self._storage.read()
+        old = objects_of(contents, self.description)
+        if contents.upper == 0:
+            new, event = initial_objects(self._deploy_generation or 0), "initialize"
+        else:
+            new, found = upgrade({k: dict(v) for k, v in old.items()})
+            check_objects(new, self.description)
+            event = "migrate" if found != CATALOG_VERSION else "open"
+            if self._deploy_generation is not None:
+                new["config"][msgspec.json.encode(ConfigKey("deploy_generation"))] = (
+                    msgspec.json.encode(ConfigValue(self._deploy_generation))
+                )
+        epoch = contents.epoch + 1
+        now_ms = int(self._clock() * 1000)
+        add_open_event(new, event, epoch=epoch, user=self._user, now_ms=now_ms)
+        rows = diff_objects(old, new)
+        self._upper = self._storage.write(
+            rows,
+            expected_upper=contents.upper,
+            epoch=contents.epoch,
+            new_epoch=epoch,
+            holder=holder(),
+        )
+        self._epoch = epoch
+        self._cache = Cache(new)
+        self._mode = "writable"
 
     def open_read_only(self) -> None:
         """Cache the catalog as it is now, changing nothing; every mutation then fails.
@@ -164,7 +180,7 @@ class CatalogState(TypedReads):
         with self._lock:
             self._check_unopened()
             contents = self._read_initialized()
-            objects = objects_of(contents)
+            objects = objects_of(contents, self.description)
             found = catalog_version(objects)
             check_version(found)
             if found < CATALOG_VERSION:
@@ -172,6 +188,7 @@ class CatalogState(TypedReads):
                     f"catalog {self.description} is at version {found}; this code's version "
                     f"is {CATALOG_VERSION}: open it for writing once to migrate it"
                 )
+            check_objects(objects, self.description)
             self._cache = Cache(objects)
             self._upper, self._epoch = contents.upper, contents.epoch
             self._mode = "read_only"
@@ -185,13 +202,15 @@ class CatalogState(TypedReads):
 
         Raises:
             IncompatibleCatalogVersion: it would not (the catalog is too new or too old).
-            CatalogError: it would not (a migration step fails).
+            CatalogError: it would not (a migration step fails, or the catalog holds an
+                object this code's version cannot read: corrupt).
         """
         self._check_not_closed()
         contents = self._storage.read()
         if contents.upper == 0:
             return 0, CATALOG_VERSION
-        _, found = upgrade(objects_of(contents))
+        new, found = upgrade(objects_of(contents, self.description))
+        check_objects(new, self.description)
         return found, CATALOG_VERSION
 
     # -- transactions ------------------------------------------------------------------
@@ -258,8 +277,8 @@ class CatalogState(TypedReads):
     ) -> T:
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
-        a fresh read while another writer wins (up to ``timeout`` seconds): the debug
-        tool's edits. A live leader is fenced by them.
+        a fresh read while other writers win (:data:`LOST_RACES`; up to ``timeout``
+        seconds): the debug tool's edits. A live leader is fenced by them.
 
         Raises:
             ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
@@ -277,31 +296,34 @@ class CatalogState(TypedReads):
         deadline = time.monotonic() + timeout
         delay = 0.01
         while True:
-            contents = self._read_initialized()
-            objects = objects_of(contents)
-            tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
-            result = edit(tx)
-            rows = tx.batch()
-            if not rows:
-                return result
-            if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
-                found = catalog_version(objects)
-                if found != CATALOG_VERSION:
-                    raise IncompatibleCatalogVersion(
-                        f"catalog {self.description} is at version {found}, this code's "
-                        f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
-                        "or open() it to migrate it first",
-                        found=found,
-                        code=CATALOG_VERSION,
-                    )
             try:
-                self._storage.write(rows, expected_upper=contents.upper, epoch=None)
-                return result
-            except FencedError:
+                return self._debug_commit_once(edit, user=user)
+            except LOST_RACES:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+    def _debug_commit_once(self, edit: Callable[[Transaction], T], *, user: str) -> T:
+        contents = self._read_initialized()
+        objects = objects_of(contents, self.description)
+        tx = Transaction(Cache(objects), base_upper=contents.upper, user=user)
+        result = edit(tx)
+        rows = tx.batch()
+        if not rows:
+            return result
+        if {r[0] for r in rows} - {"config", "id_allocators", "audit_log"}:
+            found = catalog_version(objects)
+            if found != CATALOG_VERSION:
+                raise IncompatibleCatalogVersion(
+                    f"catalog {self.description} is at version {found}, this code's "
+                    f"version is {CATALOG_VERSION}: edit it with that version's slatepy, "
+                    "or open() it to migrate it first",
+                    found=found,
+                    code=CATALOG_VERSION,
+                )
+        self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        return result
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -314,9 +336,11 @@ class CatalogState(TypedReads):
             FencedError: this state leads no more (uncached collections only).
         """
         coll = collection(name)
-        if coll.cached and self._mode in ("writable", "read_only"):
-            raw = list(self._cache.rows[name].items())
-        else:
+        with self._lock:  # never a cache half-way through applying a commit
+            cached = coll.cached and self._mode in ("writable", "read_only")
+            if cached:
+                raw = list(self._cache.rows[name].items())
+        if not cached:
             self._check_not_closed()
             if self._mode in ("writable", "fenced"):
                 # As Materialize's persist catalog: a leader reads only while it leads.
@@ -327,7 +351,7 @@ class CatalogState(TypedReads):
                 (msgspec.to_builtins(coll.decode_key(k)), msgspec.to_builtins(coll.decode_value(v)))
                 for k, v in raw
             ]
-        except msgspec.ValidationError as exc:  # unopened, on a catalog of another version
+        except msgspec.DecodeError as exc:  # unopened, on a catalog of another version
             raise CatalogError(
                 f"catalog {self.description}: {name} holds an object this code's version "
                 f"{CATALOG_VERSION} cannot read ({exc}): check_open() says why"
@@ -345,7 +369,9 @@ class CatalogState(TypedReads):
         """
         self._check_not_closed()
         return dump_json(
-            self._read_initialized(), ignore_large_collections=ignore_large_collections
+            self._read_initialized(),
+            description=self.description,
+            ignore_large_collections=ignore_large_collections,
         )
 
     def current(self) -> Contents:

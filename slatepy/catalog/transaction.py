@@ -19,6 +19,7 @@ import msgspec
 from slatepy.catalog.errors import InvalidCatalogObject, ReadOnlyCatalog
 from slatepy.catalog.objects import (
     COLLECTIONS,
+    MAX_USER_BYTES,
     AuditEvent,
     Collection,
     Database,
@@ -34,6 +35,7 @@ from slatepy.catalog.objects import (
     collection,
 )
 from slatepy.catalog.storage import Row
+from slatepy.errors import InvalidArgument
 
 
 class Cache:
@@ -75,13 +77,13 @@ class Cache:
 
 def _unique_of(name: str, value: bytes) -> object | None:
     """The unique part of a stored value (None: no rule, or a value of an older version,
-    which the debug tool may see before a migration)."""
+    which the debug tool may see before a migration, or a corrupt one it may repair)."""
     rule = COLLECTIONS[name].unique
     if rule is None:
         return None
     try:
         return rule(COLLECTIONS[name].decode_value(value))
-    except msgspec.ValidationError:
+    except msgspec.DecodeError:  # also: not JSON at all (corrupt; the tool may repair it)
         return None
 
 
@@ -102,6 +104,7 @@ class Transaction:
         clock: Callable[[], float] = time.time,
         writable: bool = True,
     ) -> None:
+        check_user(user)
         self._cache = cache
         self.base_upper = base_upper
         self.user = user
@@ -128,7 +131,7 @@ class Transaction:
             **self._pending.get(name, {}),
         }
         return [
-            (msgspec.json.decode(k), msgspec.json.decode(v))
+            (msgspec.json.decode(k), _json(v) or {})
             for k, v in sorted(merged.items())
             if v is not None
         ]
@@ -143,12 +146,15 @@ class Transaction:
         """
         coll = self._mutable(name)
         key_b, value_b = coll.key_bytes(key), coll.value_bytes(value)
+        coll.check_size(key_b, value_b)
         previous = self._get(name, key_b)
         self._check_unique(coll, key_b, value_b)
         if previous is not None and name == "id_allocators":
-            was, now = (
-                msgspec.json.decode(v, type=IdAllocator).next_id for v in (previous, value_b)
-            )
+            now = msgspec.json.decode(value_b, type=IdAllocator).next_id
+            try:
+                was = msgspec.json.decode(previous, type=IdAllocator).next_id
+            except msgspec.DecodeError:  # corrupt: the tool's repair may set any value
+                was = now  # (a create still never replaces an object whose id is taken)
             if now < was:
                 raise _rewound(key_b)
         self._put(coll, key_b, value_b)
@@ -226,11 +232,11 @@ class Transaction:
     def record_storage_usage(self, usage: StorageUsage) -> int:
         """Append one storage-usage sample (an append-only, uncached collection)."""
         self._check_writable()
-        (new_id,) = self.allocate_ids("storage_usage")
         coll = COLLECTIONS["storage_usage"]
-        self._appended.append(
-            ("storage_usage", coll.key_bytes({"id": new_id}), coll.value_bytes(usage))
-        )
+        value = coll.value_bytes(usage)
+        coll.check_size(b'{"id":0}', value)
+        (new_id,) = self.allocate_ids("storage_usage")
+        self._appended.append(("storage_usage", coll.key_bytes({"id": new_id}), value))
         return new_id
 
     # -- the batch ---------------------------------------------------------------------------
@@ -326,6 +332,18 @@ class Transaction:
             raise _taken(coll, wanted, owner)
 
 
+def check_user(user: str) -> None:
+    """Raise unless ``user`` fits an audit event (:data:`MAX_USER_BYTES`).
+
+    Raises:
+        InvalidArgument: it does not.
+    """
+    if len(user.encode(errors="replace")) > MAX_USER_BYTES:
+        raise InvalidArgument(
+            f"user {user[:40]!r}...: at most {MAX_USER_BYTES} bytes (audit events record it)"
+        )
+
+
 def _rewound(key: bytes) -> InvalidCatalogObject:
     return InvalidCatalogObject(
         f"id_allocators {key.decode()}: an id allocator never moves backwards nor goes away "
@@ -347,5 +365,12 @@ def _change(old: bytes | None, new: bytes | None) -> str | None:
 
 def _json(raw: bytes | None) -> dict[str, Any] | None:
     """A stored value as a dict (as stored: also one of an older version, before a
-    migration, which the debug tool may replace)."""
-    return None if raw is None else msgspec.json.decode(raw)
+    migration, which the debug tool may replace); one that is not JSON (corrupt) as
+    ``{"unreadable": its text}``, so that the tool shows what it replaces or deletes."""
+    if raw is None:
+        return None
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return {"unreadable": raw.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"unreadable": raw.decode(errors="replace")}

@@ -5,9 +5,9 @@ values can be edited and passed back to ``edit`` and ``delete``; ``epoch`` print
 ``upgrade-check`` says whether this code could open it (never writes; exit code 0 or 1).
 ``edit`` and ``delete`` commit at the current upper without bumping the epoch, retrying
 while other writers win, and append an audit event; a running leader is fenced by them, so
-they warn when the catalog has one. Bad JSON, an unknown collection, a value that does not
-fit its collection or a missing catalog exit 1 with one line, before anything is written or
-created.
+they warn when the catalog has one and they changed something. Bad JSON, an unknown
+collection, a value that does not fit its collection or a missing catalog exit 1 with one
+line, before anything is written or created.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from slatepy.catalog import CatalogState, UninitializedCatalog, open_catalog
+from slatepy.catalog import CatalogState, Transaction, UninitializedCatalog, open_catalog
 from slatepy.catalog.errors import InvalidCatalogObject
 from slatepy.catalog.objects import collection, redact
-from slatepy.cli.output import print_json
+from slatepy.cli.output import location, print_json
 from slatepy.config import Settings
 from slatepy.errors import InvalidArgument, NotFound
 
@@ -37,7 +37,10 @@ def add_catalog_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     def command(name: str, help: str) -> argparse.ArgumentParser:
         parser = csub.add_parser(name, help=help)
         parser.add_argument(
-            "url", help="sqlite:////abs/path.db, postgresql://..., or a persist location"
+            "url",
+            type=location,
+            help="sqlite:////abs/path.db, postgresql://..., or a persist location (a URL, or "
+            "a plain directory path)",
         )
         parser.add_argument("--shard", default="catalog", help="persist shard / SQL prefix")
         parser.add_argument(
@@ -86,10 +89,10 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
         if coll.append_only:
             raise InvalidCatalogObject(f"collection {coll.name!r} is append-only: no edits")
         key = _json(args.key, "the key")
-        coll.key_bytes(key)
+        key_bytes = coll.key_bytes(key)
         if command == "edit":
             value = _json(args.value, "the value")
-            coll.value_bytes(value)
+            coll.check_size(key_bytes, coll.value_bytes(value))
     try:
         state = open_catalog(
             args.url,
@@ -130,18 +133,21 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                 except OSError as exc:
                     raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
         else:
-            if contents.epoch:
+            name = args.collection
+            made: list[Transaction] = []
+
+            def apply(tx: Transaction) -> dict[str, Any] | None:
+                made.append(tx)
+                return tx.set(name, key, value) if command == "edit" else tx.delete(name, key)
+
+            previous = state.debug_commit(apply, user=USER)
+            if contents.epoch and made[-1].batch():  # it wrote: only then is a leader fenced
                 print(
                     f"warning: the catalog was last opened (epoch {contents.epoch}) by "
                     f"{contents.holder or 'an unknown process'}; a leader still running "
                     "there is fenced by this change",
                     file=sys.stderr,
                 )
-            name = args.collection
-            if command == "edit":
-                previous = state.debug_commit(lambda tx: tx.set(name, key, value), user=USER)
-            else:
-                previous = state.debug_commit(lambda tx: tx.delete(name, key), user=USER)
             if args.json:
                 print_json({"previous": redact(previous)})
             else:

@@ -30,6 +30,7 @@ def catalog_version(objects: Objects) -> int:
 
     Raises:
         IncompatibleCatalogVersion: there is none (a catalog written by something else).
+        CatalogError: it does not decode (corrupt).
     """
     raw = objects.get("config", {}).get(_VERSION_KEY)
     if raw is None:
@@ -38,7 +39,13 @@ def catalog_version(objects: Objects) -> int:
             found=0,
             code=CATALOG_VERSION,
         )
-    return msgspec.json.decode(raw, type=ConfigValue).value
+    try:
+        return msgspec.json.decode(raw, type=ConfigValue).value
+    except msgspec.DecodeError as exc:
+        raise CatalogError(
+            f"corrupt: config {_VERSION_KEY.decode()} does not decode ({exc}); "
+            "`slatepy catalog edit` repairs it"
+        ) from None
 
 
 def check_version(found: int, code: int = CATALOG_VERSION) -> None:
