@@ -37,8 +37,7 @@ M_ARENA_MAX = -8
 """``mallopt``'s parameter number for the most arenas (glibc's ``malloc.h``)."""
 
 _lock = threading.Lock()
-_fixed: int | None = None
-_arenas: int | None = None
+_set: dict[int, int] = {}  # mallopt parameter -> the value this process set it to
 
 
 def _mallopt() -> Callable[[int, int], int] | None:
@@ -62,20 +61,10 @@ def fix_mmap_threshold(threshold: int) -> bool:
     ``threshold``.
 
     Does nothing (False) off Linux, under another C library (musl has no dynamic
-    threshold), or when the environment sets ``MALLOC_MMAP_THRESHOLD_`` (the process's
-    owner chose already).
+    threshold), or when the environment sets ``MALLOC_MMAP_THRESHOLD_`` or its tunable in
+    ``GLIBC_TUNABLES`` (the process's owner chose already).
     """
-    global _fixed
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    with _lock:
-        if _fixed is not None:
-            return _fixed == threshold
-        mallopt = _mallopt()
-        if mallopt is None or mallopt(M_MMAP_THRESHOLD, threshold) != 1:
-            return False
-        _fixed = threshold
-        return True
+    return _set_once(M_MMAP_THRESHOLD, threshold, "MALLOC_MMAP_THRESHOLD_", "mmap_threshold")
 
 
 def limit_arenas(arenas: int) -> bool:
@@ -83,24 +72,27 @@ def limit_arenas(arenas: int) -> bool:
     later calls change nothing). Returns whether they are capped at ``arenas``.
 
     Does nothing (False) off Linux, under another C library, or when the environment sets
-    ``MALLOC_ARENA_MAX`` or ``glibc.malloc.arena_max`` in ``GLIBC_TUNABLES`` (the
-    process's owner chose already). Threads that allocated before keep their arenas.
+    ``MALLOC_ARENA_MAX`` or its tunable in ``GLIBC_TUNABLES`` (the process's owner chose
+    already). Threads that allocated before keep their arenas.
     """
-    global _arenas
-    if "MALLOC_ARENA_MAX" in os.environ or "glibc.malloc.arena_max" in os.environ.get(
-        "GLIBC_TUNABLES", ""
-    ):
+    return _set_once(M_ARENA_MAX, arenas, "MALLOC_ARENA_MAX", "arena_max")
+
+
+def _set_once(param: int, value: int, variable: str, tunable: str) -> bool:
+    """``mallopt(param, value)`` once per process, unless the environment chose: the
+    ``variable``, or ``glibc.malloc.<tunable>`` in ``GLIBC_TUNABLES``."""
+    if variable in os.environ or f"glibc.malloc.{tunable}" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     with _lock:
-        if _arenas is not None:
-            return _arenas == arenas
+        if param in _set:
+            return _set[param] == value
         mallopt = _mallopt()
-        if mallopt is None or mallopt(M_ARENA_MAX, arenas) != 1:
+        if mallopt is None or mallopt(param, value) != 1:
             return False
-        _arenas = arenas
+        _set[param] = value
         return True
 
 
 def fixed_threshold() -> int | None:
     """The threshold :func:`fix_mmap_threshold` fixed in this process, if it did."""
-    return _fixed
+    return _set.get(M_MMAP_THRESHOLD)

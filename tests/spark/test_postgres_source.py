@@ -67,20 +67,26 @@ def test_postgres_stream_into_persist(spark: Any, pg_url: str, tmp_path: Path) -
         assert 0 < int(flush) <= bindings.before(t)[0]
 
 
+def reader_options(url: str, tmp_path: Path) -> dict[str, str]:
+    """The options of a driver-side reader of ``pub`` at ``url`` into shard ``orders`` (a
+    new store)."""
+    (tmp_path / "store").mkdir()
+    return {
+        "url": f"file://{tmp_path / 'store'}",
+        "shard": "orders",
+        "connection": url,
+        "publication": "pub",
+        "pollSeconds": "0.2",
+    }
+
+
 def test_a_replayed_batch_survives_a_dropped_stream(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
     """A batch planned again after a restart (``partitions`` with no ``latestOffset`` first)
     reads the slot from the batch's start; a stream the server drops meanwhile (an idle
     walsender past ``wal_sender_timeout``, a server restart) is opened again from there, as
     ``latestOffset`` does, and the batch holds the same rows. The driver-side reader is
     driven directly: no Spark session is needed."""
-    (tmp_path / "store").mkdir()
-    options = {
-        "url": f"file://{tmp_path / 'store'}",
-        "shard": "orders",
-        "connection": pg_url,
-        "publication": "pub",
-        "pollSeconds": "0.2",
-    }
+    options = reader_options(pg_url, tmp_path)
     setup_orders(pg_url, rows=8)
     first = PostgresStreamReader(postgres_config(options))
 
@@ -120,14 +126,7 @@ def test_a_replay_not_read_in_time_names_its_lsns(pg_url: str, tmp_path: Path) -
     ``SourceUnavailable`` naming the slot, the batch and where the stream got, as LSNs
     written as PostgreSQL writes them (``0/1A2B3C4D``, as every other message of the
     source), not raw integers."""
-    (tmp_path / "store").mkdir()
-    options = {
-        "url": f"file://{tmp_path / 'store'}",
-        "shard": "orders",
-        "connection": pg_url,
-        "publication": "pub",
-        "pollSeconds": "0.2",
-    }
+    options = reader_options(pg_url, tmp_path)
     setup_orders(pg_url, rows=2)
     reader = PostgresStreamReader(postgres_config(options))
     reader.replay_timeout = 1.0
