@@ -117,6 +117,15 @@ def conflict(
     )
 
 
+def fetch_upper(handle: WriteHandle, cause: BaseException | None = None) -> int:
+    """``handle``'s shard's upper; :class:`IngestConflict` (caused by ``cause``) if the shard
+    is closed."""
+    upper = handle.fetch_recent_upper()
+    if upper is None:
+        raise IngestConflict(f"shard {handle.shard_id!r} is closed") from cause
+    return upper
+
+
 def check_unmoved(
     client: PersistClient,
     expected: Sequence[tuple[str, WriteHandle, int]],
@@ -130,9 +139,7 @@ def check_unmoved(
     another session holds: 5 s), and another ingest may commit upstream meanwhile beyond
     what was read. That is its progress, not lost data."""
     for kind, handle, then in expected:
-        now = handle.fetch_recent_upper()
-        if now is None:
-            raise IngestConflict(f"shard {handle.shard_id!r} is closed") from cause
+        now = fetch_upper(handle, cause)
         if now != then:
             raise conflict(
                 client, handle, kind=kind, current=now, expected=then, when=when
@@ -194,7 +201,7 @@ class Ingest:
             upper = self._remap.fetch_recent_upper()
         assert upper is not None, "the remap shard is closed"
         self._since = self._client.open_critical_since(self.remap_shard, SINCE_HOLDER)
-        self._uppers = [self._fetch_upper(w) for w in self._data]
+        self._uppers = [fetch_upper(w) for w in self._data]
         reader = self._client.open_leased_reader(self.remap_shard, purpose="ingest resume")
         try:
             self.bindings = remap.load(reader, parts, upper)
@@ -249,12 +256,6 @@ class Ingest:
                     f"recorded {recorded.decode(errors='replace')}, now "
                     f"{shape.decode(errors='replace')}; re-create the source"
                 )
-
-    def _fetch_upper(self, handle: WriteHandle) -> int:
-        upper = handle.fetch_recent_upper()
-        if upper is None:
-            raise IngestConflict(f"shard {handle.shard_id!r} is closed")
-        return upper
 
     def _resumption_frontier(self) -> int:
         found = meet([self.bindings.upper, *self._uppers])

@@ -141,18 +141,25 @@ def test_a_restart_commits_its_resumption_offsets(client: PersistClient) -> None
     again.close()
 
 
+def two_ingests(client: PersistClient, shard: str) -> tuple[LoadGen, Ingest, Ingest]:
+    """Two ingests of one load generator into ``shard``, both started; the first has stepped
+    (bound and appended), so the second's view of the shards is stale."""
+    gen = LoadGen(2, batch=20)
+    first = Ingest(client, gen, data_shards=[shard], remap_shard=f"{shard}.remap", tick=0)
+    second = Ingest(client, gen, data_shards=[shard], remap_shard=f"{shard}.remap", tick=0)
+    first.start()
+    second.start()
+    first.step()
+    return gen, first, second
+
+
 def test_a_second_concurrent_ingest_stops_naming_the_shard_and_holder(
     client: PersistClient,
 ) -> None:
     """Two ingests of the same shards at once: the one whose append finds the shard moved
     stops with IngestConflict naming the shard and the other writer; the first carries on,
     and a later start (as after the first died) resumes where the shards say."""
-    gen = LoadGen(2, batch=20)
-    first = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
-    second = Ingest(client, gen, data_shards=["g"], remap_shard="g.remap", tick=0)
-    first.start()
-    second.start()
-    first.step()
+    gen, first, second = two_ingests(client, "g")
     with pytest.raises(IngestConflict, match=r"remap shard 'g.remap' moved .* ingest remap"):
         second.step()
     second.close()
@@ -195,12 +202,7 @@ def test_a_commit_does_not_adopt_uppers_another_ingest_moved(client: PersistClie
     """The second ingest commits after the first appended (its commit re-reads the uppers):
     it must stop there, not take the moved uppers as its own and then bind and append the
     offsets the first already wrote (a corrupt remap shard, every row twice)."""
-    gen = LoadGen(2, batch=20)
-    first = Ingest(client, gen, data_shards=["a"], remap_shard="a.remap", tick=0)
-    second = Ingest(client, gen, data_shards=["a"], remap_shard="a.remap", tick=0)
-    first.start()
-    second.start()
-    first.step()
+    _, first, second = two_ingests(client, "a")
     with pytest.raises(IngestConflict, match=r"remap shard 'a.remap' moved .* ingest remap"):
         second.commit()
         second.step()

@@ -5,7 +5,8 @@ the slot.
 
 The stream reader runs in a Python process the JVM starts, so the hold is by files in the
 directory of the option ``holdDir``: the source writes ``opening`` (the LSN it opens at)
-and waits (60 s at most) until ``proceed`` exists.
+and waits (60 s at most) until ``proceed`` exists. :func:`stream` starts a query of it, or
+of the plain source (``test_postgres_source.py``).
 """
 
 from __future__ import annotations
@@ -73,3 +74,28 @@ def register(spark: Any) -> None:
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     spark.dataSource.register(HeldPostgres)
+
+
+def stream(spark: Any, pg: str, store: str, checkpoint: Path, *, hold: Path | None) -> Any:
+    """A ``Trigger.AvailableNow`` query of ``slatepy.postgres`` into the data shard
+    ``orders``; its first slot open held by ``hold``'s files when given."""
+    fmt = "slatepy.postgres" if hold is None else "held.slatepy.postgres"
+    reader = (
+        spark.readStream.format(fmt)
+        .option("connection", pg)
+        .option("publication", "pub")
+        .option("url", store)
+        .option("shard", "orders")
+    )
+    if hold is not None:
+        reader = reader.option("holdDir", str(hold))
+    return (
+        reader.load()
+        .writeStream.format("slatepy.persist")
+        .option("url", store)
+        .option("shard", "orders")
+        .option("timeColumn", "time")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )

@@ -35,31 +35,6 @@ from tests.spark import held_sources
 SLOT = slot_name_of("orders")
 
 
-def stream(spark: Any, pg: str, store: str, checkpoint: Path, *, hold: Path | None) -> Any:
-    """A ``Trigger.AvailableNow`` query of ``slatepy.postgres`` into the data shard
-    ``orders``; its first slot open held by ``hold``'s files when given."""
-    fmt = "slatepy.postgres" if hold is None else "held.slatepy.postgres"
-    reader = (
-        spark.readStream.format(fmt)
-        .option("connection", pg)
-        .option("publication", "pub")
-        .option("url", store)
-        .option("shard", "orders")
-    )
-    if hold is not None:
-        reader = reader.option("holdDir", str(hold))
-    return (
-        reader.load()
-        .writeStream.format("slatepy.persist")
-        .option("url", store)
-        .option("shard", "orders")
-        .option("timeColumn", "time")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-
-
 def test_a_spark_stream_that_waited_for_the_slot_stops_with_ingest_conflict(
     spark: Any,
     pg_url: str,  # noqa: F811
@@ -83,7 +58,7 @@ def test_a_spark_stream_that_waited_for_the_slot_stops_with_ingest_conflict(
         )
         first.start()
         step_until(first, caught_up(first, pg_url))
-        query = stream(spark, pg_url, store, checkpoint, hold=tmp_path)
+        query = held_sources.stream(spark, pg_url, store, checkpoint, hold=tmp_path)
         try:
             deadline = time.monotonic() + 60
             while not (tmp_path / "opening").exists():
@@ -116,7 +91,7 @@ def test_a_spark_stream_that_waited_for_the_slot_stops_with_ingest_conflict(
         first.close()
         # Later, on Spark alone: it resumes from the shards and catches up.
         workload(pg_url, 3, log, never, pause=0, base=300)
-        query = stream(spark, pg_url, store, checkpoint, hold=None)
+        query = held_sources.stream(spark, pg_url, store, checkpoint, hold=None)
         assert query.awaitTermination(120)
         assert query.exception() is None, query.exception()
         assert_bounded_reliance(client, "orders", pg_url, SLOT)

@@ -18,26 +18,11 @@ from slatepy.spark.postgres_source import PostgresStreamReader, postgres_config
 from slatepy.spark.reclocked import offsets_of
 from tests.sources.conftest import logical_postgres, pg_url  # noqa: F401 - fixtures
 from tests.sources.pgkit import expected, setup_orders, snapshot, sql
+from tests.spark.held_sources import stream
 
 
 def run_once(spark: Any, pg: str, store: str, checkpoint: Path) -> None:
-    df = (
-        spark.readStream.format("slatepy.postgres")
-        .option("connection", pg)
-        .option("publication", "pub")
-        .option("url", store)
-        .option("shard", "orders")
-        .load()
-    )
-    query = (
-        df.writeStream.format("slatepy.persist")
-        .option("url", store)
-        .option("shard", "orders")
-        .option("timeColumn", "time")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = stream(spark, pg, store, checkpoint, hold=None)
     query.awaitTermination(180)
     assert query.exception() is None
 
