@@ -52,11 +52,10 @@ from slatepy.manifest.repair import (
     claim,
     finish,
     handles,
-    keys,
-    losses,
     plan_repair,
     replan_wal,
 )
+from slatepy.manifest.repair_report import keys, losses
 from slatepy.manifest.store import ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.numbered import NumberedObjects

@@ -17,7 +17,8 @@ from slatepy.engine.fencing import wal_gaps
 from slatepy.errors import CorruptionError, NotFound, UnsupportedFormatVersion
 from slatepy.format.sst import SstMeta, decode_sst
 from slatepy.manifest.record import Manifest, SstHandle
-from slatepy.manifest.repair import Damage, Newer, Survey, WalSst, handles, plural
+from slatepy.manifest.repair import Damage, Newer, Survey, WalSst, handles
+from slatepy.manifest.repair_report import plural
 from slatepy.manifest.store import MANIFEST_DIR, MANIFEST_SUFFIX, ManifestStore
 from slatepy.store.base import ObjectStore
 from slatepy.store.disk_cache import DiskCachedStore

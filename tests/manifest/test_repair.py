@@ -13,10 +13,10 @@ from slatepy.manifest.repair import (
     WalSst,
     claim,
     finish,
-    losses,
     plan_repair,
     replan_wal,
 )
+from slatepy.manifest.repair_report import losses
 
 
 def wal(i: int, state: str = "ok", seq: int | None = None) -> WalSst:
