@@ -151,6 +151,10 @@ class Block(msgspec.Struct, frozen=True, gc=False):
     seqs: MutableSequence[int]
     """A list, or an ``array('Q')`` (columnar blocks: ints made only when read)."""
     values: list[bytes | None]
+    """A list (scans reverse and join it), but a tuple in a block
+    :func:`~slatepy.format.columnar.open_searchable` opened for point lookups, which only
+    index it; a scan that finds such a block cached takes it through
+    :func:`~slatepy.format.columnar.as_lists`."""
     payload: int = -1
     """Bytes of the keys and values, when the decoder knew it (saves summing them)."""
     plain: bool = False
