@@ -12,7 +12,7 @@ import contextlib
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from functools import partial
 
 from slatepy.engine.columns import (
@@ -27,11 +27,13 @@ from slatepy.engine.memtable import Version
 from slatepy.errors import CorruptionError, NotFound
 from slatepy.format.block import Entry
 from slatepy.format.bloom import key_hash
+from slatepy.format.sst import SstTop
 from slatepy.manifest.record import Manifest, SortedRun, SstHandle
 from slatepy.table.grouping import Columns
 from slatepy.table.layout import compacted_path
 from slatepy.table.merge_operator import NO_MERGING, Merging
 from slatepy.table.reader import TableReader
+from slatepy.table.scans import ReadAhead
 from slatepy.table.visibility import (
     EMPTY,
     Clock,
@@ -271,13 +273,17 @@ def compacted_sources(
 ) -> list[Iterator[Columns]]:
     """Column streams (newest source first) of ``start <= key < end`` in ``view``'s SSTs,
     each in scan order (descending keys with ``reverse``). The sources share one scan's
-    read-ahead (``scan_read_ahead_bytes`` per request, ``scan_requests_in_flight`` of them):
-    each reads chunks of at most its share, so a merged scan holds about the memory and
-    bytes in flight of one, whatever the number of L0 SSTs and runs (issue 33 item 4)."""
+    read-ahead memory: each keeps up to ``scan_requests_in_flight`` chunks in flight, of at
+    most its share of ``scan_read_ahead_bytes``, so a merged scan holds about the memory of
+    one, whatever the number of L0 SSTs and runs (issue 33 item 4). They share one pool of
+    threads (:class:`~slatepy.table.scans.ReadAhead`), large enough for every source's
+    requests, whose threads go from one source's fetch to the next instead of each source
+    starting its own."""
     if tables.followed is not view:
         _follow(tables, view)
     count = len(view.l0) + len(view.sorted_runs)
     share = tables.scan_read_ahead_bytes // count if count > 1 else None
+    read_ahead = ReadAhead(tables, tables.scan_requests_in_flight * count)
     sources = [
         _stamped(
             tables.scan_columns(
@@ -287,13 +293,15 @@ def compacted_sources(
                 size=h.object_size,
                 reverse=reverse,
                 read_ahead_bytes=share,
+                read_ahead=read_ahead,
             ),
             h.global_seq,
         )
         for h in view.l0
     ]
     sources += [
-        _run_columns(tables, run, start, end, reverse, share=share) for run in view.sorted_runs
+        _run_columns(tables, run, start, end, reverse, share=share, read_ahead=read_ahead)
+        for run in view.sorted_runs
     ]
     return sources
 
@@ -343,18 +351,22 @@ def _run_columns(
     reverse: bool,
     *,
     share: int | None = None,
+    read_ahead: ReadAhead | None = None,
 ) -> Iterator[Columns]:
     """A sorted run's columns in ``[start, end)``, SST after SST (backwards for reverse).
-    Forward, while one SST is read the next is opened in a background thread (its top
+    Forward, while one SST is read the next is opened by a read-ahead thread (its top
     level is one GET), and it is read in large chunks from its start: the scan is long by
-    then (see ``TableReader.scan``)."""
+    then (see ``TableReader.scan``). Its SSTs read ahead with ``read_ahead``'s threads
+    (None: threads of the run's own)."""
     first = max(0, bisect_right(run.ssts, start, key=_first_key) - 1)
     handles = [
         h for h in run.ssts[first:] if h.last_key >= start and (end is None or h.first_key < end)
     ]
     if reverse:
         handles.reverse()
-    pool: ThreadPoolExecutor | None = None
+    read_ahead = read_ahead or ReadAhead(tables, tables.scan_requests_in_flight)
+    opening: list[Future[SstTop]] = []
+    read_ahead.join()  # the threads live on from one SST's stream to the next
     try:
         for i, handle in enumerate(handles):
             if (
@@ -363,9 +375,11 @@ def _run_columns(
                 and not tables.is_open(compacted_path(handles[i + 1].id))
             ):
                 following = handles[i + 1]
-                if pool is None:
-                    pool = ThreadPoolExecutor(1, thread_name_prefix="slatepy-read-ahead")
-                pool.submit(tables.top, compacted_path(following.id), size=following.object_size)
+                opening.append(
+                    read_ahead.submit(
+                        tables.top, compacted_path(following.id), size=following.object_size
+                    )
+                )
             yield from tables.scan_columns(
                 compacted_path(handle.id),
                 start,
@@ -374,10 +388,10 @@ def _run_columns(
                 continued=i > 0,
                 reverse=reverse,
                 read_ahead_bytes=share,
+                read_ahead=read_ahead,
             )
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        read_ahead.leave(opening)
 
 
 def _follow(tables: TableReader, view: Manifest) -> None:

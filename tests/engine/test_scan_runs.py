@@ -68,3 +68,39 @@ def test_a_scan_across_a_run_starts_each_following_sst_at_the_largest_chunk(
     # none, when they came with the open), and its blocks. The first grows 64 KiB, 256 KiB,
     # 1 MiB; the others are read in one chunk each.
     assert requests <= 2 + 3 + (len(paths) - 1) * 3, (requests, len(paths))
+
+
+def test_a_merged_scan_reads_ahead_with_one_scans_threads(tmp_path: Path) -> None:
+    """The L0 SSTs of a merged scan read ahead with one pool of threads (each used to start
+    its own: a scan over 20 L0 SSTs started about 50 threads), each source with at most
+    ``scan_requests_in_flight`` requests in it, and no thread outlives the scan, finished or
+    abandoned."""
+    url, sources, per = f"file://{tmp_path}/db", 6, 4000
+    with Db.open(url, settings=OFF) as db:
+        for part in range(sources):  # each flush spans the key space: every SST overlaps
+            batch = WriteBatch()
+            for i in range(per):
+                batch.put(b"key%08d" % (i * sources + part), b"v" * 200)
+            db.write(batch)
+            db.flush()
+            policy = CompactionPolicy(l0_trigger=10_000)  # each flush its own L0 SST
+            Compactor(open_store(url), settings=OFF, policy=policy).run_until_idle()
+    settings = Settings(compactor="off", disk_cache="off", scan_requests_in_flight=2)
+    with Db.open(url, settings=settings) as db:
+        assert len(db._view.l0) == sources and not db._memtable
+        tables = db._tables
+        seen = 0
+        rows = 0
+        for rows, _ in enumerate(db.scan(), 1):
+            if rows % 500 == 0:
+                seen = max(seen, len(read_ahead_threads()))
+        assert rows == sources * per
+        assert tables.stats().read_ahead_threads == 1  # one pool for the six sources
+        assert 0 < seen <= sources  # one request in flight per source at most
+        assert read_ahead_threads() == []
+        it = db.scan()
+        for _ in range(sources * per // 2):
+            next(it)
+        assert read_ahead_threads()  # reading ahead halfway through
+        it.close()
+        assert read_ahead_threads() == []
