@@ -115,6 +115,7 @@ class Compactor:
         self._sst_source = sst_options
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
+        self._l0_merge_failed = False  # then the WAL goes first, once (planner.plan)
         self._clock = clock
         self._expiry_clock = clock if expiry_clock is None else expiry_clock
         self._merging = Merging(merge_operator, self._expiry_clock)
@@ -241,6 +242,8 @@ class Compactor:
         manifest = stored.manifest
         close_by = self._close_by if close_by is None else close_by
         todo, wal_sizes = self._plan(manifest, close_by)
+        if isinstance(todo, WalToL0):
+            self._l0_merge_failed = False
         if todo is None and full:
             todo = plan_full(manifest)
         if todo is None:
@@ -258,6 +261,7 @@ class Compactor:
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
         try:
+            self._l0_merge_failed = isinstance(todo, L0ToRun)  # until it has published
             outputs = compact_plan(
                 todo,
                 manifest,
@@ -296,6 +300,7 @@ class Compactor:
             self._wal_batch = max(1, self._wal_batch // 2)
             raise
         self._renewed_at = time.monotonic()
+        self._l0_merge_failed = False
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
         log.info(
             "compactor epoch %d: %s -> %d SSTs (%d bytes) in %.2f s; manifest %d",
@@ -328,7 +333,7 @@ class Compactor:
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
             budget = self._close_budget(close_by)
-        planned = plan(manifest, tail, policy, close_budget=budget)
+        planned = plan(manifest, tail, policy, close_budget=budget, wal_first=self._l0_merge_failed)
         return planned, {i: meta.size for i, meta in listed}
 
     def _renewed(self, manifest: Manifest) -> Manifest:

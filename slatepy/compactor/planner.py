@@ -19,7 +19,10 @@ stall is what holds the L0 count at ``l0_max`` plus one WalToL0's outputs (issue
 docs/performance.md). Except while L0 holds an ingested SST: the WAL may still hold writes
 older than the ingestion, and only in L0 do reads order versions by seq (an ingested SST
 moved to a run first would be shadowed by them once they reach L0), so the WAL stays first
-until it is drained and the ingestion merged with the rest of L0.
+until it is drained and the ingestion merged with the rest of L0. And except right after an
+L0 merge failed (``wal_first``): a merge that keeps failing (a damaged L0 SST, a store
+failing its reads) would otherwise hold the WAL, and with it every write, for as long as it
+fails; the WAL goes first once, then the merge is tried again.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ def plan(
     policy: CompactionPolicy,
     *,
     close_budget: int | None = None,
+    wal_first: bool = False,
 ) -> Plan | None:
     """The next compaction to run, or None when there is nothing worth doing.
 
@@ -103,13 +107,15 @@ def plan(
             every later close. Never a part of the runs size-tiering chose: a run cut at
             the budget is one no later close can take along with the next (simulated,
             such cuts piled up runs of the budget's size, 33 of them).
+        wal_first: The WAL (if any) before L0, even at ``l0_max``: the last L0 merge
+            failed (see the module).
     """
     first = manifest.wal_id_last_compacted + 1
     wal = None
     if wal_tail is not None and wal_tail >= first:
         wal = WalToL0(first, min(wal_tail, first + policy.max_wal_ssts - 1))
     l0_full = len(manifest.l0) >= max(policy.l0_max, policy.l0_trigger)
-    if wal is not None and (not l0_full or manifest.l0_has_ingested()):
+    if wal is not None and (wal_first or not l0_full or manifest.l0_has_ingested()):
         return wal
     merge = _merge_l0(manifest, policy, close_budget)
     # A close that cannot afford L0's merge still compacts the WAL.

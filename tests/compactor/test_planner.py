@@ -105,6 +105,9 @@ def test_l0_is_merged_before_the_wal_once_it_holds_l0_max_ssts() -> None:
     assert plan(manifest, 30, policy) == L0ToRun(("x", "y", "z"), (), 1, drop_tombstones=True)
     fewer = msgspec.structs.replace(manifest, l0=l0[:2])
     assert plan(fewer, 30, policy) == WalToL0(5, 14)
+    # After a failed L0 merge the WAL goes first, so the merge does not hold every write.
+    assert plan(manifest, 30, policy, wal_first=True) == WalToL0(5, 14)
+    assert isinstance(plan(manifest, 4, policy, wal_first=True), L0ToRun)  # no WAL: retried
 
 
 def test_the_wal_stays_first_while_l0_holds_an_ingested_sst() -> None:
