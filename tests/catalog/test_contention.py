@@ -1,0 +1,118 @@
+"""The catalog beside other actors (RFC 0028 addendum E): reads that write nothing, a debug
+edit beside a leader committing without pause, and concurrent ``slatepy catalog init``.
+Each test failed on the code before its fix (main 7befeca)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from slatepy.catalog import CatalogState, open_catalog, persist_catalog
+from slatepy.cli.main import main
+from slatepy.config import Settings
+from slatepy.persist import PersistClient
+from slatepy.persist.location.objconsensus import ObjectConsensus
+from slatepy.store.stack import open_stack
+from slatepy.testing.persist_faults import InterceptConsensus
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["catalog", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@contextmanager
+def two_clients() -> Iterator[tuple[PersistClient, PersistClient, Counter[str], Counter[str]]]:
+    """A leader's and a reader's persist clients on one ``memory://`` store and consensus
+    log (two processes, in effect: each caches its own shard state), each counting its
+    consensus calls."""
+    store = open_stack("memory://", Settings())
+    counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
+
+    def counter(into: Counter[str]) -> Callable[[str, str | None], None]:
+        return lambda op, key: into.update([op])
+
+    with (
+        ObjectConsensus(store, min_age=0) as log,
+        PersistClient.open(
+            store, consensus=InterceptConsensus(log, before=counter(counts[0]))
+        ) as leader_client,
+        PersistClient.open(
+            store, consensus=InterceptConsensus(log, before=counter(counts[1]))
+        ) as reader_client,
+    ):
+        yield leader_client, reader_client, *counts
+
+
+READS: dict[str, Callable[[CatalogState], object]] = {
+    "dump": lambda state: state.dump(),
+    "epoch": lambda state: state.current().epoch,
+    "upgrade-check": lambda state: state.check_open(),
+    "is_initialized": lambda state: state.is_initialized(),
+    "open_read_only": lambda state: state.open_read_only(),
+    "audit_log": lambda state: state.audit_log(),
+}
+
+
+def test_persist_reads_write_nothing_and_see_every_commit() -> None:
+    """Was: every persist read registered and expired a leased reader, two consensus
+    compare-and-sets (requests an operator pays for, refused on a read-only credential),
+    each moving the shard's seqno, so a leader in another process lost its next
+    compare-and-set and had to re-read and try again (enough reads in between and its
+    commit failed with StateConflictError). A read is now one consensus head read and the
+    parts', and still sees every commit that finished before it."""
+    with two_clients() as (leader_client, reader_client, leader_calls, reader_calls):
+        leader = persist_catalog(leader_client)
+        leader.open()
+        reused = persist_catalog(reader_client)  # one reader state across commits: no cache
+        for i, (name, read) in enumerate(READS.items()):
+            tx = leader.transaction()
+            tx.set_setting("n", str(i))
+            leader_calls.clear()
+            leader.commit_transaction(tx)
+            assert leader_calls["compare_and_set"] == 1, (name, leader_calls)
+            reader_calls.clear()
+            with persist_catalog(reader_client) as fresh:
+                read(fresh)
+                if name != "open_read_only":
+                    fresh.open_read_only()
+                assert fresh.settings() == {"n": str(i)}, name
+                assert fresh.upper == leader.upper
+            assert reused.entries("settings") == [({"name": "n"}, {"value": str(i)})], name
+            assert json.loads(reused.dump())["epoch"] == 1
+            assert reader_calls["compare_and_set"] == 0, (name, reader_calls)
+        tx = leader.transaction()
+        tx.set_setting("n", "last")
+        leader_calls.clear()
+        leader.commit_transaction(tx)  # its cached seqno is still the head: one try
+        assert leader_calls["compare_and_set"] == 1, leader_calls
+
+
+def test_cli_reads_leave_the_persist_shard_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``slatepy catalog dump``, ``epoch`` and ``upgrade-check`` on a persist catalog leave
+    its consensus head where it was (each wrote two entries), and report what is there."""
+    url = f"file://{tmp_path}/p"
+    with open_catalog(url) as leader:
+        leader.open()
+        with PersistClient.open(url, create=False) as probe:
+            before = probe.consensus.head("catalog")
+            code, out, _ = run(capsys, "dump", url, "--ignore-large-collections")
+            assert code == 0 and json.loads(out)["epoch"] == 1
+            assert run(capsys, "epoch", url)[:2] == (0, "Epoch: 1\n")
+            assert run(capsys, "upgrade-check", url)[0] == 0
+            assert probe.consensus.head("catalog") == before
+        tx = leader.transaction()
+        tx.set_setting("n", "v")
+        leader.commit_transaction(tx)
+        code, out, _ = run(capsys, "dump", url)
+        assert json.loads(out)["collections"]["settings"] == [
+            {"key": {"name": "n"}, "value": {"value": "v"}, "time": leader.upper - 1, "diff": 1}
+        ]
