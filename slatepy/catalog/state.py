@@ -141,8 +141,37 @@ class CatalogState(TypedReads):
                 if attempt == OPEN_ATTEMPTS - 1:
                     raise
 
+    def initialize(self) -> bool:
+        """Create the catalog and become its leader (as :meth:`open`), only if nothing ever
+        opened it: ``slatepy catalog init``. Of concurrent initializers exactly one creates
+        it; the others find it created (their write at upper 0 loses, and they read again)
+        and change nothing.
+
+        Returns:
+            True: this call created it (the state is open, at epoch 1). False: it exists
+            (this state stays unopened; nothing was written).
+
+        Raises:
+            As :meth:`open`.
+        """
+        with self._lock:
+            self._check_unopened()
+            for attempt in range(OPEN_ATTEMPTS):
+                contents = self._storage.read()
+                if contents.upper != 0:
+                    return False
+                try:
+                    self._open_at(contents)
+                    return True
+                except LOST_RACES:
+                    if attempt == OPEN_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
+
     def _open_once(self) -> None:
-        contents = self._storage.read()
+        self._open_at(self._storage.read())
+
+    def _open_at(self, contents: Contents) -> None:
         old = objects_of(contents, self.description)
         if contents.upper == 0:
             new, event = initial_objects(self._deploy_generation or 0), "initialize"

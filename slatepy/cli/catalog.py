@@ -156,14 +156,15 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _init(state: CatalogState, *, as_json: bool) -> int:
-    if state.is_initialized():
+    """Create the catalog, or say it exists (also when a concurrent init created it first:
+    ``initialize`` writes only at upper 0). Both are done: exit 0."""
+    if not state.initialize():
         found, code = state.check_open()
         if as_json:
             print_json({"created": False, "version": found, "code_version": code})
         else:
             print(f"catalog {state.description} exists (version {found}; this code: {code})")
         return 0
-    state.open()
     if as_json:
         print_json({"created": True, "epoch": state.epoch})
     else:

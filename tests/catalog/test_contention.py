@@ -5,10 +5,12 @@ Each test failed on the code before its fix (main 7befeca)."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,8 @@ from slatepy.config import Settings
 from slatepy.persist import PersistClient
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.stack import open_stack
-from slatepy.testing.persist_faults import InterceptConsensus
+from slatepy.testing.persist_faults import InterceptConsensus, Pause
+from tests.catalog.conftest import Place
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -116,3 +119,59 @@ def test_cli_reads_leave_the_persist_shard_as_it_was(
         assert json.loads(out)["collections"]["settings"] == [
             {"key": {"name": "n"}, "value": {"value": "v"}, "time": leader.upper - 1, "diff": 1}
         ]
+
+
+def pause_first_write(state: CatalogState, pause: Pause) -> None:
+    """Hold ``state``'s first storage write (after its read found what it found) at
+    ``pause``."""
+    storage: Any = state._storage
+    real = storage.write
+
+    def write(*args: Any, **kwargs: Any) -> int:
+        storage.write = real
+        pause.hold()
+        return int(real(*args, **kwargs))
+
+    storage.write = write
+
+
+@pytest.mark.parametrize("single", ["persist-file", "sqlite", "postgres"], indirect=True)
+def test_of_two_concurrent_inits_one_creates_and_one_finds_it(
+    single: Place, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: an init that read "absent" and then lost the write at upper 0 to another init
+    opened the new catalog as a leader instead (epoch 2, an ``open`` event, the other
+    init's leader fenced) and also said "initialized". Here the first init is held
+    between its read and its write while the second runs whole."""
+    import slatepy.cli.catalog as cli
+
+    pause = Pause("write", None, "before", timeout=20)
+    made: list[CatalogState] = []
+
+    def open_catalog_paused_once(*args: Any, **kwargs: Any) -> CatalogState:
+        state = open_catalog(*args, **kwargs)
+        if not made:
+            made.append(state)
+            pause_first_write(state, pause)
+        return state
+
+    monkeypatch.setattr(cli, "open_catalog", open_catalog_paused_once)
+    argv = ["init", single.url, "--shard", single.shard]
+    first: list[tuple[int, str, str]] = []
+    held = threading.Thread(target=lambda: first.append(run(capsys, *argv)))
+    held.start()
+    try:
+        pause.wait_reached(10)
+        second = run(capsys, *argv)  # the held one has printed nothing yet
+    finally:
+        pause.release()
+        held.join(20)
+    assert second[0] == 0 and second[1].endswith(" initialized (epoch 1)\n"), second
+    assert len(first) == 1 and first[0][0] == 0 and " exists (version 2" in first[0][1], first
+    with open_catalog(single.url, shard=single.shard) as state:
+        dumped = json.loads(state.dump())
+        assert dumped["epoch"] == 1
+        events = [e["value"]["event_type"] for e in dumped["collections"]["audit_log"]]
+        assert events == ["initialize"]
+        state.open_read_only()
+        assert state.epoch == 1
