@@ -10,6 +10,7 @@ leader's commit after a newer ``open()`` raises ``FencedError`` and writes nothi
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,9 @@ LOST_RACES = (FencedError, StateConflictError, CatalogContention)
 the upper, (persist) other actors kept winning the shard's consensus log (its reader
 registrations count), or (PostgreSQL) serialization failures outlasted the stash's retries.
 An open and a debug edit start again from a fresh read."""
+TICK_SECONDS = 2.0
+"""How long a debug edit that lost a race tries, once, to fence the writer that beat it
+with an empty write at the current upper (:meth:`CatalogState._tick`)."""
 
 
 class CatalogState(TypedReads):
@@ -324,14 +328,36 @@ class CatalogState(TypedReads):
             )
         deadline = time.monotonic() + timeout
         delay = 0.01
+        ticked = False
         while True:
             try:
                 return self._debug_commit_once(edit, user=user)
             except LOST_RACES:
+                if not ticked:
+                    ticked = True
+                    if self._tick(min(deadline, time.monotonic() + TICK_SECONDS)):
+                        continue  # the leader is fenced: read again at once
                 if time.monotonic() + delay > deadline:
                     raise
-                time.sleep(delay)
+                time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(1.0, delay * 2)
+
+    def _tick(self, until: float) -> bool:
+        """Move the upper by one empty write at the upper just read, again at once while
+        other writers win, until ``until``: True once it landed. An edit's read-then-write
+        takes longer than the gap between a busy leader's commits, so it never lands while
+        the leader runs; this write fences that leader (as the edit would have) in the
+        window of one upper read, after which the edit has the catalog to itself."""
+        while time.monotonic() < until:
+            upper = self._storage.upper()
+            if upper == 0:  # nothing to fence (an empty write would make a shard that
+                return False  # is not a catalog)
+            try:
+                self._storage.write([], expected_upper=upper, epoch=None)
+                return True
+            except LOST_RACES:
+                continue
+        return False
 
     def _debug_commit_once(self, edit: Callable[[Transaction], T], *, user: str) -> T:
         contents = self._read_initialized()

@@ -175,3 +175,65 @@ def test_of_two_concurrent_inits_one_creates_and_one_finds_it(
         assert events == ["initialize"]
         state.open_read_only()
         assert state.epoch == 1
+
+
+LEADER_SECONDS = 6.0
+"""How long the busy leader commits at most (the edit failed to land before it stopped)."""
+FILL = 2000
+"""Settings in the catalog before the leader starts."""
+EDIT_BOUND = 3.0
+"""What the test allows a debug edit beside it (RFC 0028 addendum E documents the bound)."""
+
+
+@pytest.mark.parametrize("single", ["persist-file", "sqlite", "postgres"], indirect=True)
+def test_a_debug_edit_lands_beside_a_leader_committing_without_pause(single: Place) -> None:
+    """Was: a debug edit (so a registration) beside a leader committing every few ms landed
+    only once the leader stopped: its read-then-write always found the upper moved. Now it
+    lands within a bounded time; the leader is fenced by it (as by any edit) and fails with
+    FencedError; every commit the leader finished, and the edit, are in the catalog."""
+    import time
+
+    from slatepy.errors import FencedError
+
+    leader = single.state()
+    leader.open()
+    tx = leader.transaction()
+    for i in range(FILL):  # a catalog of some size: a read takes longer than a commit
+        tx.set_setting(f"fill{i:04}", "v")
+    leader.commit_transaction(tx)
+    committed: list[int] = []
+    ended: list[BaseException | str] = []
+
+    def lead() -> None:
+        deadline = time.monotonic() + LEADER_SECONDS
+        try:
+            for i in range(100_000):
+                if time.monotonic() > deadline:
+                    break
+                tx = leader.transaction()
+                tx.set_setting(f"l{i}", "v")
+                leader.commit_transaction(tx)
+                committed.append(i)
+                time.sleep(0.002)
+            ended.append("ran out")
+        except BaseException as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=lead)
+    thread.start()
+    try:
+        for _ in range(500):
+            if len(committed) >= 5 or ended:
+                break
+            time.sleep(0.01)
+        started = time.monotonic()
+        single.state().debug_commit(lambda tx: tx.set_setting("edit", "x"), user="t")
+        took = time.monotonic() - started
+    finally:
+        thread.join(LEADER_SECONDS + 10)
+    assert isinstance(ended[0], FencedError), (ended, took)
+    assert took < EDIT_BOUND, took
+    reader = single.state()
+    reader.open_read_only()
+    filled = {f"fill{i:04}": "v" for i in range(FILL)}
+    assert reader.settings() == {**filled, **{f"l{i}": "v" for i in committed}, "edit": "x"}
