@@ -20,6 +20,7 @@ from slatepy.config import Settings
 from slatepy.persist import PersistClient
 from slatepy.persist.location.objconsensus import ObjectConsensus
 from slatepy.store.stack import open_stack
+from slatepy.testing.intercept import InterceptStore
 from slatepy.testing.persist_faults import InterceptConsensus, Pause
 from tests.catalog.conftest import Place
 
@@ -34,12 +35,15 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def two_clients() -> Iterator[tuple[PersistClient, PersistClient, Counter[str], Counter[str]]]:
     """A leader's and a reader's persist clients on one ``memory://`` store and consensus
     log (two processes, in effect: each caches its own shard state), each counting its
-    consensus calls."""
+    consensus calls; the reader's blob store counts its PUTs as ``"put"``."""
     store = open_stack("memory://", Settings())
     counts: tuple[Counter[str], Counter[str]] = (Counter(), Counter())
 
     def counter(into: Counter[str]) -> Callable[[str, str | None], None]:
         return lambda op, key: into.update([op])
+
+    def count_put(path: str) -> None:
+        counts[1].update(["put"])
 
     with (
         ObjectConsensus(store, min_age=0) as log,
@@ -47,7 +51,8 @@ def two_clients() -> Iterator[tuple[PersistClient, PersistClient, Counter[str], 
             store, consensus=InterceptConsensus(log, before=counter(counts[0]))
         ) as leader_client,
         PersistClient.open(
-            store, consensus=InterceptConsensus(log, before=counter(counts[1]))
+            InterceptStore(store, before_put=count_put),
+            consensus=InterceptConsensus(log, before=counter(counts[1])),
         ) as reader_client,
     ):
         yield leader_client, reader_client, *counts
@@ -89,7 +94,7 @@ def test_persist_reads_write_nothing_and_see_every_commit() -> None:
                 assert fresh.upper == leader.upper
             assert reused.entries("settings") == [({"name": "n"}, {"value": str(i)})], name
             assert json.loads(reused.dump())["epoch"] == 1
-            assert reader_calls["compare_and_set"] == 0, (name, reader_calls)
+            assert reader_calls["compare_and_set"] == reader_calls["put"] == 0, (name, reader_calls)
         tx = leader.transaction()
         tx.set_setting("n", "last")
         leader_calls.clear()
@@ -119,6 +124,77 @@ def test_cli_reads_leave_the_persist_shard_as_it_was(
         assert json.loads(out)["collections"]["settings"] == [
             {"key": {"name": "n"}, "value": {"value": "v"}, "time": leader.upper - 1, "diff": 1}
         ]
+
+
+@pytest.mark.parametrize("moved", [True, False])
+def test_a_persist_read_whose_part_vanishes_reads_the_new_head(moved: bool) -> None:
+    """A read registers no reader, so GC may delete a part of the state it read once newer
+    states replaced it: the read then starts over at the new head (and sees what that
+    state holds). A part of the head state itself missing is corruption, said as such."""
+    from slatepy.errors import CorruptionError, NotFound
+
+    store = open_stack("memory://", Settings())
+    armed: list[Callable[[], None]] = []
+
+    def vanish(path: str) -> None:
+        if "/part/" in path and armed:
+            armed.pop()()
+            raise NotFound(f"injected: {path} was collected", path=path)
+
+    with (
+        ObjectConsensus(store, min_age=0) as log,
+        PersistClient.open(store, consensus=log) as leader_client,
+        PersistClient.open(InterceptStore(store, before_read=vanish), consensus=log) as client,
+    ):
+        leader = persist_catalog(leader_client)
+        leader.open()
+        tx = leader.transaction()
+        for i in range(300):  # enough to be a blob part, not inline in the state
+            tx.set_setting(f"s{i:03}", "v" * 100)
+        leader.commit_transaction(tx)
+
+        def another_commit() -> None:
+            tx = leader.transaction()
+            tx.set_setting("late", "v")
+            leader.commit_transaction(tx)
+
+        armed.append(another_commit if moved else lambda: None)
+        reader = persist_catalog(client)
+        if not moved:
+            with pytest.raises(CorruptionError, match="'catalog': a part of its current state"):
+                reader.open_read_only()
+            return
+        reader.open_read_only()
+        assert not armed and len(reader.settings()) == 301
+        assert reader.settings()["late"] == "v"
+
+
+@pytest.mark.parametrize("single", ["postgres"], indirect=True)
+def test_a_select_only_postgres_role_reads_the_catalog(
+    single: Place, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reads need no more than SELECT on the stash's tables (and run as READ ONLY
+    transactions), so an operator's read-only role dumps, reads the epoch and checks."""
+    import psycopg
+
+    assert run(capsys, "init", single.url, "--shard", single.shard)[0] == 0
+    tables = ", ".join(f"{single.shard}_{t}" for t in ("fence", "collections", "data", "uppers"))
+    with psycopg.connect(single.url, autocommit=True) as pg:
+        pg.execute(
+            "DO $$ BEGIN CREATE ROLE looker LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        pg.execute(f"GRANT SELECT ON {tables} TO looker")
+    looker = single.url.replace("postgres@", "looker@", 1)
+    assert looker != single.url
+    code, out, err = run(capsys, "dump", looker, "--shard", single.shard)
+    assert (code, err) == (0, "") and json.loads(out)["epoch"] == 1
+    assert run(capsys, "epoch", looker, "--shard", single.shard)[:2] == (0, "Epoch: 1\n")
+    assert run(capsys, "upgrade-check", looker, "--shard", single.shard)[0] == 0
+    code, _, err = run(
+        capsys, "edit", looker, "--shard", single.shard, "settings", '{"name":"n"}', '{"value":"v"}'
+    )
+    assert code == 1 and "permission denied" in err
 
 
 def pause_first_write(state: CatalogState, pause: Pause) -> None:
