@@ -94,6 +94,7 @@ class CatalogState(TypedReads):
         self._upper = 0
         self._cache = Cache()
         self._lock = threading.RLock()
+        self._debug_wrote = False
 
     @property
     def description(self) -> str:
@@ -112,6 +113,12 @@ class CatalogState(TypedReads):
     @property
     def is_read_only(self) -> bool:
         return self._mode == "read_only"
+
+    @property
+    def debug_wrote(self) -> bool:
+        """Whether the last :meth:`debug_commit` wrote anything (its edit, or the empty
+        write that fences a writer overtaking it): a leader still running is then fenced."""
+        return self._debug_wrote
 
     # -- opening ------------------------------------------------------------------------
 
@@ -329,6 +336,7 @@ class CatalogState(TypedReads):
         deadline = time.monotonic() + timeout
         delay = 0.01
         ticked = False
+        self._debug_wrote = False
         while True:
             try:
                 return self._debug_commit_once(edit, user=user)
@@ -336,6 +344,7 @@ class CatalogState(TypedReads):
                 if not ticked:
                     ticked = True
                     if self._tick(min(deadline, time.monotonic() + TICK_SECONDS)):
+                        self._debug_wrote = True
                         continue  # the leader is fenced: read again at once
                 if time.monotonic() + delay > deadline:
                     raise
@@ -378,6 +387,7 @@ class CatalogState(TypedReads):
                     code=CATALOG_VERSION,
                 )
         self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        self._debug_wrote = True
         return result
 
     # -- reads ----------------------------------------------------------------------------

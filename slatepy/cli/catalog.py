@@ -134,14 +134,12 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                     raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
         else:
             name = args.collection
-            made: list[Transaction] = []
 
             def apply(tx: Transaction) -> dict[str, Any] | None:
-                made.append(tx)
                 return tx.set(name, key, value) if command == "edit" else tx.delete(name, key)
 
             previous = state.debug_commit(apply, user=USER)
-            if contents.epoch and made[-1].batch():  # it wrote: only then is a leader fenced
+            if contents.epoch and state.debug_wrote:  # only then is a leader fenced
                 print(
                     f"warning: the catalog was last opened (epoch {contents.epoch}) by "
                     f"{contents.holder or 'an unknown process'}; a leader still running "

@@ -313,3 +313,40 @@ def test_a_debug_edit_lands_beside_a_leader_committing_without_pause(single: Pla
     reader.open_read_only()
     filled = {f"fill{i:04}": "v" for i in range(FILL)}
     assert reader.settings() == {**filled, **{f"l{i}": "v" for i in committed}, "edit": "x"}
+
+
+@pytest.mark.parametrize("single", ["sqlite", "persist-file"], indirect=True)
+def test_an_edit_whose_fencing_write_landed_warns_though_its_change_was_made_meanwhile(
+    single: Place, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The leader commits the edit's very change under it: the edit loses, fences the
+    leader with its empty write, reads again and has nothing left to write. The leader is
+    fenced all the same, and the tool says so."""
+    import slatepy.cli.catalog as cli
+    from slatepy.errors import FencedError
+
+    leader = single.state()
+    leader.open()
+
+    def leader_sets_it_first(*args: Any, **kwargs: Any) -> CatalogState:
+        state = open_catalog(*args, **kwargs)
+        storage: Any = state._storage
+        real = storage.write
+
+        def write(*args: Any, **kwargs: Any) -> int:
+            storage.write = real
+            tx = leader.transaction()
+            tx.set_setting("n", "v")
+            leader.commit_transaction(tx)
+            return int(real(*args, **kwargs))
+
+        storage.write = write
+        return state
+
+    monkeypatch.setattr(cli, "open_catalog", leader_sets_it_first)
+    edit = ["edit", single.url, "--shard", single.shard, "settings", '{"name": "n"}']
+    code, out, err = run(capsys, *edit, '{"value": "v"}')
+    assert (code, out) == (0, 'previous value: {"value": "v"}\n')
+    assert "a leader still running there is fenced by this change" in err
+    with pytest.raises(FencedError):
+        leader.confirm_leadership()
