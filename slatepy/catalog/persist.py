@@ -165,7 +165,8 @@ class PersistStorage(Storage):
             hold.compare_and_downgrade_since(opaque, opaque, since)
 
     def _fenced(self, epoch: int | None, expected: int, current: int | None) -> FencedError:
-        newest = self.read().epoch if current else 0
+        # Only a leader's message names the newer epoch (a debug write's names the upper).
+        newest = self.read().epoch if current and epoch is not None else 0
         return FencedError(
             f"catalog {self.description}: "
             + fenced_message(epoch, newest, expected, -1 if current is None else current)
