@@ -318,7 +318,10 @@ class CatalogState(TypedReads):
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
         a fresh read while other writers win (:data:`LOST_RACES`; up to ``timeout``
-        seconds): the debug tool's edits. A live leader is fenced by them.
+        seconds): the debug tool's edits. A live leader is fenced by them. After the first
+        lost race the edit first fences the writer that won with one empty write
+        (:meth:`_tick`, for up to :data:`TICK_SECONDS`), so a leader committing without
+        pause cannot overtake it forever; an edit that changes nothing writes nothing.
 
         Raises:
             ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
