@@ -116,13 +116,7 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 print(f"catalog upgrade from version {found} to {code} would succeed")
             return 0
-        contents = state.current()  # raises when there is no catalog
-        if command == "epoch":
-            if args.json:
-                print_json({"epoch": contents.epoch})
-            else:
-                print(f"Epoch: {contents.epoch}")
-        elif command == "dump":
+        if command == "dump":  # one read, which raises when there is no catalog
             text = state.dump(ignore_large_collections=args.ignore_large_collections)
             pretty = json.dumps(json.loads(text), indent=2) + "\n"
             if args.target is None:
@@ -132,6 +126,13 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                     args.target.write_text(pretty)
                 except OSError as exc:
                     raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
+            return 0
+        contents = state.current()  # raises when there is no catalog
+        if command == "epoch":
+            if args.json:
+                print_json({"epoch": contents.epoch})
+            else:
+                print(f"Epoch: {contents.epoch}")
         else:
             name = args.collection
 
