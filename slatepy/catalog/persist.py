@@ -5,8 +5,10 @@ the catalog's upper, diff ±1. The epoch is a row of the hidden collection ``_fe
 ``{"epoch": N, "holder": "host:pid"}``), written together with an open's other changes.
 Every write is one ``compare_and_append`` at the expected upper: as every open writes, a
 commit of an older leader always finds a moved upper, which is its fence (the newer epoch is
-then read for the message). A read is a snapshot at ``upper - 1`` through a leased reader
-opened for it; an open downgrades the critical since ``catalog`` to ``upper - 1`` so
+then read for the message). A read is a snapshot at ``upper - 1`` of the state at the
+consensus head that registers nothing (``PersistClient.snapshot_latest``): reads write
+nothing, so they neither cost writes nor move the seqno a leader's next compare-and-set
+expects. An open downgrades the critical since ``catalog`` to ``upper - 1`` so
 compaction can consolidate the history below it.
 """
 
@@ -70,26 +72,24 @@ class PersistStorage(Storage):
             CatalogError: the shard is closed (its upper empty): a catalog never is, so it
                 is another shard, or one closed by hand.
         """
-        upper = self._handle().fetch_recent_upper()
+        upper = self._client.machine(self._shard).fetch(maintain=False).upper
         if upper is None:
-            raise CatalogError(
-                f"{self.description} is closed (its upper is empty): not a catalog, or one "
-                "closed by hand"
-            )
+            raise self._closed()
         return upper
 
+    def _closed(self) -> CatalogError:
+        return CatalogError(
+            f"{self.description} is closed (its upper is empty): not a catalog, or one "
+            "closed by hand"
+        )
+
     def read(self) -> Contents:
-        if self.upper() == 0:  # no reader registered: reading a missing catalog creates nothing
+        upper, updates = self._client.snapshot_latest(self._shard)  # registers nothing
+        if upper is None:
+            raise self._closed()
+        if upper == 0:
             self._fence_row = None
             return Contents(0, 0, [])
-        reader = self._client.open_leased_reader(self._shard, purpose="catalog read")
-        try:
-            # The upper after registering: an open in between moves the since (to its upper
-            # minus one), and the reader's since is never beyond the upper read after it.
-            upper = self.upper()
-            updates = reader.snapshot(upper - 1)
-        finally:
-            reader.expire()
         return self._contents(upper, updates)
 
     def _contents(self, upper: int, updates: Iterable[Update]) -> Contents:
@@ -165,7 +165,8 @@ class PersistStorage(Storage):
             hold.compare_and_downgrade_since(opaque, opaque, since)
 
     def _fenced(self, epoch: int | None, expected: int, current: int | None) -> FencedError:
-        newest = self.read().epoch if current else 0
+        # Only a leader's message names the newer epoch (a debug write's names the upper).
+        newest = self.read().epoch if current and epoch is not None else 0
         return FencedError(
             f"catalog {self.description}: "
             + fenced_message(epoch, newest, expected, -1 if current is None else current)
@@ -179,6 +180,6 @@ class PersistStorage(Storage):
     def close(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            writer.expire()
+            writer.close()  # expires it only if an append may have registered it
         if self._owns_client:
             self._client.close()

@@ -169,7 +169,10 @@ class SqlStorage(Storage):
         for attempt in range(SERIALIZATION_RETRIES):
             try:
                 with conn.cursor() as cur:
-                    cur.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                    # A read says so: PostgreSQL then refuses any write in it and need
+                    # not track it against the writers' serializable transactions.
+                    mode = "" if write else " READ ONLY"
+                    cur.execute(f"BEGIN ISOLATION LEVEL SERIALIZABLE{mode}")
                     try:
                         result = body(cur)
                         cur.execute("COMMIT")

@@ -10,6 +10,7 @@ leader's commit after a newer ``open()`` raises ``FencedError`` and writes nothi
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +58,9 @@ LOST_RACES = (FencedError, StateConflictError, CatalogContention)
 the upper, (persist) other actors kept winning the shard's consensus log (its reader
 registrations count), or (PostgreSQL) serialization failures outlasted the stash's retries.
 An open and a debug edit start again from a fresh read."""
+TICK_SECONDS = 2.0
+"""How long a debug edit that lost a race tries, once, to fence the writer that beat it
+with an empty write at the current upper (:meth:`CatalogState._tick`)."""
 
 
 class CatalogState(TypedReads):
@@ -90,6 +94,7 @@ class CatalogState(TypedReads):
         self._upper = 0
         self._cache = Cache()
         self._lock = threading.RLock()
+        self._debug_wrote = False
 
     @property
     def description(self) -> str:
@@ -108,6 +113,12 @@ class CatalogState(TypedReads):
     @property
     def is_read_only(self) -> bool:
         return self._mode == "read_only"
+
+    @property
+    def debug_wrote(self) -> bool:
+        """Whether the last :meth:`debug_commit` wrote anything (its edit, or the empty
+        write that fences a writer overtaking it): a leader still running is then fenced."""
+        return self._debug_wrote
 
     # -- opening ------------------------------------------------------------------------
 
@@ -141,8 +152,37 @@ class CatalogState(TypedReads):
                 if attempt == OPEN_ATTEMPTS - 1:
                     raise
 
+    def initialize(self) -> bool:
+        """Create the catalog and become its leader (as :meth:`open`), only if nothing ever
+        opened it: ``slatepy catalog init``. Of concurrent initializers exactly one creates
+        it; the others find it created (their write at upper 0 loses, and they read again)
+        and change nothing.
+
+        Returns:
+            True: this call created it (the state is open, at epoch 1). False: it exists
+            (this state stays unopened; nothing was written).
+
+        Raises:
+            As :meth:`open`.
+        """
+        with self._lock:
+            self._check_unopened()
+            for attempt in range(OPEN_ATTEMPTS):
+                contents = self._storage.read()
+                if contents.upper != 0:
+                    return False
+                try:
+                    self._open_at(contents)
+                    return True
+                except LOST_RACES:
+                    if attempt == OPEN_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
+
     def _open_once(self) -> None:
-        contents = self._storage.read()
+        self._open_at(self._storage.read())
+
+    def _open_at(self, contents: Contents) -> None:
         old = objects_of(contents, self.description)
         if contents.upper == 0:
             new, event = initial_objects(self._deploy_generation or 0), "initialize"
@@ -278,7 +318,10 @@ class CatalogState(TypedReads):
         """Run ``edit`` on a transaction over the catalog as stored now (not migrated) and
         commit it at the current upper without bumping or checking the epoch, again from
         a fresh read while other writers win (:data:`LOST_RACES`; up to ``timeout``
-        seconds): the debug tool's edits. A live leader is fenced by them.
+        seconds): the debug tool's edits. A live leader is fenced by them. After the first
+        lost race the edit first fences the writer that won with one empty write
+        (:meth:`_tick`, for up to :data:`TICK_SECONDS`), so a leader committing without
+        pause cannot overtake it forever; an edit that changes nothing writes nothing.
 
         Raises:
             ReadOnlyCatalog: this state was opened (read-only, or as a leader, which the
@@ -295,14 +338,38 @@ class CatalogState(TypedReads):
             )
         deadline = time.monotonic() + timeout
         delay = 0.01
+        ticked = False
+        self._debug_wrote = False
         while True:
             try:
                 return self._debug_commit_once(edit, user=user)
             except LOST_RACES:
+                if not ticked:
+                    ticked = True
+                    if self._tick(min(deadline, time.monotonic() + TICK_SECONDS)):
+                        self._debug_wrote = True
+                        continue  # the leader is fenced: read again at once
                 if time.monotonic() + delay > deadline:
                     raise
-                time.sleep(delay)
+                time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(1.0, delay * 2)
+
+    def _tick(self, until: float) -> bool:
+        """Move the upper by one empty write at the upper just read, again at once while
+        other writers win, until ``until``: True once it landed. An edit's read-then-write
+        takes longer than the gap between a busy leader's commits, so it never lands while
+        the leader runs; this write fences that leader (as the edit would have) in the
+        window of one upper read, after which the edit has the catalog to itself."""
+        while time.monotonic() < until:
+            upper = self._storage.upper()
+            if upper == 0:  # nothing to fence (an empty write would make a shard that
+                return False  # is not a catalog)
+            try:
+                self._storage.write([], expected_upper=upper, epoch=None)
+                return True
+            except LOST_RACES:
+                continue
+        return False
 
     def _debug_commit_once(self, edit: Callable[[Transaction], T], *, user: str) -> T:
         contents = self._read_initialized()
@@ -323,6 +390,7 @@ class CatalogState(TypedReads):
                     code=CATALOG_VERSION,
                 )
         self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        self._debug_wrote = True
         return result
 
     # -- reads ----------------------------------------------------------------------------

@@ -116,13 +116,7 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 print(f"catalog upgrade from version {found} to {code} would succeed")
             return 0
-        contents = state.current()  # raises when there is no catalog
-        if command == "epoch":
-            if args.json:
-                print_json({"epoch": contents.epoch})
-            else:
-                print(f"Epoch: {contents.epoch}")
-        elif command == "dump":
+        if command == "dump":  # one read, which raises when there is no catalog
             text = state.dump(ignore_large_collections=args.ignore_large_collections)
             pretty = json.dumps(json.loads(text), indent=2) + "\n"
             if args.target is None:
@@ -132,16 +126,21 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
                     args.target.write_text(pretty)
                 except OSError as exc:
                     raise InvalidArgument(f"--target {args.target}: {exc.strerror}") from None
+            return 0
+        contents = state.current()  # raises when there is no catalog
+        if command == "epoch":
+            if args.json:
+                print_json({"epoch": contents.epoch})
+            else:
+                print(f"Epoch: {contents.epoch}")
         else:
             name = args.collection
-            made: list[Transaction] = []
 
             def apply(tx: Transaction) -> dict[str, Any] | None:
-                made.append(tx)
                 return tx.set(name, key, value) if command == "edit" else tx.delete(name, key)
 
             previous = state.debug_commit(apply, user=USER)
-            if contents.epoch and made[-1].batch():  # it wrote: only then is a leader fenced
+            if contents.epoch and state.debug_wrote:  # only then is a leader fenced
                 print(
                     f"warning: the catalog was last opened (epoch {contents.epoch}) by "
                     f"{contents.holder or 'an unknown process'}; a leader still running "
@@ -156,14 +155,15 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _init(state: CatalogState, *, as_json: bool) -> int:
-    if state.is_initialized():
+    """Create the catalog, or say it exists (also when a concurrent init created it first:
+    ``initialize`` writes only at upper 0). Both are done: exit 0."""
+    if not state.initialize():
         found, code = state.check_open()
         if as_json:
             print_json({"created": False, "version": found, "code_version": code})
         else:
             print(f"catalog {state.description} exists (version {found}; this code: {code})")
         return 0
-    state.open()
     if as_json:
         print_json({"created": True, "epoch": state.epoch})
     else:

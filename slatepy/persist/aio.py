@@ -156,6 +156,7 @@ class PersistClient(
     open_writer = in_thread_as(WriteHandle, sync_client.PersistClient.open_writer)
     open_leased_reader = in_thread_as(ReadHandle, sync_client.PersistClient.open_leased_reader)
     open_critical_since = in_thread_as(SinceHandle, sync_client.PersistClient.open_critical_since)
+    snapshot_latest = in_thread(sync_client.PersistClient.snapshot_latest)
     finalize_shard = in_thread(sync_client.PersistClient.finalize_shard)
     list_shards = in_thread(sync_client.PersistClient.list_shards)
     wait_maintenance = in_thread(sync_client.PersistClient.wait_maintenance)

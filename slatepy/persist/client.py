@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from slatepy.closing import Closing
 from slatepy.config import Settings, SettingsLike, resolve_settings
 from slatepy.errors import ClosedError, InvalidArgument
+from slatepy.persist.codec import Update
 from slatepy.persist.config import PersistSettings
 from slatepy.persist.critical import SinceHandle
 from slatepy.persist.errors import UsageError
@@ -30,7 +31,7 @@ from slatepy.persist.location.consensus import Consensus
 from slatepy.persist.location.open import open_consensus
 from slatepy.persist.machine import ShardMachine, rerun_as_is
 from slatepy.persist.maintenance import MaintenanceRunner
-from slatepy.persist.read import ReadHandle
+from slatepy.persist.read import ReadHandle, latest_snapshot
 from slatepy.persist.state.outcome import Maintenance
 from slatepy.persist.state.transitions import (
     ExpireLeasedReader,
@@ -343,6 +344,17 @@ class PersistClient(Closing):
             ),
         )
         return handle
+
+    def snapshot_latest(self, shard_id: str) -> tuple[int | None, list[Update]]:
+        """The shard's upper now and its contents as of ``upper - 1``, registering nothing
+        (no state change: a read-only credential suffices, and no writer's compare-and-set
+        is disturbed). See :func:`slatepy.persist.read.latest_snapshot`.
+
+        Raises:
+            SinceError: the shard's since is beyond ``upper - 1``.
+            CorruptionError / StateConflictError: see ``latest_snapshot``.
+        """
+        return latest_snapshot(self.machine(shard_id), self._tables)
 
     def open_critical_since(self, shard_id: str, reader_id: str) -> SinceHandle:
         """The critical since hold ``reader_id`` on ``shard_id``: registered at the shard's

@@ -179,11 +179,12 @@ class ShardMachine:
                 self._refresh()
             return self._versions.state
 
-    def fetch(self) -> State:
+    def fetch(self, *, maintain: bool = True) -> State:
         """The state at the consensus head (linearized: reflects every commit that finished
-        before this call)."""
+        before this call). ``maintain=False``: never write a rollup that is due (a caller
+        that must only read)."""
         with self._lock:
-            self._refresh()
+            self._refresh(rollup=maintain)
             return self._versions.state
 
     def wait_cached(self, ready: Callable[[State], bool], timeout: float) -> bool:

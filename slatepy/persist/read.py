@@ -430,3 +430,50 @@ class _Pinned(Iterator[Update]):
         """Stop reading and release the seqno hold."""
         self._updates.close()
         self._release()
+
+
+UNLEASED_ATTEMPTS = 5
+"""Reads of :func:`latest_snapshot` before it gives up on parts vanishing under it."""
+
+
+def latest_snapshot(
+    machine: ShardMachine, tables: TableReader, *, attempts: int = UNLEASED_ATTEMPTS
+) -> tuple[int | None, list[Update]]:
+    """The shard's upper at the consensus head and its contents as of ``upper - 1``
+    (nothing at upper 0 or once closed), read with no reader: no registration, no rollup,
+    no state change at all, so read-only tools neither pay for writes nor move the seqno a
+    writer's next compare-and-set expects. Without a reader's seqno hold, GC may delete a
+    part of the state read once later states replaced it: the read then starts over from
+    the new head.
+
+    Raises:
+        SinceError: the shard's since is beyond ``upper - 1`` (those times may be forwarded).
+        CorruptionError: a part of the head state is missing.
+        StateConflictError: parts vanished under each of ``attempts`` reads (nothing
+            changed; the shard moves faster than it can be read).
+    """
+    for _ in range(attempts):
+        state = machine.fetch(maintain=False)
+        if not state.upper:
+            return state.upper, []
+        as_of = state.upper - 1
+        if not frontier.le(state.since, as_of):
+            raise SinceError(as_of, state.since)
+        runs = [run for batch in state.trace for run in batch.runs]
+        memory = machine.settings.snapshot_memory_bytes
+        try:
+            updates = list(
+                merge_runs(tables, machine.shard_id, runs, as_of=as_of, memory_bytes=memory)
+            )
+        except NotFound as exc:
+            if machine.fetch(maintain=False).seqno == state.seqno:
+                raise CorruptionError(
+                    f"shard {machine.shard_id!r}: a part of its current state is missing: {exc}",
+                    path=exc.path,
+                ) from exc
+            continue
+        return state.upper, updates
+    raise StateConflictError(
+        f"shard {machine.shard_id!r}: parts were deleted under each of {attempts} unleased "
+        "reads; nothing was changed"
+    )

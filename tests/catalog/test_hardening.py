@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -378,21 +379,25 @@ def test_a_corrupt_stash_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_a_persist_read_racing_an_open_reads_the_newer_catalog(tmp_path: Path) -> None:
+    """An open lands between a read's state fetch and its part reads (moving the since past
+    that state's upper; before addendum E, between reading the upper and registering the
+    reader): the read still reads its state, the open that made it loses the upper and
+    retries."""
     url = f"file://{tmp_path}/p"
     with open_catalog(url) as first:
         first.open()
     state = open_catalog(url)
-    storage = state._storage
-    real_upper = storage.upper
+    machine = state._storage._client.machine("catalog")  # type: ignore[attr-defined]
+    real_fetch = machine.fetch
 
-    def upper_then_an_open() -> int:
-        storage.upper = real_upper  # type: ignore[method-assign]
-        found = real_upper()
+    def fetch_then_an_open(*, maintain: bool = True) -> Any:
+        machine.fetch = real_fetch  # type: ignore[method-assign]
+        found = real_fetch(maintain=maintain)
         with open_catalog(url) as other:  # moves the since past the upper just read
             other.open()
         return found
 
-    storage.upper = upper_then_an_open  # type: ignore[method-assign]
+    machine.fetch = fetch_then_an_open  # type: ignore[method-assign]
     state.open()  # was: persist's SinceError, where an open should simply win or retry
     assert state.epoch == 3
     state.close()
