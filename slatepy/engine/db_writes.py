@@ -140,14 +140,23 @@ class Writes(DbState):
                 entries: list[Entry] = [(key, seq, value) for key, value in ops]
                 # Before the WAL has it: a failed lookup must fail the write whole.
                 bases = self._memtable.ingested_bases(entries)
-                if ranges:
-                    tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
-                    generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
-                    self._memtable.apply(entries, tombstones, bases)
+                tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
+                memtable = self._memtable
+                if self._merging.operator is not None and Operands in set(
+                    map(type, map(_VALUE, ops))
+                ):
+                    # The merge operator (user code) may raise in the memtable's half: then
+                    # the WAL's half is taken back, so a failed write is nowhere (issue 41).
+                    generation = self._wal.append_applied(
+                        entries,
+                        awaited=await_durable,
+                        ranges=tombstones,
+                        apply=lambda: memtable.apply(entries, tombstones, bases),
+                    )
                 else:
                     # One WAL generation holds the whole batch, so it lands in one SST.
-                    generation = self._wal.append(entries, awaited=await_durable)
-                    self._memtable.apply(entries, (), bases)
+                    generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
+                    memtable.apply(entries, tombstones, bases)
         finally:
             self._lock.release()
         if await_durable:

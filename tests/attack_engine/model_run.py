@@ -167,7 +167,7 @@ class Run:
         else:
             entry = model[key]
             if entry[1] is not None:  # the TTL again, from the expiry the model recorded
-                self.db.put(key, value, ttl=(entry[1] - self.now_ms()) / 1000)
+                self.db.put(key, value, ttl=(entry[1] - self.now_ms() - 0.5) / 1000)
             else:
                 self.db.put(key, value)
 

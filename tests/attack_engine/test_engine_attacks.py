@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slatepy import Db
+from slatepy import Db, InvalidArgument, WriteBatch
 from tests.attack_engine.model_run import SETTINGS, Clock, concat, run
 
 
@@ -47,3 +47,43 @@ def test_every_read_form_agrees_with_a_model_through_kinds_and_maintenance(
     dict model at every step (tests/attack_engine/model_run.py). Found nothing on its own
     (60 seeds x 300 steps were run once while writing it); kept as a guard."""
     assert run(tmp_path, seed, steps=120, seconds=6) > 0
+
+
+def refusing(key: bytes, existing: bytes | None, operands: list[bytes]) -> bytes:
+    """A merge operator with a bug: it raises on one operand and returns an int on another."""
+    if b"bad" in operands:
+        raise ValueError("this operator refuses b'bad'")
+    if b"int" in operands:
+        return len(operands)  # type: ignore[return-value]
+    return b",".join([existing, *operands] if existing is not None else operands)
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["base-flushed", "base-in-wal-buffer"])
+def test_a_write_whose_merge_operator_fails_is_not_made(tmp_path: Path, buffered: bool) -> None:
+    """A merge the operator fails on (it raises, or returns no bytes) fails its write whole:
+    not visible, not in the WAL. It was in the WAL (a write reported failed became durable,
+    and the next ``Db.open`` replayed it into the operator and failed, for good), and the
+    batch's other writes stayed visible (half a batch). ``buffered``: the base is still in
+    the WAL's open generation, which then calls the operator too."""
+    url = tmp_path.as_uri()
+    with Db.open(url, settings=SETTINGS, merge_operator=refusing) as db:
+        db.put(b"k", b"base", await_durable=not buffered)
+        db.put(b"j", b"base", await_durable=not buffered)
+        with pytest.raises(ValueError, match="refuses"):
+            db.merge(b"k", b"bad", await_durable=not buffered)
+        with pytest.raises(InvalidArgument, match="must return bytes"):
+            db.merge(b"j", b"int", await_durable=not buffered)
+        batch = WriteBatch().put(b"a", b"1").merge(b"k", b"ok").merge(b"k", b"bad")
+        with pytest.raises(ValueError, match="refuses"):
+            db.write(batch, await_durable=not buffered)
+        batch = WriteBatch().delete_range(b"j", b"k").put(b"b", b"2").merge(b"k", b"bad")
+        with pytest.raises(ValueError, match="refuses"):
+            db.write(batch, await_durable=not buffered)
+        want = {b"j": b"base", b"k": b"base"}
+        assert dict(db.scan()) == want and db.get_many([b"a", b"b", b"j"]) == [None, None, b"base"]
+        db.merge(b"k", b"fine")  # the writer goes on
+        db.put(b"z", b"after")
+        want = {b"j": b"base", b"k": b"base,fine", b"z": b"after"}
+        assert dict(db.scan()) == want
+    with Db.open(url, settings=SETTINGS, merge_operator=refusing) as db:
+        assert dict(db.scan()) == want
