@@ -17,6 +17,8 @@ from pathlib import Path
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
 from slatepy.config import MAX_KEY_SIZE
+from slatepy.engine.clone import clone
+from slatepy.engine.reader import ReadSnapshot
 from slatepy.engine.snapshot import Snapshot
 from slatepy.format.kinds import Operands
 from slatepy.gc import GarbageCollector
@@ -75,10 +77,13 @@ class Run:
     rng: random.Random = field(init=False)
     clock: Clock = field(default_factory=Clock)
     model: dict[bytes, Entry] = field(default_factory=dict)
-    snapshots: list[tuple[Snapshot, dict[bytes, bytes]]] = field(default_factory=list)
+    snapshots: list[tuple[Snapshot | ReadSnapshot, dict[bytes, bytes]]] = field(
+        default_factory=list
+    )
     checkpoints: list[tuple[str, dict[bytes, Entry]]] = field(default_factory=list)
     reader: DbReader | None = None
     counter: int = 0
+    clones: int = 0
     log: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -265,6 +270,29 @@ class Run:
         self.snapshots.append((snapshot, visible(self.model, self.clock())))
         self.log.append("snapshot")
 
+    def reader_snapshot(self) -> None:
+        """A snapshot of the reader (which pins its own manifest), held like the writer's."""
+        self.read_reader()
+        assert self.reader is not None
+        if len(self.snapshots) >= 3:
+            snapshot, _ = self.snapshots.pop(0)
+            snapshot.close()
+        self.snapshots.append((self.reader.snapshot(), visible(self.model, self.clock())))
+        self.log.append("reader snapshot")
+
+    def clone(self) -> None:
+        """A clone of the durable state now, opened as a writer of its own."""
+        self.clones += 1
+        target = (self.path.parent / f"{self.path.name}-clone{self.clones}").as_uri()
+        clone(self.url, target, settings=SETTINGS)
+        model = dict(self.model)
+        with Db.open(target, settings=SETTINGS, clock=self.clock, merge_operator=concat) as db:
+            want = visible(model, self.clock())
+            assert dict(db.scan()) == want, f"clone seed {self.seed} after {self.log[-6:]}"
+            assert db.get_many(KEYS) == [want.get(k) for k in KEYS]
+            db.merge(b"m1", b"clone")  # the clone's writes are its own
+        self.log.append("clone")
+
     def checkpoint(self) -> None:
         if len(self.checkpoints) >= 2:
             old, _ = self.checkpoints.pop(0)
@@ -333,6 +361,8 @@ class Run:
             (self.read_reader, 4),
             (self.transaction, 4),
             (self.held_iterator, 2),
+            (self.reader_snapshot, 2),
+            (self.clone, 1),
         ]
         op = self.rng.choices([o for o, _ in ops], [w for _, w in ops])[0]
         op()
