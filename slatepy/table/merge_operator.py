@@ -64,7 +64,14 @@ class Merging:
 
     def _call(self, key: bytes, base: bytes | None, operands: Operands) -> bytes:
         assert self.operator is not None
-        result = self.operator(key, base, operands.operands())
+        try:
+            result = self.operator(key, base, operands.operands())
+        except Exception as exc:
+            # User code: a typed error naming the key, wherever the engine called it (a
+            # write, a read, a compaction), with the operator's own error as the cause.
+            raise InvalidArgument(
+                f"the merge operator raised {type(exc).__name__} for key {key!r}: {exc}"
+            ) from exc
         if not isinstance(result, bytes | bytearray | memoryview):
             raise InvalidArgument(
                 f"the merge operator returned {type(result).__name__} for key {key!r}; "

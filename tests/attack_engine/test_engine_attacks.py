@@ -4,11 +4,13 @@ attack that found nothing (named in the RFC's addendum)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from slatepy import Db, InvalidArgument, WriteBatch
+from slatepy import Db, InvalidArgument, Settings, WriteBatch
+from slatepy.errors import WriteStalled
 from tests.attack_engine.model_run import SETTINGS, Clock, concat, run
 
 
@@ -87,3 +89,33 @@ def test_a_write_whose_merge_operator_fails_is_not_made(tmp_path: Path, buffered
         assert dict(db.scan()) == want
     with Db.open(url, settings=SETTINGS, merge_operator=refusing) as db:
         assert dict(db.scan()) == want
+
+
+def test_a_merge_operator_failing_in_compaction_fails_clearly(tmp_path: Path) -> None:
+    """Operands with no base are stacked without calling the operator; a bottom compaction
+    then applies them to nothing, and this operator raises. The in-process compactor's
+    thread died of it (an uncaught ValueError: compaction and GC stopped for good), and a
+    writer past ``max_unflushed_bytes`` then stalled for ``write_stall_timeout`` to fail with
+    "is a compactor running?". Now the loop survives (logged, retried), a read of the key
+    raises ``InvalidArgument`` naming it, and the stalled write says what fails."""
+    settings = Settings(
+        flush_interval=0.05,
+        compaction_interval=0.05,
+        flush_bytes=20_000,
+        max_unflushed_bytes=40_000,
+        write_stall_timeout=1.5,
+        gc_min_age=3600,
+    )
+    with Db.open(tmp_path, settings=settings, merge_operator=refusing) as db:
+        db.merge(b"k", b"bad")  # over nothing: stacked, the operator not called
+        with pytest.raises(InvalidArgument, match=r"raised ValueError for key b'k'") as read:
+            db.get(b"k")
+        assert isinstance(read.value.__cause__, ValueError)
+        deadline = time.monotonic() + 20
+        with pytest.raises(WriteStalled, match=r"passes fail: .*merge operator raised") as stall:
+            for i in range(10_000):
+                assert time.monotonic() < deadline, "the writer neither stalled nor compacted"
+                db.put(b"x%05d" % i, b"v" * 100, await_durable=False)
+        assert isinstance(stall.value.__cause__, InvalidArgument)
+        compactor = db._compactor
+        assert compactor is not None and compactor._thread.is_alive()
