@@ -328,11 +328,33 @@ class Run:
         rows = [(k, v) for k, v in want.items() if lo <= k < hi]
         assert list(txn.scan(lo, hi)) == rows, f"txn scan {where}"
         assert list(txn.scan(lo, hi, reverse=True)) == rows[::-1], f"txn rscan {where}"
-        value = self.value()
-        txn.put(keys[0], value)
+        # Its own writes laid over its reads: bounded, reverse and limited scans.
+        mine: dict[bytes, bytes | None] = {}
+        for key in self.rng.sample(KEYS, 3):
+            mine[key] = None if self.rng.random() < 0.4 else self.value()
+            if mine[key] is None:
+                txn.delete(key)
+            else:
+                txn.put(key, mine[key])  # type: ignore[arg-type]
+        seen = {**want, **mine}
+        over = {k: v for k, v in sorted(seen.items()) if v is not None}
+        for key in KEYS:
+            assert txn.get(key) == over.get(key), f"txn own get {key[:8]!r} {where}"
+        lo, hi = sorted(self.rng.sample(BOUNDS, 2))
+        rows = [(k, v) for k, v in over.items() if lo <= k < hi]
+        limit = self.rng.choice([None, 1, 2])
+        for reverse in (False, True):
+            expect = rows[::-1] if reverse else rows
+            expect = expect if limit is None else expect[:limit]
+            got = list(txn.scan(lo, hi, reverse=reverse, limit=limit))
+            assert got == expect, f"txn own scan({lo!r}, {hi!r}, {reverse}, {limit}) {where}"
         txn.commit()
-        self.model[keys[0]] = (value, None)
-        self.log.append(f"txn {isolation} put {keys[0][:8]!r}")
+        for key, mine_value in mine.items():
+            if mine_value is None:
+                self.model.pop(key, None)
+            else:
+                self.model[key] = (mine_value, None)
+        self.log.append(f"txn {isolation} {sorted(k[:4] for k in mine)}")
 
     def held_iterator(self) -> None:
         """An iterator taken now, read after a compaction and a GC pass."""
