@@ -129,10 +129,6 @@ class Writes(DbState):
                 check()
             self._seq += SEQ_STEP
             seq = self._seq
-            if self._txns.open:
-                self._txns.record(ops, seq)
-                if ranges:
-                    self._txns.record_ranges(ranges, seq)
             generation = None
             if not ranges and len(ops) > 1:
                 generation = self._append_puts(ops, seq, await_durable)
@@ -157,6 +153,12 @@ class Writes(DbState):
                     # One WAL generation holds the whole batch, so it lands in one SST.
                     generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
                     memtable.apply(entries, tombstones, bases)
+            # Once made (a write that failed conflicts with nothing), still under the lock
+            # and after the seq was taken, as ``Db.begin`` without the lock relies on.
+            if self._txns.open:
+                self._txns.record(ops, seq)
+                if ranges:
+                    self._txns.record_ranges(ranges, seq)
         finally:
             self._lock.release()
         if await_durable:

@@ -119,3 +119,20 @@ def test_a_merge_operator_failing_in_compaction_fails_clearly(tmp_path: Path) ->
         assert isinstance(stall.value.__cause__, InvalidArgument)
         compactor = db._compactor
         assert compactor is not None and compactor._thread.is_alive()
+
+
+@pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
+def test_a_write_that_failed_conflicts_with_no_transaction(isolation: str) -> None:
+    """A write its merge operator failed was recorded for the open transactions before it
+    failed: a transaction that read or wrote its key conflicted with a write never made."""
+    with Db.open("memory://", settings=SETTINGS, merge_operator=refusing) as db:
+        db.put(b"k", b"base")
+        txn = db.begin(isolation)  # type: ignore[arg-type]
+        assert txn.get(b"k") == b"base"
+        with pytest.raises(InvalidArgument):
+            db.merge(b"k", b"bad")
+        with pytest.raises(InvalidArgument):
+            db.write(WriteBatch().put(b"k", b"other").merge(b"k", b"bad"))
+        txn.put(b"k", b"mine")
+        txn.commit()
+        assert db.get(b"k") == b"mine"
