@@ -12,7 +12,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from slatepy import Db, DbReader, Settings, WriteBatch
 from slatepy.compactor import CompactionPolicy, Compactor
@@ -72,8 +71,9 @@ def visible(model: dict[bytes, Entry], now: float) -> dict[bytes, bytes]:
 class Run:
     """One seeded run; :meth:`step` does one random operation and checks every read."""
 
-    path: Path
+    url: str
     seed: int
+    settings: Settings = SETTINGS
     rng: random.Random = field(init=False)
     clock: Clock = field(default_factory=Clock)
     model: dict[bytes, Entry] = field(default_factory=dict)
@@ -88,12 +88,11 @@ class Run:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.url = self.path.as_uri()
-        self.store: ObjectStore = open_store(self.url)
+        self.store: ObjectStore = open_store(self.url, self.settings, create=True)
         self.db = self.open()
 
     def open(self) -> Db:
-        return Db.open(self.url, settings=SETTINGS, clock=self.clock, merge_operator=concat)
+        return Db.open(self.url, settings=self.settings, clock=self.clock, merge_operator=concat)
 
     # -- the model ---------------------------------------------------------------------
 
@@ -189,7 +188,7 @@ class Run:
         self.db.flush()
         Compactor(
             self.store,
-            settings=SETTINGS,
+            settings=self.settings,
             policy=policy,
             merge_operator=concat,
             expiry_clock=self.clock,
@@ -198,7 +197,7 @@ class Run:
         self.log.append(f"compact {'run' if policy is TO_RUN else 'l0'}")
 
     def gc(self) -> None:
-        GarbageCollector(self.store, settings=SETTINGS, min_age=0).collect()
+        GarbageCollector(self.store, settings=self.settings, min_age=0).collect()
         self.log.append("gc")
 
     def reopen(self) -> None:
@@ -253,7 +252,7 @@ class Run:
         for checkpoint, model in self.checkpoints:
             with DbReader.open(
                 self.url,
-                settings=SETTINGS,
+                settings=self.settings,
                 checkpoint=checkpoint,
                 clock=self.clock,
                 merge_operator=concat,
@@ -283,10 +282,10 @@ class Run:
     def clone(self) -> None:
         """A clone of the durable state now, opened as a writer of its own."""
         self.clones += 1
-        target = (self.path.parent / f"{self.path.name}-clone{self.clones}").as_uri()
-        clone(self.url, target, settings=SETTINGS)
+        target = f"{self.url}-clone{self.clones}"
+        clone(self.url, target, settings=self.settings)
         model = dict(self.model)
-        with Db.open(target, settings=SETTINGS, clock=self.clock, merge_operator=concat) as db:
+        with Db.open(target, settings=self.settings, clock=self.clock, merge_operator=concat) as db:
             want = visible(model, self.clock())
             assert dict(db.scan()) == want, f"clone seed {self.seed} after {self.log[-6:]}"
             assert db.get_many(KEYS) == [want.get(k) for k in KEYS]
@@ -304,7 +303,7 @@ class Run:
     def read_reader(self) -> None:
         if self.reader is None:
             self.reader = DbReader.open(
-                self.url, settings=SETTINGS, clock=self.clock, merge_operator=concat
+                self.url, settings=self.settings, clock=self.clock, merge_operator=concat
             )
         else:
             self.reader.refresh()
@@ -400,9 +399,9 @@ class Run:
         self.db.close()
 
 
-def run(path: Path, seed: int, steps: int, seconds: float) -> int:
+def run(url: str, seed: int, steps: int, seconds: float, settings: Settings = SETTINGS) -> int:
     """``steps`` steps of seed ``seed``, stopping early after ``seconds``; returns steps run."""
-    state = Run(path, seed)
+    state = Run(url, seed, settings)
     deadline = time.monotonic() + seconds
     done = 0
     try:

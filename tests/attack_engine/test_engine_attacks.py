@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from slatepy import Db, InvalidArgument, Settings, WriteBatch
 from slatepy.errors import WriteStalled
 from tests.attack_engine.model_run import SETTINGS, Clock, concat, run
+from tests.conftest import make_backend
 
 
 @pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
@@ -38,9 +40,11 @@ def test_a_transaction_judges_expiry_as_of_its_start(isolation: str) -> None:
         later.rollback()
 
 
-@pytest.mark.parametrize("seed", [3, 11])
+@pytest.mark.parametrize(
+    ("name", "seed"), [("file", 3), ("file", 11), pytest.param("s3", 5, marks=pytest.mark.s3)]
+)
 def test_every_read_form_agrees_with_a_model_through_kinds_and_maintenance(
-    tmp_path: Path, seed: int
+    request: pytest.FixtureRequest, tmp_path: Path, name: str, seed: int
 ) -> None:
     """Random puts, TTL'd puts, deletes, range deletes, merges and mixed batches between
     ticks, flushes, compactions, reopens and GC passes; get, get_many, bounded scans both
@@ -48,7 +52,9 @@ def test_every_read_form_agrees_with_a_model_through_kinds_and_maintenance(
     transactions, a reader and an iterator held across compaction and GC all agree with a
     dict model at every step (tests/attack_engine/model_run.py). Found nothing on its own
     (60 seeds x 300 steps were run once while writing it); kept as a guard."""
-    assert run(tmp_path, seed, steps=120, seconds=6) > 0
+    backend = make_backend(name, request, tmp_path)
+    settings = msgspec.structs.replace(backend.settings, flush_interval=60, gc_min_age=3600)
+    assert run(backend.url, seed, steps=120, seconds=6, settings=settings) > 0
 
 
 def refusing(key: bytes, existing: bytes | None, operands: list[bytes]) -> bytes:
