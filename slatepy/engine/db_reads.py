@@ -202,7 +202,7 @@ class Reads(DbState):
             ranges,
             view,
             self._clock if clock is None else clock,
-            merging=self._merging,
+            merging=self._merging if clock is None else self._merging.at(clock),
             tables=self._tables,
         )
         return version[0], value  # an entry kind (RFC 0019): resolved as get does

@@ -45,6 +45,14 @@ class Merging:
     operator: MergeOperator | None = None
     clock: Callable[[], float] = time.time
 
+    def at(self, clock: Callable[[], float]) -> Merging:
+        """This operator judging a TTL'd base by ``clock``: a view's, stopped when it was
+        taken, so a held view folds operands over a base the same way however long it is
+        read (RFC 0026, issue 41)."""
+        if self.operator is None or clock is self.clock:
+            return self
+        return Merging(self.operator, clock)
+
     def apply(self, key: bytes, base: bytes | None, operands: Operands) -> bytes:
         """The value of ``operands`` over ``base`` (a stored value: None, plain or
         :class:`Expiring`). Over a live TTL'd value the result keeps its expiry; over an

@@ -10,9 +10,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from slatepy import Db, InvalidArgument, Settings, WriteBatch
+from slatepy import Db, DbReader, InvalidArgument, Settings, WriteBatch
+from slatepy.compactor import Compactor
 from slatepy.errors import WriteStalled
-from tests.attack_engine.model_run import SETTINGS, Clock, concat, run
+from slatepy.store.url import open_store
+from tests.attack_engine.model_run import SETTINGS, TO_L0, Clock, concat, run
 from tests.conftest import make_backend
 
 
@@ -142,3 +144,37 @@ def test_a_write_that_failed_conflicts_with_no_transaction(isolation: str) -> No
         txn.put(b"k", b"mine")
         txn.commit()
         assert db.get(b"k") == b"mine"
+
+
+def test_a_view_judges_a_merge_base_expiry_by_its_own_clock() -> None:
+    """Operands over a TTL'd base fold at read time; whether the base is live was judged by
+    the database's running clock, not the view's stopped one, so a held snapshot (writer's
+    or reader's), an iterator and a transaction read ``base,x`` and, once the base expired,
+    ``x``: a view that changed with no write (RFC 0026 §5, one view, one clock)."""
+    store = open_store("memory://")
+    clock = Clock()
+    with Db.open(store, settings=SETTINGS, merge_operator=concat, clock=clock) as db:
+        db.put(b"k", b"base", ttl=5)
+        db.flush()
+        Compactor(
+            store, settings=SETTINGS, policy=TO_L0, merge_operator=concat, expiry_clock=clock
+        ).run_until_idle()
+        db.refresh()  # the base in an SST, the operand in the memtable: folded when read
+        db.merge(b"k", b"x")
+        reader = DbReader.open(store, settings=SETTINGS, merge_operator=concat, clock=clock)
+        held = [db.snapshot(), reader.snapshot()]
+        iterator, reverse = db.iter(), db.iter(reverse=True)
+        txn = db.begin("serializable")
+        assert txn.get(b"k") == b"base,x" and db.get(b"k") == b"base,x"
+        clock.now += 10  # the base expires: for the database, not for the views
+        assert db.get(b"k") == b"x"
+        for snapshot in held:
+            assert snapshot.get(b"k") == b"base,x"
+            assert snapshot.get_many([b"k"]) == [b"base,x"]
+            assert list(snapshot.scan()) == [(b"k", b"base,x")]
+            assert list(snapshot.scan(reverse=True, limit=1)) == [(b"k", b"base,x")]
+            snapshot.close()
+        assert list(iterator) == [(b"k", b"base,x")] == list(reverse)
+        assert txn.get(b"k") == b"base,x" and list(txn.scan()) == [(b"k", b"base,x")]
+        txn.rollback()
+        reader.close()
