@@ -214,6 +214,8 @@ class Run:
         got = dict(db.scan())
         assert got == want, f"scan {where}: {got} != {want}"
         assert db.get_many(KEYS) == [want.get(k) for k in KEYS], f"get_many {where}"
+        expiring = [(k, v, self.model[k][1]) for k, v in want.items()]
+        assert list(db.items_with_expiry()) == expiring, f"items_with_expiry {where}"
         for key in self.rng.sample(KEYS, 3):
             assert db.get(key) == want.get(key), f"get {key[:8]!r} {where}"
             kv = db.get_key_value(key)

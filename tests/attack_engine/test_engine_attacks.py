@@ -12,6 +12,7 @@ import pytest
 
 from slatepy import Db, DbReader, InvalidArgument, Settings, WriteBatch
 from slatepy.compactor import Compactor
+from slatepy.engine.wal_reader import WalReader
 from slatepy.errors import WriteStalled
 from slatepy.store.url import open_store
 from tests.attack_engine.model_run import SETTINGS, TO_L0, Clock, concat, run
@@ -178,3 +179,45 @@ def test_a_view_judges_a_merge_base_expiry_by_its_own_clock() -> None:
         assert txn.get(b"k") == b"base,x" and list(txn.scan()) == [(b"k", b"base,x")]
         txn.rollback()
         reader.close()
+
+
+def test_a_replica_seeded_from_a_snapshot_keeps_its_ttls(tmp_path: Path) -> None:
+    """docs/engine.md starts a replica by copying a snapshot, then following the change feed
+    from ``snapshot.seq + 1``. A copy made from ``scan()`` loses the TTLs (a scan yields the
+    values alone), so the replica kept values the source had expired: it showed what the
+    database no longer held. ``items_with_expiry()`` gives each value's expiry, so the copy
+    keeps it."""
+    url = tmp_path.as_uri()
+    clock = Clock()
+    with (
+        Db.open(url, settings=SETTINGS, clock=clock, merge_operator=concat) as db,
+        Db.open("memory://", settings=SETTINGS, clock=clock, merge_operator=concat) as replica,
+    ):
+        db.put(b"a", b"short", ttl=5)
+        db.put(b"b", b"plain")
+        db.put(b"c", b"long", ttl=50)
+        db.merge(b"m", b"x")
+        db.put(b"z", b"gone", ttl=1)
+        clock.now += 2  # z has expired: it is not copied
+        with db.snapshot() as snapshot:
+            copied = list(snapshot.items_with_expiry())
+            assert [(k, v) for k, v, _ in copied] == list(snapshot.scan())
+            batch = WriteBatch()
+            now_ms = int(clock() * 1000)
+            for key, value, expire_at_ms in copied:
+                ttl = None if expire_at_ms is None else (expire_at_ms - now_ms - 0.5) / 1000
+                batch.put(key, value, ttl=ttl)
+            replica.write(batch)
+            seq = snapshot.seq
+        db.put(b"d", b"after", ttl=10)
+        db.merge(b"m", b"y")
+        for records in WalReader(url, settings=SETTINGS).iter_ssts(seq + 1):
+            batch = WriteBatch()
+            for record in records:
+                record.add_to(batch, now_ms=int(clock() * 1000))
+            replica.write(batch)
+        for step in (0, 4, 10, 60):
+            clock.now += step
+            assert list(replica.scan()) == list(db.scan()), f"{step} s later"
+        assert list(replica.scan()) == [(b"b", b"plain"), (b"m", b"x,y")]
+        assert list(db.items_with_expiry()) == [(b"b", b"plain", None), (b"m", b"x,y", None)]
