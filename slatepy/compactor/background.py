@@ -77,6 +77,9 @@ class BackgroundCompactor:
         self._drained = threading.Event()
         self._woken_at = 0.0
         self.fenced = False
+        self.last_error: Exception | None = None
+        """The error of the last pass, if it failed (None once a pass succeeds): what a
+        writer stalled on this compactor reports."""
         self.superseded = 0
         self.taken_back = 0
         self.passes = 0
@@ -106,6 +109,7 @@ class BackgroundCompactor:
                     worked = self._compact(recheck, close_by) > 0
                 if self.gc is not None and time.monotonic() >= next_gc:
                     next_gc = time.monotonic() + _gc_wait(self.gc.collect(), gc_backoff)
+                self.last_error = None
             except FencedError as exc:
                 self._drained.set()  # nothing more for this compactor to finish
                 if not self.fenced:
@@ -127,8 +131,18 @@ class BackgroundCompactor:
                     log.info("%s", exc)  # close() cannot wait for it: it plans its own
                     continue
                 self._drained.set()  # closing: a failing store is not retried
+                self.last_error = exc
                 log.warning("compactor pass failed, retrying next interval: %s", exc)
                 worked = True  # retry at the base interval, not after an idle back-off
+            except Exception as exc:
+                # A bug, not the store: the loop must not die of it (a writer would stall on
+                # a thread that is gone, and GC would stop); it is logged whole and retried.
+                if self._stop.is_set():
+                    return
+                self._drained.set()
+                self.last_error = exc
+                log.exception("compactor pass failed, retrying next interval")
+                worked = True
             # A standby keeps to the base interval: it must see the holder's lease lapse.
             if close_by is not None and not worked:
                 self._drained.set()  # caught up: what close() waits for (``drain``)

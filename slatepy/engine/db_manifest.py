@@ -61,11 +61,17 @@ class ManifestAdoption(DbState):
             if self._compactor is not None:
                 self._compactor.wake(min_interval=self._settings.flush_interval)
             self._pruned.wait(min(STALL_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        failed = None if self._compactor is None else self._compactor.last_error
         raise WriteStalled(
             f"{self._memtable.size_bytes} bytes are written but not compacted "
             f"(max_unflushed_bytes={self._settings.max_unflushed_bytes}) and compaction did "
-            f"not catch up in {self._settings.write_stall_timeout} s; is a compactor running?"
-        )
+            f"not catch up in {self._settings.write_stall_timeout} s; "
+            + (
+                "is a compactor running?"
+                if failed is None
+                else f"the in-process compactor's passes fail: {failed}"
+            )
+        ) from failed
 
     def _refresh_stale_view(self) -> None:
         """Keep the read view younger than a quarter of GC's grace period (RFC 0003)."""

@@ -33,7 +33,7 @@ from slatepy.errors import (
 )
 from slatepy.format.kinds import Operands
 from slatepy.manifest.record import Manifest
-from slatepy.table.visibility import EMPTY, frozen_clock
+from slatepy.table.visibility import EMPTY, Clock, frozen_clock
 
 T = TypeVar("T")
 
@@ -149,7 +149,9 @@ class Reads(DbState):
         except NotFound as exc:
             raise missing_sst(exc) from exc
 
-    def _view_for(self, start: bytes, end: bytes | None) -> View:
+    def _view_for(self, start: bytes, end: bytes | None, clock: Clock | None = None) -> View:
+        """A view of ``[start, end)`` now, judging expiry by ``clock`` (a transaction's,
+        stopped at its start) or the database's."""
         self._refresh_stale_view()
         with self._lock:
             self._check_readable()
@@ -157,7 +159,14 @@ class Reads(DbState):
             view, ranges = self._view, self._memtable.ranges
             return self._views.track(
                 TrackedView(
-                    self._tables, view, entries, start, end, ranges, self._clock, self._merging
+                    self._tables,
+                    view,
+                    entries,
+                    start,
+                    end,
+                    ranges,
+                    self._clock if clock is None else clock,
+                    self._merging,
                 )
             )
 
@@ -166,7 +175,9 @@ class Reads(DbState):
         manifests it reads (RFC 0029)."""
         return alone(self._attachment, self._lock, lambda: [self._view, *self._views.manifests()])
 
-    def _version(self, key: bytes) -> Version | None:
+    def _version(self, key: bytes, clock: Clock | None = None) -> Version | None:
+        """The newest version of ``key``, resolved (an entry kind as get does), judging
+        expiry by ``clock`` (a transaction's, stopped at its start) or the database's."""
         key = check_key(key)
         self._check_readable()
         self._refresh_stale_view()
@@ -186,7 +197,13 @@ class Reads(DbState):
         if version[1].__class__ is bytes and not ranges and not view_ranges(view):
             return version
         value = visible(
-            key, version, ranges, view, self._clock, merging=self._merging, tables=self._tables
+            key,
+            version,
+            ranges,
+            view,
+            self._clock if clock is None else clock,
+            merging=self._merging if clock is None else self._merging.at(clock),
+            tables=self._tables,
         )
         return version[0], value  # an entry kind (RFC 0019): resolved as get does
 
@@ -280,6 +297,13 @@ class Reads(DbState):
             # once it is done, as a write's seq and its effects go together under the lock.
             with self._lock:
                 start = self._seq
+        # Expiry is judged as of the start, for every read (one view, one clock: RFC 0026).
         return Transaction(
-            self, self._txns, self._lock, isolation=isolation, start_seq=start, token=token
+            self,
+            self._txns,
+            self._lock,
+            isolation=isolation,
+            start_seq=start,
+            token=token,
+            clock=frozen_clock(self._clock),
         )

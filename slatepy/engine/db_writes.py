@@ -129,10 +129,6 @@ class Writes(DbState):
                 check()
             self._seq += SEQ_STEP
             seq = self._seq
-            if self._txns.open:
-                self._txns.record(ops, seq)
-                if ranges:
-                    self._txns.record_ranges(ranges, seq)
             generation = None
             if not ranges and len(ops) > 1:
                 generation = self._append_puts(ops, seq, await_durable)
@@ -140,14 +136,29 @@ class Writes(DbState):
                 entries: list[Entry] = [(key, seq, value) for key, value in ops]
                 # Before the WAL has it: a failed lookup must fail the write whole.
                 bases = self._memtable.ingested_bases(entries)
-                if ranges:
-                    tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
-                    generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
-                    self._memtable.apply(entries, tombstones, bases)
+                tombstones = [RangeTombstone(start, end, seq) for start, end in ranges]
+                memtable = self._memtable
+                if self._merging.operator is not None and Operands in set(
+                    map(type, map(_VALUE, ops))
+                ):
+                    # The merge operator (user code) may raise in the memtable's half: then
+                    # the WAL's half is taken back, so a failed write is nowhere (issue 41).
+                    generation = self._wal.append_applied(
+                        entries,
+                        awaited=await_durable,
+                        ranges=tombstones,
+                        apply=lambda: memtable.apply(entries, tombstones, bases),
+                    )
                 else:
                     # One WAL generation holds the whole batch, so it lands in one SST.
-                    generation = self._wal.append(entries, awaited=await_durable)
-                    self._memtable.apply(entries, (), bases)
+                    generation = self._wal.append(entries, awaited=await_durable, ranges=tombstones)
+                    memtable.apply(entries, tombstones, bases)
+            # Once made (a write that failed conflicts with nothing), still under the lock
+            # and after the seq was taken, as ``Db.begin`` without the lock relies on.
+            if self._txns.open:
+                self._txns.record(ops, seq)
+                if ranges:
+                    self._txns.record_ranges(ranges, seq)
         finally:
             self._lock.release()
         if await_durable:

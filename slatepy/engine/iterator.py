@@ -129,6 +129,7 @@ class View:
         # One view, one clock: expiry is judged as of when the view was taken, for every
         # chunk, every seek and either direction (issue 29), as a snapshot judges it.
         self.clock = frozen_clock(self.clock)
+        self.merging = self.merging.at(self.clock)  # a TTL'd base folded over: same clock
 
     def kinds(self, start: bytes, end: bytes | None) -> Kinds:
         """The range tombstones over ``[start, end)`` (the memtable's and the manifest's)

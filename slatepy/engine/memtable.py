@@ -307,6 +307,9 @@ class Memtable:
             return
         with self._batch_lock:
             self._batching = True
+            # A merge operator (user code) may raise midway: then the batch is taken back
+            # before a get can see part of it (issue 41). Only batches that merge pay.
+            undo = self._undo(entries) if self.merging.operator is not None else None
             try:
                 # Range tombstones first: a batch's own puts and merges come after its range
                 # deletes (WriteBatch drops those before them), so merges stack on nothing.
@@ -317,8 +320,43 @@ class Memtable:
                     )
                 for key, seq, value in entries:
                     self.put(key, seq, value, bases)
+            except BaseException:
+                if undo is not None:
+                    undo()
+                raise
             finally:
                 self._batching = False
+
+    def _undo(self, entries: Sequence[Entry]) -> Callable[[], None] | None:
+        """For a batch with merge operands, a function that puts back what applying it
+        changes (its keys' versions, stacks and folds, the range tombstones and the counts);
+        None for a batch without (nothing in it can raise)."""
+        keys = {key for key, _, value in entries if value.__class__ is Operands}
+        if not keys:
+            return None
+        keys = {key for key, _, _ in entries}
+        data, stacks, folded = self._data, self._stacks, self._folded
+        kept = [(k, data.get(k), list(stacks.get(k) or ()), folded.get(k)) for k in keys]
+        ranges, size, new_keys = self.ranges, self.size_bytes, len(self._new_keys)
+
+        def undo() -> None:
+            for key, version, stack, fold in kept:
+                if version is None:
+                    data.pop(key, None)
+                else:
+                    data[key] = version
+                if fold is None:
+                    folded.pop(key, None)
+                else:
+                    folded[key] = fold
+                if stack:
+                    stacks[key] = stack
+                else:
+                    stacks.pop(key, None)
+            del self._new_keys[new_keys:]  # a new key is appended once (put_version)
+            self.ranges, self.size_bytes = ranges, size
+
+        return undo
 
     def apply_versions(self, versions: dict[bytes, Version], payload: int | None = None) -> None:
         """Record a batch of versions with values (no tombstones, no merge operands), visible

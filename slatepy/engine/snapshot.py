@@ -134,7 +134,7 @@ class Snapshot(ReadSurface):
     ) -> None:
         self._url = url
         self._clock = clock
-        self._merging = merging
+        self._merging = merging.at(clock)  # a TTL'd base under operands: the same clock
         self._tables = tables
         self._manifest = manifest
         self._memtable = memtable

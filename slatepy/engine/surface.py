@@ -33,7 +33,7 @@ from slatepy.errors import InvalidType
 from slatepy.manifest.record import Manifest
 from slatepy.store.base import ObjectStore
 from slatepy.table.reader import TableReader
-from slatepy.table.visibility import frozen_clock
+from slatepy.table.visibility import frozen_clock, live_expiring
 
 
 class KeyValue(NamedTuple):
@@ -238,6 +238,22 @@ class ReadSurface:
             for keys, values in self._columns(start, end, reverse, prefix)
             for pair in zip(keys, values, strict=True)
         )
+
+    def items_with_expiry(
+        self, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes, int | None]]:
+        """``(key, value, expire_at_ms)`` of the live keys with ``start <= key < end``, in
+        key order, from one view taken now: ``expire_at_ms`` (wall clock, ms since the
+        epoch) for a value written with a TTL, else None. A copy that must keep the TTLs
+        reads this rather than :meth:`scan` (a replica seeded from a snapshot, then following
+        ``WalReader.iter(snapshot.seq + 1)``): ``put(key, value, ttl=(expire_at_ms -
+        now_ms - 0.5) / 1000)`` expires when the original does."""
+        lo, hi = key_bounds(start, end, None)
+        view = self._view_for(lo, hi)
+        kinds = view.kinds(lo, hi)
+        for keys, seqs, values in view.columns(lo, hi, False):
+            rows = zip(keys, seqs, values, strict=True)
+            yield from live_expiring(rows, kinds.ranges, kinds.clock, kinds.merging)
 
     def _columns(
         self, start: bytes | None, end: bytes | None, reverse: bool, prefix: bytes | None

@@ -17,7 +17,9 @@ Reads: the memtable keeps one version per key, so a transaction cannot read "the
 of ``S``" once a later write replaced it. Its reads therefore go to the current state and
 check the version's seq: a key written after ``S`` raises ``TransactionConflict`` at once
 (the value it would need is gone), so every value a transaction reads is the one of its
-snapshot. This is stricter than textbook snapshot isolation (which would read the old value
+snapshot. Expiry (TTL, RFC 0019) is judged as of the start, as a snapshot judges it as of
+when it was taken: a value live at ``S`` reads as live for the whole transaction (RFC 0026).
+This is stricter than textbook snapshot isolation (which would read the old value
 and might commit); it never returns an inconsistent read. Write skew is allowed under
 ``"snapshot"`` when both transactions read before either commits, and prevented under
 ``"serializable"``.
@@ -48,6 +50,7 @@ from slatepy.errors import ClosedError, InvalidArgument, TransactionConflict
 if TYPE_CHECKING:
     from slatepy.engine.iterator import View
     from slatepy.engine.memtable import Version
+    from slatepy.table.visibility import Clock
 
 Isolation = Literal["snapshot", "serializable"]
 MAX_TRACKED_KEYS = 1_000_000
@@ -61,9 +64,9 @@ class TxnHost(Protocol):
     @property
     def _closed(self) -> bool: ...
 
-    def _version(self, key: bytes) -> Version | None: ...
+    def _version(self, key: bytes, clock: Clock | None = None) -> Version | None: ...
 
-    def _view_for(self, start: bytes, end: bytes | None) -> View: ...
+    def _view_for(self, start: bytes, end: bytes | None, clock: Clock | None = None) -> View: ...
 
     def _apply(
         self,
@@ -177,8 +180,10 @@ class Transaction:
         isolation: Isolation,
         start_seq: int,
         token: int,
+        clock: Clock,
     ) -> None:
         self._db = db
+        self._clock = clock
         self._tracker = tracker
         self._lock = lock
         self._isolation = isolation
@@ -212,7 +217,7 @@ class Transaction:
             return default if value is None else value
         if self._isolation == "serializable":
             self._reads.add(key)
-        version = self._db._version(key)
+        version = self._db._version(key, self._clock)
         # The tracker too: compaction may have dropped a newer tombstone from the versions.
         if (version is not None and version[0] > self._start) or self._tracker.written_after(
             key, self._start
@@ -250,7 +255,7 @@ class Transaction:
         check_range(start, end)
         limit = check_limit(limit)
         self._check_open()
-        view = self._db._view_for(start, end)
+        view = self._db._view_for(start, end, self._clock)
         with self._lock:
             changed = self._tracker.range_written_after(start, end, self._start)
         if changed is not None:

@@ -156,35 +156,85 @@ class WalWriter:
         that generation.
 
         ``awaited`` says whether the caller will flush and so hear about a failure; losing
-        writes nobody awaited is counted in ``lost_unawaited``.
+        writes nobody awaited is counted in ``lost_unawaited``. A merge operator that raises
+        leaves the generation as it was (the write fails whole; issue 41).
         """
         with self._mutex:
             self.check()
-            added = count = 0
-            buffer = self._buffer
+            buffer, kept_ranges = self._buffer, self._ranges
             if ranges:  # first: see Memtable.apply
-                self._ranges += ranges
-                count += len(ranges)
-                added += sum(len(t.start) + len(t.end) + 16 for t in ranges)
-            for key, seq, written in entries:
-                value = written
-                if value.__class__ is Operands and key in buffer:
-                    # One entry per key in an SST: operands stack on this generation's
-                    # version of the key (only on it: older ones are in older SSTs), or on
-                    # nothing if a range tombstone of this generation deleted it since.
-                    old_seq, old = buffer[key]
-                    if any(t.start <= key < t.end and t.seq > old_seq for t in self._ranges):
-                        old = None
-                    value = self._merging.stack(key, old, value)
-                buffer[key] = (seq, value)
-                added += len(key) + len(value or b"") + 16
-                count += 1
+                self._ranges = [*kept_ranges, *ranges]
+            try:
+                versions = self._stacked(entries, buffer)
+            except BaseException:
+                self._ranges = kept_ranges
+                raise
+            added = sum(len(t.start) + len(t.end) + 16 for t in ranges) if ranges else 0
+            for key, version in versions:
+                buffer[key] = version
+                added += len(key) + len(version[1] or b"") + 16
+            count = len(ranges) + len(versions)
             if not awaited:
                 self._buffer_unawaited += count
             self._buffer_bytes += added
             if self._buffer_bytes >= self._flush_bytes:
                 self._wake.set()
             return self._generation
+
+    def _stacked(
+        self, entries: Iterable[Entry], buffer: Buffer
+    ) -> list[tuple[bytes, tuple[int, bytes | None]]]:
+        """The ``(key, (seq, value))`` :meth:`append` puts in the buffer for ``entries``,
+        the buffer left unchanged, so that a merge operator raising changes nothing.
+
+        One entry per key in an SST: operands stack on this generation's version of the key
+        (only on it: older ones are in older SSTs; an earlier entry of the batch is one), or
+        on nothing if a range tombstone of this generation deleted it since."""
+        versions: list[tuple[bytes, tuple[int, bytes | None]]] = []
+        own: dict[bytes, tuple[int, bytes | None]] = {}
+        for key, seq, written in entries:
+            value = written
+            if value.__class__ is Operands:
+                older = own.get(key) or buffer.get(key)
+                if older is not None:
+                    old_seq, old = older
+                    if any(t.start <= key < t.end and t.seq > old_seq for t in self._ranges):
+                        old = None
+                    value = self._merging.stack(key, old, value)
+            own[key] = (seq, value)
+            versions.append((key, (seq, value)))
+        return versions
+
+    def append_applied(
+        self,
+        entries: Sequence[Entry],
+        *,
+        awaited: bool,
+        ranges: Sequence[RangeTombstone],
+        apply: Callable[[], None],
+    ) -> int:
+        """:meth:`append`, then ``apply`` (the memtable's half of the write) in the same hold
+        of the lock, so the generation cannot be sealed in between: if ``apply`` raises (a
+        merge operator's error), the append is taken back and the write is nowhere, rather
+        than durable though reported failed (issue 41). For writes with merge operands only
+        (no other write's ``apply`` can raise)."""
+        with self._mutex:
+            buffer = self._buffer
+            before = {key: buffer.get(key) for key, _, _ in entries}
+            kept_ranges, counters = self._ranges, (self._buffer_bytes, self._buffer_unawaited)
+            generation = self.append(entries, awaited=awaited, ranges=ranges)
+            try:
+                apply()
+            except BaseException:
+                for key, version in before.items():
+                    if version is None:
+                        buffer.pop(key, None)
+                    else:
+                        buffer[key] = version
+                self._ranges = kept_ranges
+                self._buffer_bytes, self._buffer_unawaited = counters
+                raise
+            return generation
 
     def append_version(self, key: bytes, version: tuple[int, bytes | None], awaited: bool) -> int:
         """:meth:`append` of one ``(seq, value)`` whose value is not merge operands (a put or

@@ -45,6 +45,14 @@ class Merging:
     operator: MergeOperator | None = None
     clock: Callable[[], float] = time.time
 
+    def at(self, clock: Callable[[], float]) -> Merging:
+        """This operator judging a TTL'd base by ``clock``: a view's, stopped when it was
+        taken, so a held view folds operands over a base the same way however long it is
+        read (RFC 0026, issue 41)."""
+        if self.operator is None or clock is self.clock:
+            return self
+        return Merging(self.operator, clock)
+
     def apply(self, key: bytes, base: bytes | None, operands: Operands) -> bytes:
         """The value of ``operands`` over ``base`` (a stored value: None, plain or
         :class:`Expiring`). Over a live TTL'd value the result keeps its expiry; over an
@@ -64,7 +72,14 @@ class Merging:
 
     def _call(self, key: bytes, base: bytes | None, operands: Operands) -> bytes:
         assert self.operator is not None
-        result = self.operator(key, base, operands.operands())
+        try:
+            result = self.operator(key, base, operands.operands())
+        except Exception as exc:
+            # User code: a typed error naming the key, wherever the engine called it (a
+            # write, a read, a compaction), with the operator's own error as the cause.
+            raise InvalidArgument(
+                f"the merge operator raised {type(exc).__name__} for key {key!r}: {exc}"
+            ) from exc
         if not isinstance(result, bytes | bytearray | memoryview):
             raise InvalidArgument(
                 f"the merge operator returned {type(result).__name__} for key {key!r}; "

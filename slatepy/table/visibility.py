@@ -170,6 +170,26 @@ def live_entries(
             yield key, value.value
 
 
+def live_expiring(
+    entries: Iterator[Entry], ranges: RangeIndex, clock: Clock, merging: Merging = NO_MERGING
+) -> Iterator[tuple[bytes, bytes, int | None]]:
+    """:func:`live_entries` with each value's expiry: ``(key, value, expire_at_ms)``, None
+    for a value written without a TTL (what a copy needs to keep the TTLs)."""
+    now = now_ms(clock)
+    seq_at = ranges.seq_at if ranges else None
+    for key, seq, stored in entries:
+        if stored is None or (seq_at is not None and seq < seq_at(key)):
+            continue
+        value = stored
+        if value.__class__ is Operands:
+            value = merging.apply(key, None, value)
+        if isinstance(value, Expiring):
+            if not value.expired(now):
+                yield key, value.value, value.expire_at_ms
+        elif value.__class__ is not Operands:
+            yield key, bytes(value), None
+
+
 def compacted_entries(
     entries: Iterator[Entry],
     ranges: RangeIndex,
