@@ -97,6 +97,7 @@ class _AsyncReads(ClosingFacade[Any]):
     scan = rows(ReadSurface.scan, DEFAULT_BATCH_SIZE)
     scan_prefix = rows(ReadSurface.scan_prefix, DEFAULT_BATCH_SIZE)
     items = rows(ReadSurface.items, DEFAULT_BATCH_SIZE)
+    items_with_expiry = rows(ReadSurface.items_with_expiry, DEFAULT_BATCH_SIZE)
 
     async def contains(self, key: bytes) -> bool:
         """Whether ``key`` has a live value (``in`` cannot be awaited)."""

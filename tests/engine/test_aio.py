@@ -24,6 +24,10 @@ def test_async_api_round_trip() -> None:
             await db.delete(b"c")
             assert await db.get(b"a") == b"1"
             assert await db.scan() == [(b"a", b"1"), (b"b", b"2")]
+            await db.put(b"t", b"x", ttl=60)
+            rows = await db.items_with_expiry()
+            assert [row[:2] for row in rows] == [(b"a", b"1"), (b"b", b"2"), (b"t", b"x")]
+            assert rows[0][2] is None and rows[2][2] is not None
             puts = db.metrics.requests("put")
             await asyncio.gather(*(db.put(b"k%d" % i, b"v") for i in range(20)))
             assert db.metrics.requests("put") - puts <= 20
