@@ -42,11 +42,17 @@ def test_a_busy_embedded_writer_leaves_a_handful_of_files_near_the_live_size(
             t.start()
         for t in threads:
             t.join()
-        time.sleep(2.0)  # a compaction and a GC pass after the last write
+        # A compaction and a GC pass after the last write: about 2 s on a quiet machine;
+        # up to 20 s for a machine busy with other work (the compactor shares its CPU).
         # Measured before the close: its last merge of L0 leaves fresh inputs for a later
         # GC pass (gc_min_age), which would say nothing of the running writer's footprint.
-        files, size = _files(tmp_path)
-        report = GarbageCollector(open_store(tmp_path.as_uri())).collect(dry_run=True)
+        deadline = time.monotonic() + 20.0
+        while True:
+            time.sleep(1.0)
+            files, size = _files(tmp_path)
+            report = GarbageCollector(open_store(tmp_path.as_uri())).collect(dry_run=True)
+            if files <= report.live_objects + 8 or time.monotonic() > deadline:
+                break
     assert files <= report.live_objects + 8, (files, report.summary(), report.held_summary())
     assert size <= 2 * report.live_bytes + 64 * 1024, (size, report.live_bytes)
     assert files < 100  # base: about 1,000 WAL SSTs for a 2 s run
