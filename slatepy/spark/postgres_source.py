@@ -111,8 +111,8 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The driver side: the replication stream, bindings, planning, committing."""
 
     replay_timeout = 120.0
-    """Seconds a replayed batch may take to be read again to its end (then
-    ``SourceUnavailable``)."""
+    """Seconds a replayed batch may take to be read again to its end, and a
+    Trigger.AvailableNow run to read beyond a batch's start (then ``SourceUnavailable``)."""
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
@@ -162,11 +162,12 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             assert self._source is not None
             try:
                 self._stream = self._source.open(start)
-            except (SlotLost, OffsetOutOfRange) as exc:
+            except (SlotLost, OffsetOutOfRange):
                 self._stream = None
                 # Opening waits for a slot another session holds (5 s); another ingest of
-                # the same shards may have committed beyond ``start`` meanwhile.
-                self._state.check_unmoved("while this stream opened the source", exc)
+                # the same shards may have committed beyond ``start`` meanwhile. Then the
+                # source's "that WAL may be gone" is not true: the conflict does not carry it.
+                self._state.check_unmoved("while this stream opened the source")
                 raise
             self._at, self._progress, self._chunks = start, start, []
         return self._stream
@@ -189,8 +190,26 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> dict[str, Any]:
         state = self._open()
         lo = offsets_of(start) if start else state.bindings.before(state.resumption())
-        if self._until is not None and lo[0] >= self._until:
+        until = self._until
+        if until is not None and lo[0] >= until:
             return {"offsets": list(lo)}
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            end = self._next_end(state, lo)
+            if end != lo or until is None:
+                return {"offsets": list(end)}
+            # Trigger.AvailableNow ends the query at the first batch with no new offsets, but
+            # the server had written up to ``until`` when it began: a poll that read nothing
+            # (a loaded server, a walsender decoding from its restart LSN) is not the end.
+            if time.monotonic() > deadline:
+                raise SourceUnavailable(
+                    f"slot {self.config.slot!r}: nothing read beyond {format_lsn(lo[0])} "
+                    f"within {self.replay_timeout:g} s, though the server had written up to "
+                    f"{format_lsn(until)} when this Trigger.AvailableNow run began"
+                )
+
+    def _next_end(self, state: Reclocked, lo: OffsetFrontier) -> OffsetFrontier:
+        """One poll of the stream from ``lo``; the end of the next batch (``lo``: none yet)."""
         try:
             events = self._read_from(lo).poll(self.config.poll)
         except SourceUnavailable:
@@ -201,8 +220,8 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._take(events)
         bound = state.bindings.aligned(lo, self._progress)
         if bound is not None and bound[0] > self._progress[0]:
-            return {"offsets": list(lo)}  # catching up: the bound LSN is not read yet
-        return {"offsets": list(state.end(lo, self._progress))}
+            return lo  # catching up: the bound LSN is not read yet
+        return state.end(lo, self._progress)
 
     def _take(self, events: Sequence[Chunk | Progress]) -> None:
         for event in events:
@@ -214,6 +233,11 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         state = self._open()
         lo, hi = offsets_of(start), offsets_of(end)
+        if hi == lo:
+            # An empty batch (batch 0 of a Trigger.AvailableNow run with nothing new): no
+            # offset is in it, so the slot is not opened (a replication connection, up to 5 s
+            # waiting for a walsender to let go). Nothing moves: the next batch starts here.
+            return []
         stream = self._read_from(lo)
         # A batch replayed after a restart (Spark plans it from its offset log, with no
         # latestOffset first) is read again from its start, to its end.

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from slatepy.persist import PersistClient
-from slatepy.sources import SourceUnavailable, remap
-from slatepy.sources.postgres import format_lsn
+from slatepy.sources import Ingest, SourceUnavailable, remap
+from slatepy.sources.postgres import PostgresSource, format_lsn, slot_name_of
 from slatepy.spark.postgres_source import PostgresStreamReader, postgres_config
 from slatepy.spark.reclocked import offsets_of
 from tests.sources.conftest import logical_postgres, pg_url  # noqa: F401 - fixtures
-from tests.sources.pgkit import expected, setup_orders, snapshot, sql
+from tests.sources.pgkit import caught_up, expected, setup_orders, snapshot, sql, step_until
 from tests.spark.held_sources import stream
 
 
@@ -131,3 +131,82 @@ def test_a_replay_not_read_in_time_names_its_lsns(pg_url: str, tmp_path: Path) -
         + r"[0-9A-F]+/[0-9A-F]+\)",
         str(caught.value),
     ), caught.value
+
+
+def slot_active(url: str, slot: str) -> bool:
+    """Whether a walsender streams ``slot`` now."""
+    rows = sql(url, f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'")
+    return bool(rows and rows[0][0])
+
+
+def ingested(url: str, options: dict[str, str]) -> None:
+    """Table ``orders`` (3 rows) ingested in-process into ``options``' shards, the ingest
+    closed and its walsender gone (a restarted Spark stream's state)."""
+    setup_orders(url, rows=3)
+    slot = slot_name_of(options["shard"])
+    with PersistClient.open(options["url"]) as client:
+        ingest = Ingest(
+            client,
+            PostgresSource(url, "pub", slot=slot),
+            data_shards=[options["shard"]],
+            remap_shard=f"{options['shard']}.remap",
+            tick=0,
+        )
+        ingest.start()
+        step_until(ingest, caught_up(ingest, url))
+        ingest.close()
+    deadline = time.monotonic() + 30
+    while slot_active(url, slot):
+        assert time.monotonic() < deadline, "the ingest's walsender did not end"
+        time.sleep(0.05)
+
+
+def test_an_empty_batch_does_not_open_the_slot(pg_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """A batch with no offsets in it (batch 0 of a ``Trigger.AvailableNow`` run with nothing
+    new: from the initial offset to itself) is planned without opening the slot (it cost a
+    replication connection and up to 5 s waiting for a walsender); the next batch reads
+    what came after it."""
+    options = reader_options(pg_url, tmp_path)
+    ingested(pg_url, options)
+    reader = PostgresStreamReader(postgres_config(options))
+    try:
+        start = reader.initialOffset()
+        assert offsets_of(start)[0] > 0
+        assert reader.partitions(start, start) == []
+        assert not slot_active(pg_url, reader.config.slot)
+        reader.commit(start)
+        sql(pg_url, "INSERT INTO orders VALUES (20, 'x', 1)")
+        end = reader.latestOffset(start)
+        while end == start:
+            end = reader.latestOffset(start)
+        assert [len(p.rows) for p in reader.partitions(start, end)] == [1]
+    finally:
+        reader.stop()
+
+
+def test_an_available_now_run_reads_past_a_poll_without_progress(
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Under ``Trigger.AvailableNow`` Spark ends the query at the first batch whose
+    ``latestOffset`` is its start. A poll that brought nothing while the server had written
+    more (under load, the first polls of a stream whose walsender is still decoding; here a
+    5,000-row transaction and a 1 ms poll) is not that end: ``latestOffset`` reads on."""
+    options = reader_options(pg_url, tmp_path) | {"pollSeconds": "0.001"}
+    ingested(pg_url, options)
+    sql(pg_url, "INSERT INTO orders SELECT g, 'n', g FROM generate_series(1000, 5999) g")
+    reader = PostgresStreamReader(postgres_config(options))
+    rows = 0
+    try:
+        start = reader.initialOffset()
+        reader.prepareForTriggerAvailableNow()
+        for _ in range(1000):  # as Spark runs it: batches until one ends where it starts
+            end = reader.latestOffset(start)
+            if end == start:
+                break
+            rows += sum(len(p.rows) for p in reader.partitions(start, end))
+            reader.commit(end)
+            start = end
+    finally:
+        reader.stop()
+    assert rows == 5000
