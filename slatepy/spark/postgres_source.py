@@ -203,9 +203,10 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # (a loaded server, a walsender decoding from its restart LSN) is not the end.
             if time.monotonic() > deadline:
                 raise SourceUnavailable(
-                    f"slot {self.config.slot!r}: nothing read beyond {format_lsn(lo[0])} "
-                    f"within {self.replay_timeout:g} s, though the server had written up to "
-                    f"{format_lsn(until)} when this Trigger.AvailableNow run began"
+                    f"slot {self.config.slot!r}: no batch from {format_lsn(lo[0])} within "
+                    f"{self.replay_timeout:g} s (the stream at {format_lsn(self._progress[0])}), "
+                    f"though the server had written up to {format_lsn(until)} when this "
+                    "Trigger.AvailableNow run began"
                 )
 
     def _next_end(self, state: Reclocked, lo: OffsetFrontier) -> OffsetFrontier:

@@ -210,3 +210,30 @@ def test_an_available_now_run_reads_past_a_poll_without_progress(
     finally:
         reader.stop()
     assert rows == 5000
+
+
+def test_an_available_now_run_that_reads_nothing_in_time_names_its_lsns(
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A ``Trigger.AvailableNow`` batch the stream does not get beyond its start in time stops
+    with ``SourceUnavailable`` naming the slot, the batch's start, where the stream got and
+    what the server had written (here a start ahead of every WAL written during the test)."""
+    options = reader_options(pg_url, tmp_path)
+    ingested(pg_url, options)
+    reader = PostgresStreamReader(postgres_config(options))
+    reader.replay_timeout = 1.0
+    written = int(sql(pg_url, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
+    start, until = written + (1 << 24), written + (1 << 25)
+    reader.initialOffset()
+    reader._until = until  # as prepareForTriggerAvailableNow found it
+    try:
+        with pytest.raises(SourceUnavailable) as caught:
+            reader.latestOffset({"offsets": [start]})
+    finally:
+        reader.stop()
+    assert str(caught.value) == (
+        f"slot 'slatepy_orders': no batch from {format_lsn(start)} within 1 s (the stream at "
+        f"{format_lsn(start)}), though the server had written up to {format_lsn(until)} when "
+        "this Trigger.AvailableNow run began"
+    )
