@@ -13,7 +13,9 @@ writes them. The slot admits one reader, so the driver reads the stream (the sou
 Spark's offsets are LSN frontiers ``{"offsets": [lsn]}``, each batch ends on a bound LSN, and
 ``commit`` sends the standby status update at the resumption frontier the shards' uppers
 give, never at Spark's checkpoint. A replayed batch is read again from its start (the slot
-still has it: nothing beyond the shards was committed) and gets the same times.
+still has it: nothing beyond the shards was committed) and gets the same times; what lies
+below the shards' resumption frontier when the reader started is not read again (the shards
+hold it), and a batch with nothing else in it opens no stream.
 
 Options: ``connection`` (postgresql://…), ``publication`` (exactly one table), ``slot``
 (default ``slatepy_<shard>``), ``url``, ``shard``, ``consensus``, ``pollSeconds`` (0.5: how
@@ -123,6 +125,7 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._chunks: list[Chunk] = []
         self._progress: OffsetFrontier = (0,)
         self._until: int | None = None
+        self._durable: OffsetFrontier | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config}
@@ -142,6 +145,11 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             self._source = source
         self._state.open(1, self._source.shapes())
+        if self._durable is None:
+            # The offset resumption frontier when this reader started: everything below it
+            # is in the shards already (written by this stream before a restart, or by
+            # another ingest), so no batch needs it read again (as an in-process restart).
+            self._durable = self._state.bindings.before(self._state.resumption())
         return self._state
 
     def _reopen(self, start: OffsetFrontier, deadline: float) -> PostgresReader:
@@ -156,12 +164,16 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 time.sleep(1.0)
 
     def _read_from(self, start: OffsetFrontier) -> PostgresReader:
+        """The stream serving a batch from ``start``: it reads from ``start`` or, when that
+        is below the durable frontier (a batch Spark replays after another ingest wrote
+        beyond it; the slot may have confirmed beyond ``start`` since), from there."""
         if self._stream is None or self._at != start:
             if self._stream is not None:
                 self._stream.close()
-            assert self._source is not None
+            assert self._source is not None and self._durable is not None
+            at = frontier_join(start, self._durable)
             try:
-                self._stream = self._source.open(start)
+                self._stream = self._source.open(at)
             except (SlotLost, OffsetOutOfRange):
                 self._stream = None
                 # Opening waits for a slot another session holds (5 s); another ingest of
@@ -169,7 +181,7 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # source's "that WAL may be gone" is not true: the conflict does not carry it.
                 self._state.check_unmoved("while this stream opened the source")
                 raise
-            self._at, self._progress, self._chunks = start, start, []
+            self._at, self._progress, self._chunks = start, at, []
         return self._stream
 
     def initialOffset(self) -> dict[str, Any]:
@@ -234,10 +246,12 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         state = self._open()
         lo, hi = offsets_of(start), offsets_of(end)
-        if hi == lo:
-            # An empty batch (batch 0 of a Trigger.AvailableNow run with nothing new): no
-            # offset is in it, so the slot is not opened (a replication connection, up to 5 s
-            # waiting for a walsender to let go). Nothing moves: the next batch starts here.
+        assert self._durable is not None
+        if hi[0] <= max(lo[0], self._durable[0]):
+            # No offset to read: an empty batch (batch 0 of a Trigger.AvailableNow run with
+            # nothing new) or one the shards hold already (replayed after another ingest
+            # wrote beyond it). The slot is not opened (a replication connection, up to 5 s
+            # waiting for a walsender to let go); nothing moves.
             return []
         stream = self._read_from(lo)
         # A batch replayed after a restart (Spark plans it from its offset log, with no

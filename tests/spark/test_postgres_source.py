@@ -4,6 +4,7 @@ from the checkpoint, and the slot is committed at the shards' resumption frontie
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -143,6 +144,12 @@ def ingested(url: str, options: dict[str, str]) -> None:
     """Table ``orders`` (3 rows) ingested in-process into ``options``' shards, the ingest
     closed and its walsender gone (a restarted Spark stream's state)."""
     setup_orders(url, rows=3)
+    ingest_in_process(url, options)
+
+
+def ingest_in_process(url: str, options: dict[str, str]) -> None:
+    """Run an in-process ingest of ``options``' source and shards until it committed what the
+    server has written; close it and wait for its walsender to end."""
     slot = slot_name_of(options["shard"])
     with PersistClient.open(options["url"]) as client:
         ingest = Ingest(
@@ -196,20 +203,61 @@ def test_an_available_now_run_reads_past_a_poll_without_progress(
     ingested(pg_url, options)
     sql(pg_url, "INSERT INTO orders SELECT g, 'n', g FROM generate_series(1000, 5999) g")
     reader = PostgresStreamReader(postgres_config(options))
-    rows = 0
     try:
-        start = reader.initialOffset()
-        reader.prepareForTriggerAvailableNow()
-        for _ in range(1000):  # as Spark runs it: batches until one ends where it starts
-            end = reader.latestOffset(start)
-            if end == start:
-                break
-            rows += sum(len(p.rows) for p in reader.partitions(start, end))
-            reader.commit(end)
-            start = end
+        assert len(available_now(reader, reader.initialOffset())) == 5000
     finally:
         reader.stop()
-    assert rows == 5000
+
+
+def available_now(reader: PostgresStreamReader, start: dict[str, Any]) -> list[Any]:
+    """The rows of the batches a ``Trigger.AvailableNow`` run of ``reader`` plans from
+    ``start``, as Spark runs them: until a batch would end where it starts."""
+    reader.prepareForTriggerAvailableNow()
+    rows: list[Any] = []
+    for _ in range(1000):
+        end = reader.latestOffset(start)
+        if end == start:
+            return rows
+        rows += [r for p in reader.partitions(start, end) for r in p.rows]
+        reader.commit(end)
+        start = end
+    raise AssertionError("more than 1000 batches")
+
+
+def test_a_batch_replayed_after_another_ingest_wrote_beyond_it_is_not_read_again(
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Spark planned a batch and died before it landed; an in-process ingest then wrote the
+    shards (that batch included, at the times Spark bound) and committed the slot beyond it.
+    Spark restarted replays the batch: the shards hold it, so it is not read again, and the
+    slot, confirmed beyond its start, is not opened there (it stopped with ``SlotLost``:
+    "that WAL may be gone"); the next batches read on from the shards' resumption LSN."""
+    options = reader_options(pg_url, tmp_path)
+    setup_orders(pg_url, rows=3)
+    first = PostgresStreamReader(postgres_config(options))
+    try:
+        snapshot_end = first.latestOffset(first.initialOffset())
+        while offsets_of(snapshot_end) == (0,):
+            snapshot_end = first.latestOffset({"offsets": [0]})
+        sql(pg_url, "INSERT INTO orders VALUES (20, 'x', 1)")
+        end = first.latestOffset(snapshot_end)
+        while end == snapshot_end:
+            end = first.latestOffset(snapshot_end)
+        assert [len(p.rows) for p in first.partitions(snapshot_end, end)] == [1]
+    finally:
+        first.stop()  # no sink wrote the batch
+    sql(pg_url, "INSERT INTO orders VALUES (21, 'y', 2)")
+    ingest_in_process(pg_url, options)
+    sql(pg_url, "INSERT INTO orders VALUES (22, 'z', 3)")
+    replay = PostgresStreamReader(postgres_config(options))
+    try:
+        assert replay.partitions(snapshot_end, end) == []
+        assert not slot_active(pg_url, replay.config.slot)
+        rows = available_now(replay, end)
+    finally:
+        replay.stop()
+    assert [(json.loads(k)[0], d) for k, _, _, d in rows] == [("22", 1)]
 
 
 def test_an_available_now_run_that_reads_nothing_in_time_names_its_lsns(
