@@ -192,6 +192,10 @@ class PostgresSource:
     Making one connects once to check the publication and its tables (see :func:`describe`).
     """
 
+    slot_wait = 5.0
+    """Seconds an open waits for another session to let go of the slot before terminating
+    it (a killed predecessor's walsender lingers a moment; tests shorten it)."""
+
     def __init__(self, url: str, publication: str, *, slot: str, timeout: float = 5.0) -> None:
         self.url = url
         self.publication = publication
@@ -291,8 +295,10 @@ class PostgresReader:
 
     def _wait_inactive(self) -> tuple[int | None, str | None, int | None] | None:
         """The slot's state once no other session holds it (a killed predecessor's walsender
-        may linger for a moment; after 5 s it is terminated, as Materialize does)."""
-        deadline = time.monotonic() + 5.0
+        may linger for a moment; after ``slot_wait``, 5 s, it is terminated, as Materialize
+        does)."""
+        wait = self._source.slot_wait
+        deadline = time.monotonic() + wait
         while True:
             state = self._source.slot_state(self._conn)
             if state is None or state[2] is None:
@@ -300,7 +306,7 @@ class PostgresReader:
             if time.monotonic() > deadline:
                 with self._conn.cursor() as cur:
                     cur.execute("SELECT pg_terminate_backend(%s)", (state[2],))
-                deadline = time.monotonic() + 5.0
+                deadline = time.monotonic() + wait
             time.sleep(0.1)
 
     def _snapshot(self) -> None:

@@ -13,7 +13,9 @@ writes them. The slot admits one reader, so the driver reads the stream (the sou
 Spark's offsets are LSN frontiers ``{"offsets": [lsn]}``, each batch ends on a bound LSN, and
 ``commit`` sends the standby status update at the resumption frontier the shards' uppers
 give, never at Spark's checkpoint. A replayed batch is read again from its start (the slot
-still has it: nothing beyond the shards was committed) and gets the same times.
+still has it: nothing beyond the shards was committed) and gets the same times; what lies
+below the shards' resumption frontier when the reader started is not read again (the shards
+hold it), and a batch with nothing else in it opens no stream.
 
 Options: ``connection`` (postgresql://…), ``publication`` (exactly one table), ``slot``
 (default ``slatepy_<shard>``), ``url``, ``shard``, ``consensus``, ``pollSeconds`` (0.5: how
@@ -111,8 +113,8 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The driver side: the replication stream, bindings, planning, committing."""
 
     replay_timeout = 120.0
-    """Seconds a replayed batch may take to be read again to its end (then
-    ``SourceUnavailable``)."""
+    """Seconds a replayed batch may take to be read again to its end, and a
+    Trigger.AvailableNow run to read beyond a batch's start (then ``SourceUnavailable``)."""
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
@@ -123,6 +125,7 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._chunks: list[Chunk] = []
         self._progress: OffsetFrontier = (0,)
         self._until: int | None = None
+        self._durable: OffsetFrontier | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"config": self.config}
@@ -142,6 +145,11 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             self._source = source
         self._state.open(1, self._source.shapes())
+        if self._durable is None:
+            # The offset resumption frontier when this reader started: everything below it
+            # is in the shards already (written by this stream before a restart, or by
+            # another ingest), so no batch needs it read again (as an in-process restart).
+            self._durable = self._state.bindings.before(self._state.resumption())
         return self._state
 
     def _reopen(self, start: OffsetFrontier, deadline: float) -> PostgresReader:
@@ -156,19 +164,24 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 time.sleep(1.0)
 
     def _read_from(self, start: OffsetFrontier) -> PostgresReader:
+        """The stream serving a batch from ``start``: it reads from ``start`` or, when that
+        is below the durable frontier (a batch Spark replays after another ingest wrote
+        beyond it; the slot may have confirmed beyond ``start`` since), from there."""
         if self._stream is None or self._at != start:
             if self._stream is not None:
                 self._stream.close()
-            assert self._source is not None
+            assert self._source is not None and self._durable is not None
+            at = frontier_join(start, self._durable)
             try:
-                self._stream = self._source.open(start)
-            except (SlotLost, OffsetOutOfRange) as exc:
+                self._stream = self._source.open(at)
+            except (SlotLost, OffsetOutOfRange):
                 self._stream = None
                 # Opening waits for a slot another session holds (5 s); another ingest of
-                # the same shards may have committed beyond ``start`` meanwhile.
-                self._state.check_unmoved("while this stream opened the source", exc)
+                # the same shards may have committed beyond ``start`` meanwhile. Then the
+                # source's "that WAL may be gone" is not true: the conflict does not carry it.
+                self._state.check_unmoved("while this stream opened the source")
                 raise
-            self._at, self._progress, self._chunks = start, start, []
+            self._at, self._progress, self._chunks = start, at, []
         return self._stream
 
     def initialOffset(self) -> dict[str, Any]:
@@ -189,8 +202,27 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> dict[str, Any]:
         state = self._open()
         lo = offsets_of(start) if start else state.bindings.before(state.resumption())
-        if self._until is not None and lo[0] >= self._until:
+        until = self._until
+        if until is not None and lo[0] >= until:
             return {"offsets": list(lo)}
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            end = self._next_end(state, lo)
+            if end != lo or until is None:
+                return {"offsets": list(end)}
+            # Trigger.AvailableNow ends the query at the first batch with no new offsets, but
+            # the server had written up to ``until`` when it began: a poll that read nothing
+            # (a loaded server, a walsender decoding from its restart LSN) is not the end.
+            if time.monotonic() > deadline:
+                raise SourceUnavailable(
+                    f"slot {self.config.slot!r}: no batch from {format_lsn(lo[0])} within "
+                    f"{self.replay_timeout:g} s (the stream at {format_lsn(self._progress[0])}), "
+                    f"though the server had written up to {format_lsn(until)} when this "
+                    "Trigger.AvailableNow run began"
+                )
+
+    def _next_end(self, state: Reclocked, lo: OffsetFrontier) -> OffsetFrontier:
+        """One poll of the stream from ``lo``; the end of the next batch (``lo``: none yet)."""
         try:
             events = self._read_from(lo).poll(self.config.poll)
         except SourceUnavailable:
@@ -201,8 +233,8 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._take(events)
         bound = state.bindings.aligned(lo, self._progress)
         if bound is not None and bound[0] > self._progress[0]:
-            return {"offsets": list(lo)}  # catching up: the bound LSN is not read yet
-        return {"offsets": list(state.end(lo, self._progress))}
+            return lo  # catching up: the bound LSN is not read yet
+        return state.end(lo, self._progress)
 
     def _take(self, events: Sequence[Chunk | Progress]) -> None:
         for event in events:
@@ -214,6 +246,13 @@ class PostgresStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         state = self._open()
         lo, hi = offsets_of(start), offsets_of(end)
+        assert self._durable is not None
+        if hi[0] <= max(lo[0], self._durable[0]):
+            # No offset to read: an empty batch (batch 0 of a Trigger.AvailableNow run with
+            # nothing new) or one the shards hold already (replayed after another ingest
+            # wrote beyond it). The slot is not opened (a replication connection, up to 5 s
+            # waiting for a walsender to let go); nothing moves.
+            return []
         stream = self._read_from(lo)
         # A batch replayed after a restart (Spark plans it from its offset log, with no
         # latestOffset first) is read again from its start, to its end.

@@ -77,14 +77,16 @@ class Reclocked:
         self.bindings.mint(ts, candidate)
         return candidate
 
-    def check_unmoved(self, when: str, cause: BaseException) -> None:
-        """Raise :class:`IngestConflict` (caused by ``cause``: the source said offsets this
-        stream needs are gone) if another ingest wrote the remap shard. Only this stream
-        binds in it, so its upper moved beyond the loaded bindings' means another writer,
-        whose upstream commits explain ``cause``. (The data shard is not compared: this
-        stream's own sink moves it.)"""
+    def check_unmoved(self, when: str) -> None:
+        """Raise :class:`IngestConflict` if another ingest wrote the remap shard; asked when
+        the source said offsets this stream needs are gone. Only this stream binds in the
+        remap shard, so its upper moved beyond the loaded bindings' means another writer,
+        whose upstream commits explain what the source said. The conflict is raised without
+        that cause (``from None``): its text ("that WAL may be gone") is not true then, and a
+        Spark user reads the traceback's first exception first. (The data shard is not
+        compared: this stream's own sink moves it.)"""
         assert self.client is not None
-        check_unmoved(self.client, [("remap", self.remap, self.bindings.upper)], when, cause)
+        check_unmoved(self.client, [("remap", self.remap, self.bindings.upper)], when)
 
     def commit(self) -> OffsetFrontier | None:
         """Move the remap since to the resumption frontier; the offsets to commit upstream

@@ -5,8 +5,9 @@ the slot.
 
 The stream reader runs in a Python process the JVM starts, so the hold is by files in the
 directory of the option ``holdDir``: the source writes ``opening`` (the LSN it opens at)
-and waits (60 s at most) until ``proceed`` exists. :func:`stream` starts a query of it, or
-of the plain source (``test_postgres_source.py``).
+and waits (60 s at most) until ``proceed`` exists; then it waits 0.5 s (not 5 s) for another
+session to let go of the slot. :func:`stream` starts a query of it, or of the plain source
+(``test_postgres_source.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from slatepy.spark.postgres_source import (
 
 
 class HeldSource(PostgresSource):
+    slot_wait = 0.5  # the other ingest's walsender is terminated after 0.5 s (not 5 s)
+
     def __init__(self, url: str, publication: str, *, slot: str, hold: Path) -> None:
         super().__init__(url, publication, slot=slot)
         self.hold = hold

@@ -58,6 +58,8 @@ def test_a_spark_stream_that_waited_for_the_slot_stops_with_ingest_conflict(
         )
         first.start()
         step_until(first, caught_up(first, pg_url))
+        # Something for the query to read (an empty batch does not open the slot).
+        workload(pg_url, 1, log, never, pause=0, base=50)
         query = held_sources.stream(spark, pg_url, store, checkpoint, hold=tmp_path)
         try:
             deadline = time.monotonic() + 60
@@ -80,6 +82,8 @@ def test_a_spark_stream_that_waited_for_the_slot_stops_with_ingest_conflict(
             rf"\(writers: .*{socket.gethostname()}:\d+ ingest remap.*\); this one stops",
             message,
         ), message[-3000:]
+        # ... and not, above it, the source's "that WAL may be gone" as its cause.
+        assert "SlotLost" not in message and "may be gone" not in message, message[-3000:]
         assert_bounded_reliance(client, "orders", pg_url, SLOT)
         # The stream terminated the ingest's walsender: it resumes (as Ingest.run does).
         with pytest.raises(SourceUnavailable):
