@@ -44,7 +44,8 @@ R = TypeVar("R")
 T = TypeVar("T")
 A = TypeVar("A")
 S = TypeVar("S")
-Row = tuple[bytes, bytes]
+Row = TypeVar("Row", bound=tuple[Any, ...])
+"""A scan's row: ``(key, value)``, or ``(key, value, expire_at_ms)``."""
 
 _DOC = ("__name__", "__qualname__", "__doc__")
 
@@ -165,7 +166,7 @@ def plain_as(
     return call
 
 
-class Rows:
+class Rows(Generic[Row]):
     """A scan: ``await`` it for one list, or ``async for`` it for rows fetched a batch per
     worker-thread hop (the event loop never waits on the store)."""
 
@@ -194,12 +195,12 @@ class Rows:
 
 def rows(
     method: Callable[Concatenate[Any, P], Iterator[Row]], batch_size: int
-) -> Callable[Concatenate[Any, P], Rows]:
+) -> Callable[Concatenate[Any, P], Rows[Row]]:
     """A method returning :class:`Rows` over the sync iterator method of the same name (made
     on a worker thread when first awaited or iterated)."""
     name = method.__name__
 
-    def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> Rows:
+    def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> Rows[Row]:
         sync = getattr(self.sync, name)
         return Rows(lambda: sync(*args, **kwargs), batch_size)
 
