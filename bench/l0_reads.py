@@ -2,7 +2,7 @@
 optionally A/B between source trees, each measurement a fresh process (a reopened reader).
 
     python -m bench.l0_reads --keys 200000 --l0 20 --repeat 3 [--trees /work/main .]
-        [--preload numpy] [--dir DIR] [--overlay 4]
+        [--preload numpy] [--dir DIR] [--overlay 4] [--scans 4]
 
 Builds two ``file://`` databases of the same keys (16-byte keys, 100-byte values): ``l0``,
 the keys shuffled into ``--l0`` flushes, each compacted to an L0 SST of its own (so every
@@ -11,8 +11,10 @@ SST spans the whole key space); ``run``, the same keys compacted into one sorted
 ``--repeat`` rounds, layouts and trees interleaved, a child process per measurement (its
 ``PYTHONPATH`` the tree) opens a ``DbReader`` and times 10,000 random gets (cold: the first
 touch of each block after the open) and a full scan (wall rate and CPU, ``process_time``,
-all threads). Prints each figure's median and [lowest-highest], and l0 / run ratios per tree
-and round (for ``scan cpu ms``, the merged scan's cost over one run's: the 1.5x target).
+all threads; with ``--scans N``, the median of N scans, each by a new reader: one scan's
+CPU varies by a fifth between processes). Prints each figure's median and
+[lowest-highest], and l0 / run ratios per tree and round (for ``scan cpu ms``, the merged
+scan's cost over one run's: the 1.5x target).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ OFF = Settings(compactor="off")
 
 CHILD = """
 import json, random, sys, time
-url, keys, gets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-for module in sys.argv[4:]:
+url, keys, gets, scans = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for module in sys.argv[5:]:
     __import__(module)  # already loaded by the application (numpy: slatepy merges with it)
 import slatepy
 from slatepy import DbReader, Settings
@@ -54,9 +56,19 @@ rows = sum(1 for _ in reader.scan())
 scanned, scan_cpu = time.perf_counter(), time.process_time() - cpu
 reader.close()
 assert found == gets and rows == keys, (found, rows)
+walls, cpus = [scanned - got], [scan_cpu]
+for _ in range(scans - 1):  # each by a new reader: its block cache empty again
+    reader = DbReader.open(url, settings=Settings(compactor="off"))
+    wall, cpu = time.perf_counter(), time.process_time()
+    assert sum(1 for _ in reader.scan()) == keys
+    walls.append(time.perf_counter() - wall)
+    cpus.append(time.process_time() - cpu)
+    reader.close()
+walls.sort()
+cpus.sort()
 print(json.dumps({"open_ms": (opened - started) * 1e3, "gets/s": gets / (got - opened),
-                  "scan rows/s": rows / (scanned - got), "scan cpu ms": scan_cpu * 1e3,
-                  "slatepy": slatepy.__file__}))
+                  "scan rows/s": rows / walls[len(walls) // 2],
+                  "scan cpu ms": cpus[len(cpus) // 2] * 1e3, "slatepy": slatepy.__file__}))
 """
 
 
@@ -116,13 +128,25 @@ def build_overlay(root: Path, keys: int, count: int) -> str:
     return url
 
 
-def measure(tree: str, url: str, keys: int, preload: list[str]) -> dict[str, float]:
+def measure(tree: str, url: str, keys: int, preload: list[str], scans: int = 1) -> dict[str, float]:
     """One child's figures, from ``tree``'s slatepy: ``-P`` keeps ``-c`` from putting the
-    working directory (maybe another tree) before ``PYTHONPATH`` on ``sys.path``."""
+    working directory (maybe another tree) before ``PYTHONPATH`` on ``sys.path``. With
+    ``scans``, the scan figures are the median of that many full scans, each by a new
+    reader."""
     tree = os.path.abspath(tree)
     env = dict(os.environ, PYTHONPATH=tree)
     out = subprocess.run(
-        [sys.executable, "-P", "-c", CHILD, url, str(keys), str(min(GETS, keys)), *preload],
+        [
+            sys.executable,
+            "-P",
+            "-c",
+            CHILD,
+            url,
+            str(keys),
+            str(min(GETS, keys)),
+            str(scans),
+            *preload,
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -154,6 +178,12 @@ def main() -> None:
         help="also measure a run under this many L0 SSTs of 1%% rewrites each",
     )
     parser.add_argument(
+        "--scans",
+        type=int,
+        default=1,
+        help="full scans per child, each by a new reader; the scan figures are their median",
+    )
+    parser.add_argument(
         "--preload",
         nargs="*",
         default=[],
@@ -175,7 +205,7 @@ def main() -> None:
         for tree in args.trees:
             for layout, url in urls.items():
                 samples.setdefault((tree, layout), []).append(
-                    measure(tree, url, args.keys, args.preload)
+                    measure(tree, url, args.keys, args.preload, args.scans)
                 )
     figures = ["open_ms", "gets/s", "scan rows/s", "scan cpu ms"]
     print("| tree | layout | " + " | ".join(figures) + " |")
