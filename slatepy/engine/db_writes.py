@@ -142,7 +142,7 @@ class Writes(DbState):
                     map(type, map(_VALUE, ops))
                 ):
                     # The merge operator (user code) may raise in the memtable's half: then
-                    # the WAL's half is taken back, so a failed write is nowhere (issue 41).
+                    # the WAL's half is taken back, so a failed write is nowhere (RFC 0026).
                     generation = self._wal.append_applied(
                         entries,
                         awaited=await_durable,

@@ -308,7 +308,7 @@ class Memtable:
         with self._batch_lock:
             self._batching = True
             # A merge operator (user code) may raise midway: then the batch is taken back
-            # before a get can see part of it (issue 41). Only batches that merge pay.
+            # before a get can see part of it (RFC 0026, stop 41). Only batches that merge pay.
             undo = self._undo(entries) if self.merging.operator is not None else None
             try:
                 # Range tombstones first: a batch's own puts and merges come after its range

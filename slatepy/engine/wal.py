@@ -157,7 +157,7 @@ class WalWriter:
 
         ``awaited`` says whether the caller will flush and so hear about a failure; losing
         writes nobody awaited is counted in ``lost_unawaited``. A merge operator that raises
-        leaves the generation as it was (the write fails whole; issue 41).
+        leaves the generation as it was (the write fails whole; RFC 0026, stop 41).
         """
         with self._mutex:
             self.check()
@@ -216,7 +216,7 @@ class WalWriter:
         """:meth:`append`, then ``apply`` (the memtable's half of the write) in the same hold
         of the lock, so the generation cannot be sealed in between: if ``apply`` raises (a
         merge operator's error), the append is taken back and the write is nowhere, rather
-        than durable though reported failed (issue 41). For writes with merge operands only
+        than durable though reported failed (RFC 0026, stop 41). For writes with merge operands only
         (no other write's ``apply`` can raise)."""
         with self._mutex:
             buffer = self._buffer

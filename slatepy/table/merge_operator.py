@@ -48,7 +48,7 @@ class Merging:
     def at(self, clock: Callable[[], float]) -> Merging:
         """This operator judging a TTL'd base by ``clock``: a view's, stopped when it was
         taken, so a held view folds operands over a base the same way however long it is
-        read (RFC 0026, issue 41)."""
+        read (RFC 0026, stop 41)."""
         if self.operator is None or clock is self.clock:
             return self
         return Merging(self.operator, clock)
