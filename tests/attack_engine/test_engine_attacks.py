@@ -4,6 +4,7 @@ attack that found nothing (named in the RFC's addendum)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 from slatepy import Db, DbReader, InvalidArgument, Settings, WriteBatch
 from slatepy.compactor import Compactor
 from slatepy.engine.wal_reader import WalReader
-from slatepy.errors import WriteStalled
+from slatepy.errors import StoreUnavailable, WriteStalled
 from slatepy.store.url import open_store
+from slatepy.testing.intercept import InterceptStore
 from tests.attack_engine.model_run import SETTINGS, TO_L0, Clock, concat, run
 from tests.conftest import make_backend
 
@@ -100,19 +102,22 @@ def test_a_write_whose_merge_operator_fails_is_not_made(tmp_path: Path, buffered
         assert dict(db.scan()) == want
 
 
-def test_a_merge_operator_failing_in_compaction_fails_clearly(tmp_path: Path) -> None:
+def test_a_merge_operator_failing_in_compaction_fails_clearly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Operands with no base are stacked without calling the operator; a bottom compaction
     then applies them to nothing, and this operator raises. The in-process compactor's
     thread died of it (an uncaught ValueError: compaction and GC stopped for good), and a
     writer past ``max_unflushed_bytes`` then stalled for ``write_stall_timeout`` to fail with
     "is a compactor running?". Now the loop survives (logged, retried), a read of the key
-    raises ``InvalidArgument`` naming it, and the stalled write says what fails."""
+    raises ``InvalidArgument`` naming it, and the failing L0 merge does not hold the WAL:
+    writes go on (RFC 0006, stop 41)."""
     settings = Settings(
         flush_interval=0.05,
         compaction_interval=0.05,
         flush_bytes=20_000,
         max_unflushed_bytes=40_000,
-        write_stall_timeout=1.5,
+        write_stall_timeout=10,
         gc_min_age=3600,
     )
     with Db.open(tmp_path, settings=settings, merge_operator=refusing) as db:
@@ -120,14 +125,46 @@ def test_a_merge_operator_failing_in_compaction_fails_clearly(tmp_path: Path) ->
         with pytest.raises(InvalidArgument, match=r"raised ValueError for key b'k'") as read:
             db.get(b"k")
         assert isinstance(read.value.__cause__, ValueError)
+        for i in range(3_000):  # 30 times max_unflushed_bytes: the WAL must be compacted
+            db.put(b"x%05d" % i, b"v" * 100, await_durable=False)
+        db.flush()
         deadline = time.monotonic() + 20
-        with pytest.raises(WriteStalled, match=r"passes fail: .*merge operator raised") as stall:
+        while "merge operator raised ValueError for key b'k'" not in caplog.text:
+            assert time.monotonic() < deadline, "no L0 merge failed"
+            time.sleep(0.05)
+        compactor = db._compactor
+        assert compactor is not None and compactor._thread.is_alive()
+        assert db.get(b"x02999") == b"v" * 100
+
+
+def test_a_writer_stalled_on_failing_compaction_says_what_fails(tmp_path: Path) -> None:
+    """A writer past ``max_unflushed_bytes`` whose in-process compactor's passes fail (here
+    every read of a WAL SST) stalls, then fails saying what the passes fail with, the error
+    its cause, where it used to ask "is a compactor running?"."""
+    failing = threading.Event()
+
+    def before_read(path: str) -> None:
+        if failing.is_set() and path.startswith("wal/"):
+            raise StoreUnavailable(f"injected: read of {path} refused", path=path, definite=True)
+
+    store = InterceptStore(open_store(tmp_path.as_uri()), before_read=before_read)
+    settings = Settings(
+        flush_interval=0.05,
+        compaction_interval=0.05,
+        flush_bytes=20_000,
+        max_unflushed_bytes=40_000,
+        write_stall_timeout=1.5,
+        request_attempts=1,
+    )
+    with Db.open(store, settings=settings) as db:
+        failing.set()
+        deadline = time.monotonic() + 20
+        with pytest.raises(WriteStalled, match=r"passes fail: .*injected: read of wal/") as stall:
             for i in range(10_000):
                 assert time.monotonic() < deadline, "the writer neither stalled nor compacted"
                 db.put(b"x%05d" % i, b"v" * 100, await_durable=False)
-        assert isinstance(stall.value.__cause__, InvalidArgument)
-        compactor = db._compactor
-        assert compactor is not None and compactor._thread.is_alive()
+        assert isinstance(stall.value.__cause__, StoreUnavailable)
+        failing.clear()
 
 
 @pytest.mark.parametrize("isolation", ["snapshot", "serializable"])
