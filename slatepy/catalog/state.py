@@ -63,6 +63,14 @@ TICK_SECONDS = 2.0
 with an empty write at the current upper (:meth:`CatalogState._tick`)."""
 
 
+class _WriteLost(Exception):
+    """A debug edit's write lost a race (``race``, one of :data:`LOST_RACES`): not its read."""
+
+    def __init__(self, race: Exception) -> None:
+        super().__init__(str(race))
+        self.race = race
+
+
 class CatalogState(TypedReads):
     """A durable catalog, unopened until :meth:`open` or :meth:`open_read_only`. Safe to
     share between threads: opens, new transactions, commits and leadership checks take
@@ -343,14 +351,17 @@ class CatalogState(TypedReads):
         while True:
             try:
                 return self._debug_commit_once(edit, user=user)
-            except LOST_RACES:
-                if not ticked:
+            except (_WriteLost, *LOST_RACES) as exc:
+                race = exc.race if isinstance(exc, _WriteLost) else exc
+                # Only an edit that lost at its write fences (an edit that changes nothing
+                # never writes, and a read's lost race says nothing of a leader).
+                if isinstance(exc, _WriteLost) and not ticked:
                     ticked = True
                     if self._tick(min(deadline, time.monotonic() + TICK_SECONDS)):
                         self._debug_wrote = True
                         continue  # the leader is fenced: read again at once
                 if time.monotonic() + delay > deadline:
-                    raise
+                    raise race from None
                 time.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(1.0, delay * 2)
 
@@ -389,7 +400,10 @@ class CatalogState(TypedReads):
                     found=found,
                     code=CATALOG_VERSION,
                 )
-        self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        try:
+            self._storage.write(rows, expected_upper=contents.upper, epoch=None)
+        except LOST_RACES as exc:
+            raise _WriteLost(exc) from exc
         self._debug_wrote = True
         return result
 

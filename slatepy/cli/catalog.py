@@ -139,14 +139,16 @@ def run_catalog(args: argparse.Namespace, settings: Settings) -> int:
             def apply(tx: Transaction) -> dict[str, Any] | None:
                 return tx.set(name, key, value) if command == "edit" else tx.delete(name, key)
 
-            previous = state.debug_commit(apply, user=USER)
-            if contents.epoch and state.debug_wrote:  # only then is a leader fenced
-                print(
-                    f"warning: the catalog was last opened (epoch {contents.epoch}) by "
-                    f"{contents.holder or 'an unknown process'}; a leader still running "
-                    "there is fenced by this change",
-                    file=sys.stderr,
-                )
+            try:
+                previous = state.debug_commit(apply, user=USER)
+            finally:  # also when the edit failed after its fencing write landed
+                if contents.epoch and state.debug_wrote:  # only then is a leader fenced
+                    print(
+                        f"warning: the catalog was last opened (epoch {contents.epoch}) by "
+                        f"{contents.holder or 'an unknown process'}; a leader still running "
+                        "there is fenced by this change",
+                        file=sys.stderr,
+                    )
             if args.json:
                 print_json({"previous": redact(previous)})
             else:

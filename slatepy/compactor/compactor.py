@@ -60,6 +60,12 @@ from slatepy.table.reader import TableReader
 
 log = logging.getLogger(__name__)
 
+WAL_FIRST_MAX = 16
+"""WAL compactions at most between two tries of an L0 merge that keeps failing (a damaged L0
+SST, a store failing its reads): after the k-th failure in a row the WAL goes first for
+2^(k-1) plans, up to this many, so writes keep nearly their whole compaction rate while the
+merge is retried at least every 17 rounds (RFC 0006, stop 41)."""
+
 SstOptionsSource = Literal["database", "settings"]
 
 
@@ -115,7 +121,10 @@ class Compactor:
         self._sst_source = sst_options
         self.policy = policy or CompactionPolicy()
         self._wal_batch = self.policy.max_wal_ssts
-        self._l0_merge_failed = False  # then the WAL goes first, once (planner.plan)
+        # After L0 merges fail, the WAL goes first for this many more plans (planner.plan):
+        # 1 after the first failure, doubling with each failure in a row (WAL_FIRST_MAX).
+        self._l0_failures = 0
+        self._wal_first_left = 0
         self._clock = clock
         self._expiry_clock = clock if expiry_clock is None else expiry_clock
         self._merging = Merging(merge_operator, self._expiry_clock)
@@ -242,8 +251,8 @@ class Compactor:
         manifest = stored.manifest
         close_by = self._close_by if close_by is None else close_by
         todo, wal_sizes = self._plan(manifest, close_by)
-        if isinstance(todo, WalToL0):
-            self._l0_merge_failed = False
+        if isinstance(todo, WalToL0) and self._wal_first_left:
+            self._wal_first_left -= 1
         if todo is None and full:
             todo = plan_full(manifest)
         if todo is None:
@@ -261,7 +270,9 @@ class Compactor:
         # any output is written, so every output is at least this old.
         deadline = self._clock() + self.settings.gc_min_age / 2
         try:
-            self._l0_merge_failed = isinstance(todo, L0ToRun)  # until it has published
+            if isinstance(todo, L0ToRun):  # counted as failed until it has published
+                self._l0_failures += 1
+                self._wal_first_left = min(1 << (self._l0_failures - 1), WAL_FIRST_MAX)
             outputs = compact_plan(
                 todo,
                 manifest,
@@ -300,7 +311,8 @@ class Compactor:
             self._wal_batch = max(1, self._wal_batch // 2)
             raise
         self._renewed_at = time.monotonic()
-        self._l0_merge_failed = False
+        if isinstance(todo, L0ToRun):
+            self._l0_failures = self._wal_first_left = 0
         self._wal_batch = min(self.policy.max_wal_ssts, self._wal_batch * 2)
         log.info(
             "compactor epoch %d: %s -> %d SSTs (%d bytes) in %.2f s; manifest %d",
@@ -333,7 +345,9 @@ class Compactor:
                 policy, l0_trigger=min(policy.l0_trigger, CLOSE_L0_TRIGGER)
             )
             budget = self._close_budget(close_by)
-        planned = plan(manifest, tail, policy, close_budget=budget, wal_first=self._l0_merge_failed)
+        planned = plan(
+            manifest, tail, policy, close_budget=budget, wal_first=self._wal_first_left > 0
+        )
         return planned, {i: meta.size for i, meta in listed}
 
     def _renewed(self, manifest: Manifest) -> Manifest:

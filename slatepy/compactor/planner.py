@@ -22,7 +22,8 @@ moved to a run first would be shadowed by them once they reach L0), so the WAL s
 until it is drained and the ingestion merged with the rest of L0. And except right after an
 L0 merge failed (``wal_first``): a merge that keeps failing (a damaged L0 SST, a store
 failing its reads) would otherwise hold the WAL, and with it every write, for as long as it
-fails; the WAL goes first once, then the merge is tried again.
+fails; the WAL goes first for a while (the compactor's ``WAL_FIRST_MAX``), then the merge is
+tried again.
 """
 
 from __future__ import annotations

@@ -73,6 +73,14 @@ def _keeping(view: View, rows: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[
 
 def _yielding(view: View, rows: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
     yield from rows
+
+
+def _expiring(view: View, lo: bytes, hi: bytes | None) -> Iterator[tuple[bytes, bytes, int | None]]:
+    """The rows of :meth:`ReadSurface.items_with_expiry` read from ``view``."""
+    kinds = view.kinds(lo, hi)
+    for keys, seqs, values in view.columns(lo, hi, False):
+        rows = zip(keys, seqs, values, strict=True)
+        yield from live_expiring(rows, kinds.ranges, kinds.clock, kinds.merging)
     del view
 
 
@@ -247,13 +255,11 @@ class ReadSurface:
         epoch) for a value written with a TTL, else None. A copy that must keep the TTLs
         reads this rather than :meth:`scan` (a replica seeded from a snapshot, then following
         ``WalReader.iter(snapshot.seq + 1)``): ``put(key, value, ttl=(expire_at_ms -
-        now_ms - 0.5) / 1000)`` expires when the original does."""
+        now_ms - 0.5) / 1000)`` expires when the original does. The view is taken at the
+        call, as :meth:`scan`'s."""
         lo, hi = key_bounds(start, end, None)
         view = self._view_for(lo, hi)
-        kinds = view.kinds(lo, hi)
-        for keys, seqs, values in view.columns(lo, hi, False):
-            rows = zip(keys, seqs, values, strict=True)
-            yield from live_expiring(rows, kinds.ranges, kinds.clock, kinds.merging)
+        return _expiring(view, lo, hi)
 
     def _columns(
         self, start: bytes | None, end: bytes | None, reverse: bool, prefix: bytes | None

@@ -56,16 +56,18 @@ class ReadAhead:
     def leave(self, futures: Collection[Future[Any]]) -> None:
         """A user is done: its ``futures`` not yet running are cancelled and those running
         waited for (a stream's reads end with it); the last user to leave ends the pool."""
-        for future in futures:
-            future.cancel()
-        wait(futures)
-        with self._lock:
-            self._users -= 1
-            pool = self._pool if self._users == 0 else None
+        try:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+        finally:  # interrupted or not, the user is gone
+            with self._lock:
+                self._users -= 1
+                pool = self._pool if self._users == 0 else None
+                if pool is not None:
+                    self._pool = None
             if pool is not None:
-                self._pool = None
-        if pool is not None:
-            pool.shutdown(wait=True)
+                pool.shutdown(wait=True)
 
 
 class Scans(SstTops):

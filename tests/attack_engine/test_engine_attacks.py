@@ -246,8 +246,10 @@ def test_a_replica_seeded_from_a_snapshot_keeps_its_ttls(tmp_path: Path) -> None
                 batch.put(key, value, ttl=ttl)
             replica.write(batch)
             seq = snapshot.seq
+        taken = db.items_with_expiry()  # its view is taken here, as scan()'s
         db.put(b"d", b"after", ttl=10)
         db.merge(b"m", b"y")
+        assert [row[:2] for row in taken] == [(k, v) for k, v, _ in copied]
         for records in WalReader(url, settings=SETTINGS).iter_ssts(seq + 1):
             batch = WriteBatch()
             for record in records:

@@ -350,3 +350,29 @@ def test_an_edit_whose_fencing_write_landed_warns_though_its_change_was_made_mea
     assert "a leader still running there is fenced by this change" in err
     with pytest.raises(FencedError):
         leader.confirm_leadership()
+
+
+@pytest.mark.parametrize("single", ["sqlite", "persist-file"], indirect=True)
+def test_a_debug_edit_whose_read_lost_a_race_fences_nothing(single: Place) -> None:
+    """Only an edit whose *write* lost a race fences the leader with an empty write: a read
+    that lost one (a serialization failure, a persist state moving under the read) says
+    nothing of a leader, and an edit that then changes nothing writes nothing."""
+    from slatepy.catalog.errors import CatalogContention
+
+    leader = single.state()
+    leader.open()
+    state = single.state()
+    storage: Any = state._storage
+    real = storage.read
+    upper = storage.upper()
+
+    def read(*args: Any, **kwargs: Any) -> Any:
+        storage.read = real
+        raise CatalogContention("injected: the read lost a race")
+
+    storage.read = read
+    edit = state.debug_commit(lambda tx: tx.delete("settings", {"name": "absent"}), user="t")
+    assert edit is None
+    assert not state.debug_wrote
+    assert storage.upper() == upper
+    leader.confirm_leadership()  # not fenced

@@ -47,8 +47,9 @@ def test_the_l0_count_stays_bounded_while_writes_keep_coming() -> None:
 def test_an_l0_merge_that_keeps_failing_does_not_hold_the_wal() -> None:
     """At ``l0_max`` the L0 merge comes before the WAL; one that fails (here a damaged L0
     SST) must not hold the WAL, and with it every write (the memtable stalls at
-    ``max_unflushed_bytes`` until the WAL is compacted): after a failed merge the WAL goes
-    first once, then the merge is tried again, and fails again, naming the object."""
+    ``max_unflushed_bytes`` until the WAL is compacted): after the k-th failed merge in a row
+    the WAL goes first for 2^(k-1) plans, then the merge is tried again, and fails again,
+    naming the object."""
     store = open_store("memory://")
     policy = CompactionPolicy(l0_trigger=2, l0_max=2)
     manifests = ManifestStore(store)
@@ -64,15 +65,17 @@ def test_an_l0_merge_that_keeps_failing_does_not_hold_the_wal() -> None:
         data[10] ^= 0xFF  # inside the first data block: its checksum fails
         store.delete(damaged)
         store.put(damaged, bytes(data))
-        for round_ in range(3):
-            db.put(b"later%d" % round_, b"w")  # new WAL every time the compactor plans
+        for failures in range(1, 5):
+            db.put(b"later%d" % failures, b"w")  # new WAL every time the compactor plans
             with pytest.raises(CorruptionError) as caught:
                 compactor.run_once()  # the L0 merge
             assert damaged in str(caught.value)
-            before = manifests.load()
-            assert before is not None
-            assert isinstance(compactor.run_once(), WalToL0)  # then the WAL, once
-            after = manifests.load()
-            assert after is not None
-            assert after.manifest.wal_id_last_compacted > before.manifest.wal_id_last_compacted
-        assert db.get(b"later2") == b"w"
+            for _ in range(2 ** (failures - 1)):  # then the WAL: 1, 2, 4, 8 times
+                db.put(b"more", b"w")
+                before = manifests.load()
+                assert before is not None
+                assert isinstance(compactor.run_once(), WalToL0)
+                after = manifests.load()
+                assert after is not None
+                assert after.manifest.wal_id_last_compacted > before.manifest.wal_id_last_compacted
+        assert db.get(b"later4") == b"w"
