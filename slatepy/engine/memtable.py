@@ -9,7 +9,11 @@ Batches are all or nothing to :meth:`get` without a lock on the read path: :meth
 raises ``_batching`` for the duration of a multi-key batch and holds ``_batch_lock``; a get
 that sees the flag waits for the batch. A get that missed the flag may see some of the
 batch's keys, but then every later get sees the flag or the finished batch: if one get saw a
-new value, no later get sees an old one.
+new value, no later get sees an old one. Except for a batch its merge operator fails, which
+is undone (RFC 0026, stop 41): a get that missed the flag and read one of its keys between
+its put and its undo saw a write that was never made (a window of a few bytecodes, while the
+writer holds the GIL; a sequence counter around the read would close it, at a cost on every
+get).
 """
 
 from __future__ import annotations
