@@ -108,8 +108,8 @@ def plan(
             every later close. Never a part of the runs size-tiering chose: a run cut at
             the budget is one no later close can take along with the next (simulated,
             such cuts piled up runs of the budget's size, 33 of them).
-        wal_first: The WAL (if any) before L0, even at ``l0_max``: the last L0 merge
-            failed (see the module).
+        wal_first: The WAL (if any) before L0, even at ``l0_max``: L0 merges failed
+            lately (see the module).
     """
     first = manifest.wal_id_last_compacted + 1
     wal = None

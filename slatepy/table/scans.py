@@ -22,7 +22,7 @@ T = TypeVar("T")
 class ReadAhead:
     """The read-ahead threads of one scan, shared by its streams: the SSTs of a merged scan
     (every L0 SST and run) or of a sorted run, each of which used to start a pool of its own
-    (a merged scan over 20 L0 SSTs started about 50 threads; sharing them saved 13-18% of
+    (a merged scan over 20 L0 SSTs started about 50 threads; sharing them saved 7-17% of
     its CPU: RFC 0006, stop 41 addendum).
 
     The pool starts at the first :meth:`submit` and ends when the last stream that joined
